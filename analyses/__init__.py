@@ -1,0 +1,1 @@
+"""groklens.analyses: metrics over probed data and trajectories, comparisons, figures."""

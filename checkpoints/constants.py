@@ -1,0 +1,34 @@
+"""Every file, group and attribute name of the trajectory format, in one place (docs/FORMAT.md)."""
+
+FORMAT_NAME = "groklens-trajectory"
+FORMAT_VERSION = 1  # bump on any incompatible schema change; readers refuse newer versions
+
+# root attributes
+ATTR_FORMAT = "format"
+ATTR_FORMAT_VERSION = "format_version"
+ATTR_GROKLENS_VERSION = "groklens_version"
+ATTR_CONFIG = "config"  # RunConfig as JSON
+ATTR_CREATED = "created"
+
+# groups and datasets
+STEPS = "steps"  # int64 [n_checkpoints]; its length commits a checkpoint
+PARAMS = "params"  # params/<name>: float32 [n_checkpoints, *shape]
+METRICS = "metrics"  # metrics/<name>: float64 [n_evals]
+METRICS_STEP = "step"  # metrics/step: int64 [n_evals]; its length commits an evaluation row
+STATE = "state"  # state/<name>: [2, *shape], double-buffered optimizer and RNG state
+STATE_STEP = "step"  # state/step: int64 [2], the checkpoint step each slot holds (-1: empty)
+DATA = "data"  # data/inputs, labels, train_idx, test_idx, informative_mask
+STATUS = "status"  # fixed-length bytes [1]: running | completed | stopped: <why>
+ANALYSES = "analyses"  # analyses/<name> in the sidecar file
+
+STATUS_LENGTH = 512
+SIDECAR_SUFFIX = ".analyses.h5"  # RUN.h5 -> RUN.analyses.h5
+
+
+def sidecar_path(run_path):
+    """Where `groklens analyze` keeps results for RUN.h5, so a run can be analyzed while training."""
+    from pathlib import Path
+
+    run_path = Path(run_path)
+    stem = run_path.name[: -len(".h5")] if run_path.name.endswith(".h5") else run_path.name
+    return run_path.with_name(stem + SIDECAR_SUFFIX)

@@ -1,0 +1,235 @@
+"""Read a trajectory, also while it is written and after its writer was killed.
+
+Every read opens the file in SWMR read mode and sees only committed checkpoints and rows:
+n = len(/steps) checkpoints, m = len(metrics/step) evaluations. Opening per call keeps a
+`Trajectory` object valid across a live run without explicit refreshes.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import h5py
+import numpy as np
+
+from groklens.checkpoints import constants as C
+from groklens.checkpoints.locking import writer_alive
+from groklens.errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from groklens.config import RunConfig
+    from groklens.trainers.tasks import TaskData
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def open_trajectory_file(path: str | Path) -> h5py.File:
+    """Open a trajectory read-only (SWMR), or raise BadInput saying what is wrong with it."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    if not path.is_file():
+        raise BadInput(f"{path}: is a directory, not a trajectory file" if path.is_dir() else f"{path}: not a regular file")
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if head != HDF5_SIGNATURE:
+        raise BadInput(f"{path}: not an HDF5 file (empty or wrong format)" if head else f"{path}: empty file")
+    try:
+        f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
+    except OSError:
+        try:  # files written without SWMR-compatible versions (not ours) still get a clear verdict
+            f = h5py.File(path, "r", locking=False)
+        except OSError as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
+            raise BadInput(f"{path}: damaged or truncated HDF5 file ({msg})") from None
+    try:
+        _check_format(path, f)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _check_format(path: Path, f: h5py.File) -> None:
+    try:
+        fmt = f.attrs.get(C.ATTR_FORMAT)
+        version = f.attrs.get(C.ATTR_FORMAT_VERSION)
+    except (OSError, KeyError, RuntimeError):
+        raise BadInput(f"{path}: damaged HDF5 file (root attributes unreadable)") from None
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode(errors="replace")
+    if fmt != C.FORMAT_NAME:
+        raise BadInput(f"{path}: not a groklens trajectory (format attribute is {fmt!r})")
+    if version is None or int(version) > C.FORMAT_VERSION:
+        raise BadInput(
+            f"{path}: trajectory format version {version} is newer than this groklens reads "
+            f"({C.FORMAT_VERSION}); upgrade groklens"
+        )
+    for key in (C.STEPS, C.PARAMS, C.METRICS, C.DATA, C.STATE):
+        try:
+            if key not in f:
+                raise BadInput(f"{path}: damaged trajectory (missing /{key})")
+        except (OSError, RuntimeError):
+            raise BadInput(f"{path}: damaged trajectory (cannot read /{key})") from None
+
+
+class Trajectory:
+    """A run's checkpoint trajectory: config, steps, metrics, params, models and data."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with self._open():
+            pass  # validates the file now, not at first use
+
+    @contextmanager
+    def _open(self) -> Iterator[h5py.File]:
+        f = open_trajectory_file(self.path)
+        try:
+            yield f
+        except (OSError, RuntimeError, KeyError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BadInput(f"{self.path}: damaged trajectory ({msg})") from None
+        finally:
+            f.close()
+
+    # ------------------------------------------------------------------ metadata
+    @cached_property
+    def config_dict(self) -> dict:
+        with self._open() as f:
+            raw = f.attrs[C.ATTR_CONFIG]
+        try:
+            return json.loads(raw)
+        except (TypeError, ValueError):
+            raise BadInput(f"{self.path}: damaged trajectory (stored config is not JSON)") from None
+
+    @cached_property
+    def config(self) -> "RunConfig":
+        from groklens.config import RunConfig
+
+        return RunConfig.from_dict(self.config_dict)
+
+    @property
+    def steps(self) -> np.ndarray:
+        with self._open() as f:
+            return f[C.STEPS][:]
+
+    @property
+    def metrics(self) -> dict[str, np.ndarray]:
+        """Committed evaluation rows: metric name -> array (metrics['step'] are the steps)."""
+        with self._open() as f:
+            g = f[C.METRICS]
+            m = g[C.METRICS_STEP].shape[0]
+            out = {C.METRICS_STEP: g[C.METRICS_STEP][:m]}
+            for name in g:
+                if name != C.METRICS_STEP:
+                    out[name] = g[name][:m]
+            return out
+
+    @property
+    def status(self) -> str:
+        with self._open() as f:
+            return f[C.STATUS][0].split(b"\0", 1)[0].decode(errors="replace")
+
+    @property
+    def is_live(self) -> bool:
+        """A trainer process is writing this file right now."""
+        return writer_alive(self.path)
+
+    @property
+    def param_names(self) -> list[str]:
+        with self._open() as f:
+            return list(f[C.PARAMS])
+
+    # ------------------------------------------------------------------ parameters and models
+    def checkpoint_index(self, step: int) -> int:
+        steps = self.steps
+        hits = np.nonzero(steps == int(step))[0]
+        if len(hits) == 0:
+            where = f"{steps[0]}..{steps[-1]} ({len(steps)} checkpoints)" if len(steps) else "none yet"
+            raise BadInput(f"{self.path}: no checkpoint at step {step}; checkpoints: {where}")
+        return int(hits[0])
+
+    def params(self, step: int) -> dict[str, "torch.Tensor"]:
+        import torch
+
+        i = self.checkpoint_index(step)
+        with self._open() as f:
+            return {name: torch.from_numpy(ds[i]) for name, ds in f[C.PARAMS].items()}
+
+    def param_trajectory(self, name: str) -> np.ndarray:
+        """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""
+        with self._open() as f:
+            n = f[C.STEPS].shape[0]
+            if name not in f[C.PARAMS]:
+                raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(f[C.PARAMS])})")
+            return f[C.PARAMS][name][:n]
+
+    def model(self, step: int, device: str = "cpu"):
+        """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""
+        from groklens.trainers.models import build_model
+
+        params = self.params(step)
+        model = build_model(self.config, self.dataset())
+        model.load_state_dict(params, strict=True)
+        return model.to(device).eval()
+
+    def dataset(self) -> "TaskData":
+        """The exact inputs, labels and split the run trained on (from the file, not regenerated)."""
+        import torch
+
+        from groklens.trainers.tasks import TaskData
+
+        with self._open() as f:
+            g = f[C.DATA]
+            arrays = {name: g[name][:] for name in g}
+            attrs = {k: int(v) for k, v in g.attrs.items()}
+        return TaskData(
+            inputs=torch.from_numpy(arrays["inputs"]).long(),
+            labels=torch.from_numpy(arrays["labels"]).long(),
+            train_idx=torch.from_numpy(arrays["train_idx"]).long(),
+            test_idx=torch.from_numpy(arrays["test_idx"]).long(),
+            readout_pos=attrs["readout_pos"],
+            informative_mask=torch.from_numpy(arrays["informative_mask"]).bool(),
+            d_vocab=attrs["d_vocab"],
+            d_vocab_out=attrs["d_vocab_out"],
+        )
+
+    # ------------------------------------------------------------------ summary
+    def summary(self, thresholds: tuple[float, ...] = (0.95, 0.99)) -> dict:
+        """What `groklens info --json` prints."""
+        from groklens.analyses.grokking import grokking_times
+
+        metrics = self.metrics
+        steps = self.steps
+        last = {k: _plain(v[-1]) for k, v in metrics.items()} if len(metrics[C.METRICS_STEP]) else None
+        times = grokking_times(metrics, thresholds)
+        live = self.is_live
+        status = self.status
+        if status == "running" and not live:
+            status = "interrupted (writer gone; `groklens train --resume` continues it)"
+        return {
+            "path": str(self.path),
+            "config": self.config_dict,
+            "status": status,
+            "live": live,
+            "checkpoint_steps": [int(s) for s in steps],
+            "n_checkpoints": int(len(steps)),
+            "n_evaluations": int(len(metrics[C.METRICS_STEP])),
+            "last": last,
+            "memorization_step": times["memorization_step"],
+            "grokking_step": times["grokking_step"],
+            "censored_at": times["last_step"],
+        }
+
+
+def _plain(x):
+    x = x.item() if hasattr(x, "item") else x
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x

@@ -1,0 +1,19 @@
+"""Error types shared by every room; the CLI maps them to exit status and a one-line message."""
+
+
+class GroklensError(Exception):
+    """Base class of every error groklens raises on purpose."""
+
+    exit_code = 1
+
+
+class BadInput(GroklensError):
+    """The user asked for something invalid: bad option, bad config, bad or unknown file (exit 2)."""
+
+    exit_code = 2
+
+
+class RunFailure(GroklensError):
+    """Valid input, but the work failed (non-finite loss, disk full, ...) (exit 1)."""
+
+    exit_code = 1

@@ -1,0 +1,1 @@
+"""groklens.probes: everything that touches a model through hooks (never file paths)."""

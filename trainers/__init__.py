@@ -1,0 +1,1 @@
+"""groklens.trainers: tasks, models, regularizers, the training loop and sweeps."""
