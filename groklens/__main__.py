@@ -1,0 +1,3 @@
+from groklens.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""Builders shared by the tests: tiny configs and tiny real runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from groklens.config import RunConfig
+
+TINY = dict(p=11, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3,
+            steps=60, eval_every=10, checkpoint_every=20, device="cpu")
+
+
+def tiny_config(**overrides) -> RunConfig:
+    """A model small enough to train in well under a second."""
+    return RunConfig.from_dict({**TINY, **overrides})
+
+
+def train_tiny(path: Path, **overrides):
+    from groklens.trainers.loop import train
+
+    return train(tiny_config(**overrides), path, progress=False)
+
+
+def config_flags(cfg: RunConfig) -> list[str]:
+    """The `groklens train` flags that reproduce `cfg`."""
+    flags = []
+    for key, value in cfg.to_dict().items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def groklens(*args: str, check: bool = False, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (as a user would)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
+    proc = subprocess.run([sys.executable, "-m", "groklens", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"groklens {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
