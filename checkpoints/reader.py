@@ -41,19 +41,36 @@ def open_trajectory_file(path: str | Path) -> h5py.File:
     if head != HDF5_SIGNATURE:
         raise BadInput(f"{path}: not an HDF5 file (empty or wrong format)" if head else f"{path}: empty file")
     try:
-        f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
-    except OSError:
-        try:  # files written without SWMR-compatible versions (not ours) still get a clear verdict
-            f = h5py.File(path, "r", locking=False)
-        except OSError as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
+        f = h5py.File(path, "r", locking=False)
+    except OSError as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
+        if "already open for write" not in msg and "consistency flags" not in msg:
             raise BadInput(f"{path}: damaged or truncated HDF5 file ({msg})") from None
+        # a live or killed SWMR writer: only a SWMR read opens it. A truncated file would make
+        # the SWMR reader retry for a long time, so compare its size with the stored EOF first.
+        _check_not_truncated(path)
+        try:
+            f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
+        except OSError as exc2:
+            msg = str(exc2).splitlines()[0] if str(exc2) else "unreadable"
+            raise BadInput(f"{path}: damaged HDF5 file ({msg})") from None
     try:
         _check_format(path, f)
     except BaseException:
         f.close()
         raise
     return f
+
+
+def _check_not_truncated(path: Path) -> None:
+    """Superblock v2/v3 stores the end-of-file address at byte 28; a shorter file is truncated."""
+    with open(path, "rb") as fh:
+        sb = fh.read(48)
+    if len(sb) < 36 or sb[8] not in (2, 3) or sb[9] != 8:
+        raise BadInput(f"{path}: damaged or truncated HDF5 file (superblock unreadable)")
+    stored_eof = int.from_bytes(sb[28:36], "little")
+    if path.stat().st_size < stored_eof:
+        raise BadInput(f"{path}: truncated HDF5 file ({path.stat().st_size} of {stored_eof} bytes)")
 
 
 def _check_format(path: Path, f: h5py.File) -> None:

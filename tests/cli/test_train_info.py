@@ -1,0 +1,122 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from groklens.checkpoints import Trajectory
+from tests.helpers import TINY, config_flags, groklens, tiny_config
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "run.h5"
+    out = groklens("train", "-q", "--out", str(path), *config_flags(tiny_config()), check=True)
+    return path, out
+
+
+def test_train_writes_a_trajectory_and_reports_it(cli_run):
+    path, out = cli_run
+    assert "completed at step 60" in out.stdout
+    assert Trajectory(path).config == tiny_config()
+
+
+def test_info_json_contract(cli_run):
+    path, _ = cli_run
+    info = json.loads(groklens("info", str(path), "--json", check=True).stdout)
+    assert info["config"]["p"] == 11 and info["config"]["d_model"] == 16
+    assert info["checkpoint_steps"] == [0, 20, 40, 60]
+    assert info["last"]["step"] == 60 and 0 <= info["last"]["test_acc"] <= 1
+    for key in ("memorization_step", "grokking_step"):
+        assert set(info[key]) == {"0.95", "0.99"}
+        assert all(v is None or isinstance(v, int) for v in info[key].values())
+    text = groklens("info", str(path), check=True).stdout
+    assert "checkpoints" in text and "@0.95" in text
+
+
+def test_yaml_config_file_and_flag_precedence(tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("\n".join(f"{k}: {v}" for k, v in {**TINY, "steps": 40}.items()) + "\n")
+    out = tmp_path / "y.h5"
+    groklens("train", "-q", "--config", str(cfg_file), "--d-model", "24", "--out", str(out), check=True)
+    cfg = Trajectory(out).config
+    assert cfg.steps == 40 and cfg.d_model == 24 and cfg.p == TINY["p"]
+
+
+def test_stored_config_trains_the_same_run_again(cli_run, tmp_path):
+    import yaml
+
+    path, _ = cli_run
+    cfg_file = tmp_path / "again.yaml"
+    cfg_file.write_text(yaml.safe_dump(Trajectory(path).config_dict))
+    again = tmp_path / "again.h5"
+    groklens("train", "-q", "--config", str(cfg_file), "--out", str(again), check=True)
+    import numpy as np
+
+    a, b = Trajectory(path), Trajectory(again)
+    assert np.array_equal(a.param_trajectory("unembed.W_U"), b.param_trajectory("unembed.W_U"))
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["train", "--out", "X", "--p", "2"], "p must be >= 3"),
+        (["train", "--out", "X", "--task", "div", "--p", "21"], "prime"),
+        (["train", "--out", "X", "--train-frac", "1.0"], "train_frac"),
+        (["train", "--out", "X", "--lr", "nan"], "lr must be"),
+        (["train", "--out", "X", "--lr", "-1"], "lr must be"),
+        (["train", "--out", "X", "--steps", "0"], "steps must be >= 1"),
+        (["train", "--out", "X", "--steps", "10", "--checkpoint-every", "100"], "larger than the run"),
+        (["train", "--out", "X", "--task", "nope"], "unknown task"),
+        (["train", "--out", "X", "--norm", "weird"], "norm must be one of"),
+        (["train", "--out", "X", "--preset", "nope"], "unknown preset"),
+        (["train", "--out", "X", "--bogus-flag"], "No such option"),
+        (["train", "--p", "7"], "missing --out"),
+        (["train", "--resume", "R", "--p", "7"], "do not also give --p"),
+        (["info"], "Missing argument"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(tmp_path, args, needle):
+    args = [str(tmp_path / a) if a in ("X", "R") else a for a in args]
+    out = groklens(*args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_yaml_key_is_refused(tmp_path):
+    cfg_file = tmp_path / "bad.yaml"
+    cfg_file.write_text("p: 7\nlearning_rate: 0.1\n")
+    out = groklens("train", "--config", str(cfg_file), "--out", str(tmp_path / "r.h5"))
+    assert out.returncode == 2 and "unknown config key(s): learning_rate" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_overwrite_needs_force(cli_run, tmp_path):
+    path = tmp_path / "o.h5"
+    path.write_bytes(b"mine")
+    out = groklens("train", "--out", str(path), *config_flags(tiny_config()))
+    assert out.returncode == 2 and "--force" in out.stderr and path.read_bytes() == b"mine"
+    groklens("train", "-q", "--force", "--out", str(path), *config_flags(tiny_config()), check=True)
+    assert Trajectory(path).status == "completed"
+
+
+def test_help_and_info_do_not_import_torch_or_transformer_lens(cli_run):
+    path, _ = cli_run
+    code = (
+        "import sys; from groklens.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules and 'transformer_lens' not in sys.modules, 'heavy import'\n"
+    )
+    for args in (["--help"], ["info", str(path)], ["info", str(path), "--json"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_every_command_has_help():
+    from groklens.cli import cli
+
+    for name in cli.commands:
+        out = groklens(name, "--help", check=True)
+        assert "Usage:" in out.stdout

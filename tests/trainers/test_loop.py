@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from groklens.checkpoints import Trajectory
+from groklens.errors import BadInput, RunFailure
+from groklens.trainers.loop import checkpoint_schedule, readout_loss, train
+from tests.helpers import tiny_config, train_tiny
+
+
+def test_tiny_model_memorizes_and_every_checkpoint_rebuilds_identically(tmp_path):
+    path = tmp_path / "run.h5"
+    train_tiny(path, steps=200, checkpoint_every=40, eval_every=20, p=13)
+    run = Trajectory(path)
+    assert list(run.steps) == [0, 40, 80, 120, 160, 200]
+    m = run.metrics
+    assert m["train_acc"][-1] == 1.0 and m["train_acc"][0] < 0.5  # memorized
+    data = run.dataset()
+    for step in run.steps:
+        model = run.model(int(step))
+        logits = model(data.inputs)
+        # the stored test accuracy at this step is what the rebuilt model computes
+        row = int(np.nonzero(m["step"] == step)[0][0])
+        pred = logits[data.test_idx, data.readout_pos].argmax(-1)
+        assert float((pred == data.labels[data.test_idx]).double().mean()) == pytest.approx(m["test_acc"][row])
+        train_loss = F.cross_entropy(logits[data.train_idx, data.readout_pos].double(), data.labels[data.train_idx])
+        assert float(train_loss.detach()) == pytest.approx(m["train_loss"][row], rel=1e-6)
+
+
+def test_same_seeds_give_bit_identical_trajectories(tmp_path):
+    train_tiny(tmp_path / "a.h5", seed=5)
+    train_tiny(tmp_path / "b.h5", seed=5)
+    train_tiny(tmp_path / "c.h5", seed=6)
+    a, b, c = (Trajectory(tmp_path / f"{n}.h5") for n in "abc")
+    for name in a.param_names:
+        assert np.array_equal(a.param_trajectory(name), b.param_trajectory(name))
+    assert not np.array_equal(a.param_trajectory("embed.W_E"), c.param_trajectory("embed.W_E"))
+    for key, values in a.metrics.items():
+        assert np.array_equal(values, b.metrics[key], equal_nan=True), key
+
+
+def test_loss_is_float64_and_does_not_underflow():
+    # a very confident correct prediction: float32 cross-entropy rounds the loss to exactly 0
+    logits = torch.tensor([[20.0, 0.0, 0.0]])
+    labels = torch.tensor([0])
+    assert F.cross_entropy(logits, labels).item() == 0.0
+    loss = readout_loss(logits, labels)
+    assert loss.dtype == torch.float64 and loss.item() > 0
+    assert loss.item() == pytest.approx(2 * np.exp(-20.0), rel=1e-9)
+
+
+def test_checkpoint_schedule_with_log_spaced_early_checkpoints():
+    cfg = tiny_config(steps=1000, checkpoint_every=100, log_checkpoints=5)
+    steps = sorted(checkpoint_schedule(cfg))
+    assert steps[0] == 0 and steps[-1] == 1000
+    early = [s for s in steps if 0 < s < 100]
+    assert early == sorted(set(early)) and len(early) >= 4 and early[0] == 1
+    assert set(range(0, 1001, 100)) <= set(steps)
+
+
+def test_last_step_is_always_checkpointed_and_evaluated(tmp_path):
+    train_tiny(tmp_path / "r.h5", steps=55, checkpoint_every=20, eval_every=10)
+    run = Trajectory(tmp_path / "r.h5")
+    assert list(run.steps) == [0, 20, 40, 55]
+    assert list(run.metrics["step"]) == [0, 10, 20, 30, 40, 50, 55]
+
+
+def test_minibatch_training_is_deterministic(tmp_path):
+    train_tiny(tmp_path / "a.h5", batch_size=16)
+    train_tiny(tmp_path / "b.h5", batch_size=16)
+    a, b = Trajectory(tmp_path / "a.h5"), Trajectory(tmp_path / "b.h5")
+    assert np.array_equal(a.param_trajectory("unembed.W_U"), b.param_trajectory("unembed.W_U"))
+    full = tmp_path / "full.h5"
+    train_tiny(full)
+    assert not np.array_equal(a.param_trajectory("unembed.W_U"), Trajectory(full).param_trajectory("unembed.W_U"))
+
+
+def test_non_finite_loss_stops_with_last_good_checkpoint_kept(tmp_path):
+    path = tmp_path / "nan.h5"
+    with pytest.raises(RunFailure, match="non-finite"):
+        train_tiny(path, lr=1e30, warmup_steps=0, steps=200, checkpoint_every=1, eval_every=1)
+    run = Trajectory(path)
+    assert run.status.startswith("stopped: non-finite")
+    steps = run.steps
+    assert len(steps) >= 1
+    for step in steps:  # every kept checkpoint is finite
+        assert all(torch.isfinite(t).all() for t in run.params(int(step)).values())
+
+
+def test_stop_rule_ends_the_run_after_grokking(tmp_path):
+    path = tmp_path / "g.h5"
+    # threshold 0.05 is crossed almost at once: the run must stop 2 evaluations later
+    train_tiny(path, steps=2000, eval_every=10, checkpoint_every=1000, grok_threshold=0.05, stop_after_grok=2)
+    run = Trajectory(path)
+    m = run.metrics
+    first = int(np.nonzero(m["test_acc"] >= 0.05)[0][0])
+    assert len(m["step"]) == first + 3
+    assert run.steps[-1] == m["step"][-1] < 2000
+    assert run.status.startswith("completed: stopped 2 evaluations after grokking")
+
+
+def test_existing_output_is_refused_and_kept(tmp_path):
+    path = tmp_path / "keep.h5"
+    path.write_bytes(b"precious")
+    with pytest.raises(BadInput, match="already exists"):
+        train(tiny_config(), path, progress=False)
+    assert path.read_bytes() == b"precious"
+    with pytest.raises(BadInput, match="does not exist"):
+        train(tiny_config(), tmp_path / "missing-dir" / "r.h5", progress=False)
