@@ -8,6 +8,7 @@ n = len(/steps) checkpoints, m = len(metrics/step) evaluations. Opening per call
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -44,6 +45,8 @@ def open_trajectory_file(path: str | Path) -> h5py.File:
         f = h5py.File(path, "r", locking=False)
     except OSError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
+        if "truncated file" in msg and _writer_flags_set(path):
+            return _open_padded_copy(path)
         if "already open for write" not in msg and "consistency flags" not in msg:
             raise BadInput(f"{path}: damaged or truncated HDF5 file ({msg})") from None
         # a live or killed SWMR writer: only a SWMR read opens it. A truncated file would make
@@ -54,6 +57,42 @@ def open_trajectory_file(path: str | Path) -> h5py.File:
         except OSError as exc2:
             msg = str(exc2).splitlines()[0] if str(exc2) else "unreadable"
             raise BadInput(f"{path}: damaged HDF5 file ({msg})") from None
+    try:
+        _check_format(path, f)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _writer_flags_set(path: Path) -> bool:
+    """Superblock v2/v3 byte 11 holds the 'open for writing' flags a dead writer leaves set."""
+    with open(path, "rb") as fh:
+        sb = fh.read(12)
+    return len(sb) == 12 and sb[8] in (2, 3) and sb[11] != 0
+
+
+def _open_padded_copy(path: Path) -> h5py.File:
+    """A writer whose disk write failed (disk full, file-size limit) can leave the superblock's
+    end-of-file address beyond the bytes that reached the disk. Everything committed lies before
+    the failed write, so a copy padded with zeros up to that address opens in SWMR mode and
+    shows every committed checkpoint. The copy is unlinked at once (the open handle keeps it)."""
+    import shutil
+    import tempfile
+
+    with open(path, "rb") as fh:
+        sb = fh.read(36)
+    stored_eof = int.from_bytes(sb[28:36], "little")
+    fd, tmp = tempfile.mkstemp(suffix=".h5", prefix="groklens-padded-")
+    os.close(fd)
+    try:
+        shutil.copyfile(path, tmp)
+        os.truncate(tmp, max(stored_eof, os.path.getsize(tmp)))
+        f = h5py.File(tmp, "r", libver="latest", swmr=True, locking=False)
+    except OSError as exc:
+        raise BadInput(f"{path}: damaged HDF5 file ({str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
+    finally:
+        os.unlink(tmp)
     try:
         _check_format(path, f)
     except BaseException:
@@ -94,6 +133,13 @@ def _check_format(path: Path, f: h5py.File) -> None:
                 raise BadInput(f"{path}: damaged trajectory (missing /{key})")
         except (OSError, RuntimeError):
             raise BadInput(f"{path}: damaged trajectory (cannot read /{key})") from None
+    try:  # parameters are plain float32 arrays with a row per committed checkpoint, nothing else
+        n = f[C.STEPS].shape[0]
+        for name, ds in f[C.PARAMS].items():
+            if not isinstance(ds, h5py.Dataset) or ds.dtype != np.float32 or ds.ndim < 1 or ds.shape[0] < n:
+                raise BadInput(f"{path}: damaged trajectory (params/{name} is not float32 [n_checkpoints, ...])")
+    except (OSError, RuntimeError):
+        raise BadInput(f"{path}: damaged trajectory (cannot read /{C.PARAMS})") from None
 
 
 class Trajectory:

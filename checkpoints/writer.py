@@ -36,6 +36,7 @@ class TrajectoryWriter:
         self.n_checkpoints = int(f[C.STEPS].shape[0])
         self.n_evals = int(f[C.METRICS][C.METRICS_STEP].shape[0])
         self.metric_names = [k for k in f[C.METRICS] if k != C.METRICS_STEP]
+        self.failed = False  # after a failed write HDF5's state is unknown: touch the file no more
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -108,6 +109,7 @@ class TrajectoryWriter:
     # ------------------------------------------------------------------ appending
     def write_checkpoint(self, step: int, params: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]) -> None:
         n = self.n_checkpoints
+        self._check_room(step, sum(a.nbytes for a in params.values()) + sum(a.nbytes for a in state.values()))
         try:
             for name, arr in params.items():
                 ds = self.f[C.PARAMS][name]
@@ -124,7 +126,8 @@ class TrajectoryWriter:
             steps.resize(n + 1, axis=0)
             steps[n] = step
             self.f.flush()  # commit
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
+            self.failed = True
             raise RunFailure(f"writing checkpoint at step {step} failed: {_first_line(exc)}") from None
         self.n_checkpoints = n + 1
 
@@ -142,17 +145,38 @@ class TrajectoryWriter:
             ds.resize(m + 1, axis=0)
             ds[m] = int(row["step"])
             self.f.flush()  # commit
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
+            self.failed = True
             raise RunFailure(f"writing evaluation at step {row['step']} failed: {_first_line(exc)}") from None
         self.n_evals = m + 1
 
+    def _check_room(self, step: int, nbytes: int) -> None:
+        """Stop cleanly before a checkpoint that the disk or the file-size limit cannot take:
+        a failed HDF5 write leaves the file needing repair, a refused one leaves it clean."""
+        import resource
+        import shutil
+
+        path = Path(self.f.filename)
+        need = 2 * nbytes + (64 << 10)  # uncompressed worst case, twice, plus metadata slack
+        size = path.stat().st_size
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        free = shutil.disk_usage(path.parent).free
+        if (soft != resource.RLIM_INFINITY and size + need > soft) or need > free:
+            where = "the file-size limit" if soft != resource.RLIM_INFINITY and size + need > soft else "the disk"
+            raise RunFailure(
+                f"not enough room on {where} for the checkpoint at step {step} (~{need >> 10} KiB); "
+                f"the run is kept up to its last checkpoint: free space, then `groklens train --resume {path}`"
+            )
+
     def set_status(self, text: str) -> None:
+        if self.failed:
+            return
         raw = text.encode()[: C.STATUS_LENGTH]
         try:
             self.f[C.STATUS][0] = raw
             self.f.flush()
-        except OSError:
-            pass  # the status is advisory; the commit markers are what count
+        except (OSError, RuntimeError):
+            self.failed = True  # the status is advisory; the commit markers are what count
 
     def close(self, status: str | None = None) -> None:
         if self.f:
@@ -160,7 +184,7 @@ class TrajectoryWriter:
                 self.set_status(status)
             try:
                 self.f.close()
-            except OSError:
+            except (OSError, RuntimeError):
                 pass
         self.lock.release()
 
