@@ -1,1 +1,60 @@
-"""groklens.analyses: metrics over probed data and trajectories, comparisons, figures."""
+"""groklens.analyses: metrics over probed data and trajectories, comparisons, figures.
+
+Each measure is a plain function of (model, task data, **params) -> named numbers, usable in a
+notebook on any HookedRootModule of ours; `compute(trajectory, name, steps=..., **params)` runs
+one along a run's checkpoints and keeps the results in the run's sidecar file.
+
+  fourier_analysis   Fourier FVE (embedding, neuron, least squares), restricted/excluded loss
+  attention_mass     attention of the readout query on informative tokens
+  hessian_sharpness  top Hessian eigenvalues (eigsh LA) and Hutchinson trace
+  effective_rank     Roy-Vetterli, RankMe, participation ratio of hook sites and weights
+  radial_statistics  activation radius and radial gradient energy rho
+  weight_norms       weight norms and distance from initialisation
+  grokking_times     memorization and grokking steps with censoring
+  probe_checkpoint   a linear probe (groklens.probes.linear) as an analysis
+The functions live in the submodules fourier, attention, sharpness, rank, radial, norms,
+grokking and probing; `runner` runs them along trajectories, `store` keeps the sidecar file.
+Submodules are imported on first use, so `import groklens.analyses` stays light.
+"""
+
+
+def compute(trajectory, name: str, **kwargs):
+    """Analysis `name` along `trajectory` (a Trajectory or a path); see runner.compute."""
+    from groklens.analyses.runner import compute as _compute
+
+    return _compute(trajectory, name, **kwargs)
+
+
+_EXPORTS = {
+    "compute_many": ("runner", "compute_many"),
+    "AnalysisResult": ("runner", "AnalysisResult"),
+    "get_analysis": ("registry", "get"),
+    "analysis_names": ("registry", "names"),
+    "fourier_analysis": ("fourier", "fourier"),
+    "fourier_basis": ("fourier", "fourier_basis"),
+    "attention_mass": ("attention", "attention_mass"),
+    "hessian_sharpness": ("sharpness", "sharpness"),
+    "effective_rank": ("rank", "effective_rank"),
+    "radial_statistics": ("radial", "radial"),
+    "weight_norms": ("norms", "norms"),
+    "probe_checkpoint": ("probing", "probe"),
+    "grokking_times": ("grokking", "grokking_times"),
+    "first_crossing": ("grokking", "first_crossing"),
+}
+
+
+def __getattr__(name):
+    if name == "ANALYSES":  # the registry, with the built-in analyses registered
+        from groklens.analyses.registry import ANALYSES, names
+
+        names()
+        return ANALYSES
+    if name in _EXPORTS:
+        import importlib
+
+        module, attr = _EXPORTS[name]
+        return getattr(importlib.import_module(f"groklens.analyses.{module}"), attr)
+    raise AttributeError(f"module 'groklens.analyses' has no attribute {name!r}")
+
+
+__all__ = sorted([*_EXPORTS, "compute", "ANALYSES"])

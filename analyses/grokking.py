@@ -28,3 +28,19 @@ def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
         out["memorization_step"][key] = first_crossing(steps, metrics.get("train_acc", []), t) if len(steps) else None
         out["grokking_step"][key] = first_crossing(steps, metrics.get("test_acc", []), t) if len(steps) else None
     return out
+
+
+def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = (0.95, 0.99)) -> dict:
+    """Per threshold (in the given order): memorization and grokking steps, -1 where censored,
+    and whether each is censored (never crossed by `last_step`, the last evaluated step)."""
+    times = grokking_times(metrics, thresholds)
+    mem = [times["memorization_step"][f"{t:g}"] for t in thresholds]
+    grok = [times["grokking_step"][f"{t:g}"] for t in thresholds]
+    return {
+        "thresholds": np.asarray(thresholds, dtype=np.float64),
+        "memorization_step": np.array([-1 if s is None else s for s in mem], dtype=np.int64),
+        "memorization_censored": np.array([s is None for s in mem], dtype=np.int64),
+        "grokking_step": np.array([-1 if s is None else s for s in grok], dtype=np.int64),
+        "grokking_censored": np.array([s is None for s in grok], dtype=np.int64),
+        "last_step": -1 if times["last_step"] is None else int(times["last_step"]),
+    }

@@ -1,0 +1,62 @@
+"""What several analyses share: the evaluation set, the task loss, default hook sites."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from groklens.errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from groklens.trainers.tasks import TaskData
+
+EVAL_SETS = ("train", "test", "all")
+LOSS_NAMES = ("ce", "stablemax")
+
+
+def eval_rows(data: TaskData, eval_set: str) -> torch.Tensor:
+    """Row indices of the evaluation set: the run's training inputs, test inputs, or all."""
+    import torch
+
+    if eval_set == "train":
+        return data.train_idx
+    if eval_set == "test":
+        return data.test_idx
+    if eval_set == "all":
+        return torch.arange(len(data.inputs))
+    raise BadInput(f"eval_set must be one of {', '.join(EVAL_SETS)}; got {eval_set!r}")
+
+
+def check_loss(loss) -> str:
+    if loss is None:
+        return "ce"
+    if loss not in LOSS_NAMES:
+        raise BadInput(f"loss must be one of {', '.join(LOSS_NAMES)}; got {loss!r}")
+    return loss
+
+
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, data: TaskData, loss: str = "ce",
+              reduction: str = "mean") -> torch.Tensor:
+    """The training objective's task loss in float64, as the trainer computes it: `loss`
+    (ce | stablemax) at the readout position, or averaged over the K answer positions of a
+    multi-target task. logits [b, n_ctx, v], labels [b] or [b, K]."""
+    from groklens.trainers.regularizers import LOSSES
+
+    fn = LOSSES.get(check_loss(loss))
+    positions = data.readout_positions
+    if labels.dim() == 1:
+        out = logits[:, positions[0]]
+        return fn(out, labels, reduction=reduction)
+    out = logits[:, positions[0] : positions[-1] + 1]
+    v = out.shape[-1]
+    per_input = fn(out.reshape(-1, v), labels.reshape(-1), reduction="none").reshape(labels.shape).mean(-1)
+    return per_input.mean() if reduction == "mean" else per_input.sum() if reduction == "sum" else per_input
+
+
+def hidden_sites(model) -> list[str]:
+    """Each layer's hidden representation: blocks.{l}.hook_resid_post (transformer) or
+    layers.{i}.hook_post (MLP), the sites of the activation-norm penalty."""
+    from groklens.trainers.regularizers import hidden_sites as _hidden
+
+    return _hidden(model)

@@ -1,0 +1,114 @@
+"""Radial-angular statistics of hidden representations (REFERENCES.md, definition 6, ours).
+
+For each hook site and each activation vector h_i in R^d (one per input and position):
+  radius  ||h_i|| / sqrt(d)                      (1 on the sqrt(d) sphere)
+  rho     mean_i (g_i . h_i / ||h_i||)^2 / ||g_i||^2,  g_i = dL/dh_i
+          the share of the gradient's energy along the radial direction, per vector, then
+          averaged; an isotropic gradient gives 1/d in expectation (`rho_baseline`), a purely
+          radial one exactly 1.
+L is the float64 task loss (cross-entropy, or the run's StableMax loss) at the readout
+position(s), summed over the evaluation set (default: the training inputs), so g_i is sample
+i's own gradient (our models treat samples independently; the sum's scale cancels in rho).
+Default sites: each layer's hidden representation (blocks.{l}.hook_resid_post, or
+layers.{i}.hook_post of the MLP), all positions, as the activation-norm penalty. Vectors with h_i = 0 or g_i = 0 (a position
+that cannot affect the readout) are left out of rho and counted in `rho_excluded`.
+The model runs in float64 so that confident (grokked) models do not underflow gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from groklens.analyses.common import check_loss, eval_rows, hidden_sites, task_loss
+from groklens.errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    from groklens.trainers.tasks import TaskData
+
+
+def radial_energy(h: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-vector (g . h/||h||)^2 / ||g||^2 for h, g [n, d], and the mask of vectors it is defined for."""
+    h = np.asarray(h, dtype=np.float64)
+    g = np.asarray(g, dtype=np.float64)
+    hn = np.linalg.norm(h, axis=-1)
+    gn2 = (g * g).sum(axis=-1)
+    ok = (hn > 0) & (gn2 > 0)
+    rho = np.full(len(h), np.nan)
+    rho[ok] = ((g[ok] * h[ok]).sum(-1) / hn[ok]) ** 2 / gn2[ok]
+    return rho, ok
+
+
+def check(model, data: TaskData, params: dict) -> list[str]:
+    from groklens.probes.capture import check_sites, resolve_position
+
+    sites = params.get("sites")
+    sites = hidden_sites(model) if sites is None else list(sites)
+    if not sites:
+        raise BadInput("radial statistics: this model has no hidden-layer hook (give sites=[...])")
+    check_sites(model, sites)
+    eval_rows(data, params.get("eval_set", "train"))
+    check_loss(params.get("loss"))
+    resolve_position(params.get("position", "all"), data)
+    return sites
+
+
+def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, position="all",
+           eval_set: str = "train", loss: str | None = None, batch_size: int = 2048) -> dict:
+    """Definition 6 per site: radius_mean, radius_std, rho, rho_baseline (1/d), rho_excluded.
+    `loss` None means cross-entropy (`compute` passes the run's training loss)."""
+    import torch
+
+    from groklens.probes.capture import resolve_position, select_position
+    from groklens.probes.interventions import scoped_hooks
+
+    sites = check(model, data, {"sites": sites, "eval_set": eval_set, "position": position, "loss": loss})
+    pos = resolve_position(position, data)
+    rows = eval_rows(data, eval_set)
+    m = copy.deepcopy(model).to(torch.float64).eval()
+    for p in m.parameters():
+        p.grad = None
+        p.requires_grad_(False)  # gradients with respect to activations only
+    device = next(m.parameters()).device
+    radii: dict[str, list[np.ndarray]] = {s: [] for s in sites}
+    rhos: dict[str, list[np.ndarray]] = {s: [] for s in sites}
+    dims: dict[str, int] = {}
+    for start in range(0, len(rows), batch_size):
+        idx = rows[start : start + batch_size]
+        x = data.inputs[idx].to(device)
+        y = data.labels[idx].to(device)
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(act, hook, kept=kept):  # bound now: one dict per batch
+            if not act.requires_grad:  # an activation no parameter feeds: make it a leaf to differentiate
+                act = act.detach().requires_grad_(True)
+                kept[hook.name] = act
+                return act
+            kept[hook.name] = act
+            return None
+
+        with torch.enable_grad(), scoped_hooks(m, fwd_hooks=[(s, keep) for s in sites]):
+            total = task_loss(m(x), y, data, check_loss(loss), reduction="sum")
+            grads = torch.autograd.grad(total, [kept[s] for s in sites], allow_unused=True)
+        for s, g in zip(sites, grads):
+            h = kept[s].detach()
+            g = torch.zeros_like(h) if g is None else g.detach()
+            h, g = select_position(h, s, pos), select_position(g, s, pos)
+            d = h.shape[-1]
+            dims[s] = d
+            h2, g2 = h.reshape(-1, d).numpy(), g.reshape(-1, d).numpy()
+            radii[s].append(np.linalg.norm(h2, axis=-1) / np.sqrt(d))
+            rhos[s].append(radial_energy(h2, g2)[0])
+    out: dict = {}
+    for s in sites:
+        r, rho = np.concatenate(radii[s]), np.concatenate(rhos[s])
+        ok = ~np.isnan(rho)
+        out[f"radius_mean@{s}"] = float(r.mean())
+        out[f"radius_std@{s}"] = float(r.std())
+        out[f"rho@{s}"] = float(rho[ok].mean()) if ok.any() else float("nan")
+        out[f"rho_baseline@{s}"] = 1.0 / dims[s]
+        out[f"rho_excluded@{s}"] = int((~ok).sum())
+    return out

@@ -1,0 +1,139 @@
+"""The analyses registry: name -> a plain function and the parameters it accepts.
+
+A per-checkpoint analysis is `func(model, data, **params) -> {value name: number or array}`;
+a run-level one (grokking times) is `func(metrics, **params)`. `defaults` lists every accepted
+parameter with its default; anything else is a BadInput. `check(model, data, params)` validates
+parameters and applicability cheaply (hook sites exist, the task is modular, ...) so that
+`groklens analyze` refuses bad input before it computes or writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from groklens.errors import BadInput
+from groklens.registry import Registry
+
+MODULAR_TASKS = ("add", "sub", "mul", "x2y2")  # tasks on the full Z_p x Z_p grid
+
+
+@dataclass(frozen=True)
+class Analysis:
+    name: str
+    func: Callable[..., dict]
+    defaults: dict[str, Any]
+    description: str
+    kind: str = "step"  # "step": per checkpoint; "run": once per run from its metrics
+    check: Callable[..., Any] | None = None
+    needs_init: bool = False  # func takes init_params= (the step-0 checkpoint)
+    in_default_set: bool = True  # computed by `groklens analyze` when no --metric is given
+    tasks: tuple[str, ...] | None = None  # the tasks it applies to (None: all)
+
+
+ANALYSES: Registry[Analysis] = Registry("analysis")
+_loaded = False
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import importlib
+
+    def mod(name):
+        return importlib.import_module(f"groklens.analyses.{name}")
+
+    attention, fourier, grokking, norms = mod("attention"), mod("fourier"), mod("grokking"), mod("norms")
+    probing, radial, rank, sharpness = mod("probing"), mod("radial"), mod("rank"), mod("sharpness")
+
+    ANALYSES.register("fourier")(Analysis(
+        "fourier", fourier.fourier,
+        {"key_frequencies": None, "cluster_threshold": fourier.CLUSTER_THRESHOLD, "site": None, "ls_top_k": 5,
+         "restricted_skip": "mean"},
+        "Fourier-circuit FVE: embedding, neuron (Nanda 2D), least squares; restricted/excluded loss",
+        check=fourier.check, tasks=MODULAR_TASKS))
+    ANALYSES.register("attention")(Analysis(
+        "attention", attention.attention_mass, {"quantiles": list(attention.QUANTILES)},
+        "attention mass of the readout query on informative tokens, per layer and head",
+        check=attention.check))
+    ANALYSES.register("sharpness")(Analysis(
+        "sharpness", sharpness.sharpness,
+        {"top_k": 5, "tol": 1e-3, "maxiter": None, "trace_samples": 50, "eval_set": "train", "seed": 0,
+         "loss": None},
+        "top Hessian eigenvalues (eigsh LA) and Hutchinson trace of the float64 training loss",
+        check=sharpness.check, in_default_set=False))
+    ANALYSES.register("rank")(Analysis(
+        "rank", rank.effective_rank, {"sites": None, "weights": None, "position": "readout"},
+        "effective rank (Roy-Vetterli, RankMe, participation ratio) of hook sites and weights",
+        check=rank.check))
+    ANALYSES.register("radial")(Analysis(
+        "radial", radial.radial, {"sites": None, "position": "all", "eval_set": "train", "loss": None},
+        "activation radius ||h||/sqrt(d) and radial gradient energy rho vs the 1/d baseline",
+        check=radial.check))
+    ANALYSES.register("norms")(Analysis(
+        "norms", norms.norms, {}, "global and per-parameter weight norms, distance from initialisation",
+        needs_init=True))
+    ANALYSES.register("grokking")(Analysis(
+        "grokking", grokking.grokking_table, {"thresholds": [0.95, 0.99]},
+        "memorization and grokking steps per accuracy threshold, with censoring", kind="run"))
+    ANALYSES.register("probe")(Analysis(
+        "probe", probing.probe,
+        {"site": None, "target": None, "position": "readout", "frequencies": None, "split": "random",
+         "train_frac": 0.5, "seed": 0, "classifier": "logistic", "C": 1.0, "alpha": 1.0},
+        "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",
+        check=probing.check, in_default_set=False))
+
+
+def get(name: str) -> Analysis:
+    _load_builtins()
+    return ANALYSES.get(name)
+
+
+def names() -> list[str]:
+    _load_builtins()
+    return ANALYSES.names()
+
+
+def default_names() -> list[str]:
+    _load_builtins()
+    return [n for n in ANALYSES.names() if ANALYSES.get(n).in_default_set]
+
+
+def _plain(value: Any, where: str) -> Any:
+    """JSON-able plain value (tuples -> lists, numpy scalars -> Python), or BadInput."""
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v, where) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise BadInput(f"parameter {where}: {value!r} is not a number, string, list or null")
+
+
+def canonical_params(analysis: Analysis, params: dict[str, Any] | None) -> dict[str, Any]:
+    """The defaults overridden by `params`, as plain JSON values; unknown names are a BadInput."""
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(analysis.defaults))
+    if unknown:
+        known = ", ".join(sorted(analysis.defaults)) or "none"
+        raise BadInput(f"unknown parameter(s) {', '.join(unknown)} for analysis {analysis.name!r} (known: {known})")
+    out = {}
+    for key, default in analysis.defaults.items():
+        value = _plain(params.get(key, default), f"{analysis.name}.{key}")
+        # a float parameter given as an integer (1 for 1.0) is the same parameter
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        out[key] = value
+    return out
+
+
+def params_json(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,241 @@
+"""Analysis results in the run's sidecar file (RUN.h5 -> RUN.analyses.h5), crash-safe.
+
+The trajectory file has a single SWMR writer (the trainer), so analyses live beside it and a
+run still being trained can be analyzed. Layout (docs/FORMAT.md):
+
+  /                             attrs: format="groklens-analyses", format_version=1
+  /analyses/<name>/<variant>    attrs: analysis, params (canonical JSON), groklens_version,
+                                       run_config_sha256, kind ("step" | "run"), updated
+      steps                     int64 [n], ascending: the checkpoint steps held
+      <value>                   [n, *shape] per-step values (float64 or int64), or a
+                                variable-length 1-D dataset [n] when a value's length varies
+                                by step (e.g. key_frequencies)
+  <variant> = the first 16 hex digits of sha256(params JSON): parameter sets live side by side.
+
+Crash safety: the file is never modified in place. A commit copies the current file's other
+groups and the merged group into RUN.analyses.h5.tmp-<pid>, fsyncs it, and os.replace()s it
+over the sidecar (then fsyncs the directory). A process killed at any moment leaves either the
+old or the new file, never a torn one; a leftover temporary file is deleted by the next commit.
+Commits of concurrent analyses are serialised by an flock on the run's directory, and each one
+re-reads the file inside the lock, so two processes never drop each other's results.
+Stored results are reused only when their parameters, groklens version and run config match.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from groklens import __version__
+from groklens.checkpoints import sidecar_path
+from groklens.errors import BadInput
+
+SIDECAR_FORMAT = "groklens-analyses"
+SIDECAR_VERSION = 1
+ROOT = "analyses"
+STEPS = "steps"
+
+
+def variant_id(params_json: str) -> str:
+    return hashlib.sha256(params_json.encode()).hexdigest()[:16]
+
+
+def config_sha(config_json: str) -> str:
+    return hashlib.sha256(config_json.encode()).hexdigest()
+
+
+@dataclass
+class Stored:
+    """One analysis variant as stored: steps and, per value name, one array per step."""
+
+    attrs: dict[str, Any]
+    steps: list[int]
+    values: dict[str, list[np.ndarray]]
+
+    def rows(self) -> dict[int, dict[str, np.ndarray]]:
+        return {s: {k: v[i] for k, v in self.values.items()} for i, s in enumerate(self.steps)}
+
+
+class Sidecar:
+    def __init__(self, run_path: str | Path):
+        self.run_path = Path(run_path)
+        self.path = sidecar_path(self.run_path)
+
+    # ------------------------------------------------------------------ reading
+    @contextmanager
+    def _open(self) -> Iterator[h5py.File | None]:
+        if not self.path.exists():
+            yield None
+            return
+        try:
+            f = h5py.File(self.path, "r", locking=False)
+        except OSError as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
+            raise BadInput(f"{self.path}: unreadable analyses file ({msg}); move it away to start afresh") from None
+        try:
+            fmt = f.attrs.get("format")
+            fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+            if fmt != SIDECAR_FORMAT:
+                raise BadInput(f"{self.path} exists but is not a groklens analyses file; move it away")
+            version = f.attrs.get("format_version")
+            if version is None or int(version) > SIDECAR_VERSION:
+                raise BadInput(f"{self.path}: analyses format version {version} is newer than this groklens reads")
+            yield f
+        finally:
+            f.close()
+
+    def check(self) -> None:
+        """BadInput if an existing sidecar is not ours or unreadable (before anything is computed)."""
+        with self._open():
+            pass
+
+    def read(self, name: str, variant: str) -> Stored | None:
+        with self._open() as f:
+            if f is None or f"{ROOT}/{name}/{variant}" not in f:
+                return None
+            return _read_group(f[f"{ROOT}/{name}/{variant}"])
+
+    def variants(self, name: str) -> list[tuple[str, dict]]:
+        """(variant id, attrs) of every stored parameter set of analysis `name`."""
+        with self._open() as f:
+            if f is None or f"{ROOT}/{name}" not in f:
+                return []
+            return [(v, dict(g.attrs)) for v, g in f[f"{ROOT}/{name}"].items()]
+
+    # ------------------------------------------------------------------ writing
+    def commit(self, name: str, variant: str, attrs: Mapping[str, Any],
+               rows: Mapping[int, Mapping[str, Any]], *, replace: bool = False) -> None:
+        """Merge `rows` (step -> values) into /analyses/<name>/<variant> and atomically replace the
+        file. Stored rows are kept unless `replace` or their identity attributes differ."""
+        for row in rows.values():
+            for key in row:
+                if "/" in key or not key or key == STEPS:
+                    raise ValueError(f"invalid value name {key!r}")
+        with _directory_lock(self.path.parent):
+            for stale in self.path.parent.glob(self.path.name + ".tmp-*"):
+                stale.unlink(missing_ok=True)  # left by a killed commit (commits hold the lock)
+            merged: dict[int, dict[str, Any]] = {}
+            if not replace:
+                old = self.read(name, variant)
+                if matches(old, attrs):
+                    merged.update(old.rows())
+            merged.update({int(s): dict(r) for s, r in rows.items()})
+            tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
+            try:
+                with h5py.File(tmp, "w", libver="latest") as dst:
+                    dst.attrs["format"] = SIDECAR_FORMAT
+                    dst.attrs["format_version"] = SIDECAR_VERSION
+                    dst.attrs["run"] = self.run_path.name
+                    root = dst.create_group(ROOT)
+                    with self._open() as src:
+                        if src is not None and ROOT in src:
+                            for n, group in src[ROOT].items():
+                                for v in group:
+                                    if (n, v) != (name, variant):
+                                        dst_group = root.require_group(n)
+                                        src.copy(group[v], dst_group, name=v)
+                    g = root.require_group(name).create_group(variant)
+                    for k, v in attrs.items():
+                        g.attrs[k] = v
+                    g.attrs["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                    _write_rows(g, merged)
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            _fsync_dir(self.path.parent)
+
+
+IDENTITY = ("analysis", "params", "groklens_version", "run_config_sha256", "kind")
+
+
+def identity_attrs(name: str, params_json: str, run_config_json: str, kind: str) -> dict[str, str]:
+    return {"analysis": name, "params": params_json, "groklens_version": __version__,
+            "run_config_sha256": config_sha(run_config_json), "kind": kind}
+
+
+def matches(stored: Stored | None, attrs: Mapping[str, Any]) -> bool:
+    return stored is not None and all(_text(stored.attrs.get(k)) == attrs.get(k) for k in IDENTITY)
+
+
+def _text(x):
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def _read_group(g: h5py.Group) -> Stored:
+    steps = [int(s) for s in g[STEPS][:]]
+    values: dict[str, list[np.ndarray]] = {}
+    for key, ds in g.items():
+        if key == STEPS:
+            continue
+        if h5py.check_vlen_dtype(ds.dtype) is not None:
+            values[key] = [np.asarray(x) for x in ds[:]]
+        else:
+            data = ds[:]
+            values[key] = [data[i] for i in range(len(steps))]
+    attrs = {k: _text(v) for k, v in g.attrs.items()}
+    return Stored(attrs=attrs, steps=steps, values=values)
+
+
+def _write_rows(g: h5py.Group, rows: Mapping[int, Mapping[str, Any]]) -> None:
+    steps = sorted(rows)
+    g.create_dataset(STEPS, data=np.asarray(steps, dtype=np.int64))
+    if not steps:
+        return
+    keys = list(rows[steps[0]])
+    for s in steps:
+        if set(rows[s]) != set(keys):
+            raise ValueError(f"step {s} has values {sorted(rows[s])}, others have {sorted(keys)}")
+    for key in keys:
+        arrays = [np.asarray(rows[s][key]) for s in steps]
+        integer = all(np.issubdtype(a.dtype, np.integer) or a.dtype == bool for a in arrays)
+        dtype = np.int64 if integer else np.float64
+        shapes = {a.shape for a in arrays}
+        if len(shapes) == 1:
+            g.create_dataset(key, data=np.stack([a.astype(dtype) for a in arrays]))
+        elif all(a.ndim == 1 for a in arrays):
+            ds = g.create_dataset(key, shape=(len(arrays),), dtype=h5py.vlen_dtype(dtype))
+            for i, a in enumerate(arrays):
+                ds[i] = a.astype(dtype)
+        else:
+            raise ValueError(f"value {key!r} changes shape across steps: {sorted(shapes)}")
+
+
+@contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def params_from_attrs(attrs: Mapping[str, Any]) -> dict:
+    return json.loads(_text(attrs["params"]))

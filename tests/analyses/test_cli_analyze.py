@@ -1,0 +1,109 @@
+"""`groklens analyze` and `groklens probe` as a user runs them (subprocesses)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from groklens.checkpoints import Trajectory, sidecar_path
+from tests.helpers import config_flags, groklens, tiny_config, train_tiny
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "run.h5"
+    train_tiny(path)
+    return path
+
+
+def _stamp(path):
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+@pytest.mark.slow
+def test_analyze_json_stores_then_reuses_and_recompute_rewrites(run):
+    side = sidecar_path(run)
+    side.unlink(missing_ok=True)
+    out = groklens("analyze", str(run), "--metric", "norms", "--metric", "fourier", "--every", "2", "--json", "-q",
+                   check=True)
+    res = json.loads(out.stdout)
+    assert set(res) == {"norms", "fourier"}
+    assert res["norms"]["steps"] == [0, 40, 60]
+    assert len(res["norms"]["weight_norm"]) == 3 and res["norms"]["distance_from_init"][0] == 0.0
+    for key in ("key_frequencies", "neuron_fve", "embedding_fve", "ls_fve", "restricted_loss", "excluded_loss"):
+        assert len(res["fourier"][key]) == 3
+    assert side.exists()
+    stamp = _stamp(side)
+    again = json.loads(groklens("analyze", str(run), "--metric", "norms", "--metric", "fourier", "--every", "2",
+                                "--json", "-q", check=True).stdout)
+    assert again == res
+    assert _stamp(side) == stamp  # nothing recomputed, nothing written
+    groklens("analyze", str(run), "--metric", "norms", "--steps", "0,20", "--recompute", "-q", check=True)
+    assert _stamp(side) != stamp
+
+
+@pytest.mark.slow
+def test_analyze_table_and_sharpness_param(run):
+    out = groklens("analyze", str(run), "--metric", "sharpness", "--steps", "60", "--param", "sharpness.top_k=2",
+                   "--param", "sharpness.trace_samples=4", "-q", check=True)
+    assert "== sharpness" in out.stdout and "step 60:" in out.stdout and "top_eigenvalues=[" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--metric", "nope"], "unknown analysis 'nope'"),
+    (["--metric", "norms", "--steps", "7"], "no checkpoint at step(s) 7"),
+    pytest.param(["--metric", "rank", "--param", 'rank.sites=["blocks.3.hook_resid_post"]'], "unknown hook site",
+                 marks=pytest.mark.slow),
+    (["--metric", "rank", "--param", "norms.x=1"], "not being computed"),
+])
+def test_analyze_bad_input_is_one_line_exit_2_and_no_file(tmp_path, args, message):
+    path = tmp_path / "run.h5"
+    train_tiny(path)
+    proc = groklens("analyze", str(path), *args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("groklens: error:") and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not sidecar_path(path).exists()
+
+
+@pytest.mark.slow
+def test_probe_command(run):
+    out = groklens("probe", str(run), "--site", "hook_embed", "--target", "a", "--position", "0", "--steps", "60",
+                   "--json", "-q", check=True)
+    res = json.loads(out.stdout)["probe"]
+    assert res["steps"] == [60] and res["accuracy"] == [1.0]
+    bad = groklens("probe", str(run), "--site", "hook_nope", "--target", "a")
+    assert bad.returncode == 2 and "unknown hook site" in bad.stderr
+
+
+@pytest.mark.slow
+def test_analyze_a_run_while_it_is_being_trained(tmp_path):
+    path = tmp_path / "live.h5"
+    cfg = tiny_config(steps=200_000, eval_every=100, checkpoint_every=100)
+    trainer = subprocess.Popen([sys.executable, "-m", "groklens", "train", "-q", "--out", str(path),
+                                *config_flags(cfg)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if path.exists():
+                try:
+                    if len(Trajectory(path).steps) >= 3:
+                        break
+                except Exception:  # noqa: BLE001 - the file is being created
+                    pass
+            time.sleep(0.2)
+        assert Trajectory(path).is_live
+        out = groklens("analyze", str(path), "--metric", "norms", "--metric", "grokking", "--json", "-q", check=True)
+        res = json.loads(out.stdout)
+        committed = set(Trajectory(path).steps.tolist())
+        assert len(res["norms"]["steps"]) >= 3 and set(res["norms"]["steps"]) <= committed
+        assert Trajectory(path).is_live  # the trainer kept going
+    finally:
+        trainer.send_signal(signal.SIGINT)
+        trainer.wait(timeout=60)
