@@ -1,0 +1,420 @@
+"""The grokking scaling law (REFERENCES.md, definition 8): log T against the logs of width,
+training data, learning rate and weight decay, over the runs of a sweep directory.
+
+T is the grokking step (groklens.analyses.grokking: first evaluated step with test accuracy
+>= threshold). A run that never crosses is right-censored at its last evaluated step. By
+default censored runs are counted and left out of the fit (ordinary least squares on the
+runs that grokked, which biases exponents toward the uncensored runs); with `censored=True`
+a Tobit model (normal errors on log T, right-censored at log of the last step) is fitted by
+maximum likelihood with scipy.optimize, and reported beside the OLS fit.
+
+Model: log T = c + sum_v a_v log v + e, e ~ N(0, s^2). Exponents a_v come with 95%
+confidence intervals: OLS from the usual covariance s^2 (X'X)^-1 and Student's t with n - k - 1
+degrees of freedom; Tobit from the inverse of the numerical Hessian of the negative
+log-likelihood and the normal quantile. R^2 is reported for the main-effects model and for
+the model with every pairwise interaction log u * log v added (logs centred first, so the
+main effects of that model are exponents at the geometric-mean configuration). For the
+Tobit fit, `r2_uncensored` is 1 - SSE/SST of the latent prediction on the grokked runs (our
+definition; there is no standard R^2 for censored fits).
+
+Variables: `width` is the model's hidden width, per model (WIDTH_FIELDS: d_mlp for both the
+transformer and the MLP, whose hidden layers are d_mlp wide); `n_train` is the number of
+training examples; any other numeric config field (`train_frac`, `lr`, `weight_decay`, `p`,
+...) is read from the stored config. A run with a value <= 0 (weight_decay 0, say) has no
+logarithm: it is excluded from the fit and listed, and still shown in the phase diagram.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from groklens.errors import BadInput
+
+DEFAULT_VARS = ("width", "train_frac", "lr", "weight_decay")
+# the config field that is each model's hidden width (the MLP of the scaling-law study has
+# n_layers hidden layers of d_mlp units each; see the `mlp` preset in groklens/config.py)
+WIDTH_FIELDS = {"transformer": "d_mlp", "mlp": "d_mlp"}
+RESULT_JSON = "scaling-law.json"
+RESULT_FIGURE = "scaling-law.png"
+
+
+@dataclass
+class GrokRecord:
+    name: str
+    values: dict[str, float]
+    grok_step: int | None  # None: censored
+    last_step: int | None
+
+    @property
+    def censored(self) -> bool:
+        return self.grok_step is None
+
+
+@dataclass
+class Collected:
+    records: list[GrokRecord]
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # reason -> run names
+
+
+def variable_value(var: str, cfg: dict, n_train: int | None = None) -> float:
+    """The value of one scaling variable for a run's stored config."""
+    if var == "width":
+        model = cfg.get("model")
+        if model not in WIDTH_FIELDS:
+            raise BadInput(f"'width' is not defined for model {model!r}; name its width field in --vars")
+        return float(cfg[WIDTH_FIELDS[model]])
+    if var == "n_train":
+        if n_train is None:
+            raise BadInput("n_train needs the run's data")
+        return float(n_train)
+    if var not in cfg:
+        raise BadInput(f"unknown scaling variable {var!r} (width, n_train, or a numeric config field)")
+    value = cfg[var]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInput(f"scaling variable {var!r} is not numeric (it is {value!r})")
+    return float(value)
+
+
+def collect_runs(directory: str | Path, variables: Sequence[str], threshold: float = 0.95) -> Collected:
+    """Grokking times and variable values of every finished run (*.h5) in `directory`."""
+    from groklens.analyses.grokking import grokking_times
+    from groklens.checkpoints import Trajectory
+    from groklens.checkpoints.constants import SIDECAR_SUFFIX
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise BadInput(f"{directory}: no such directory")
+    if not 0 < threshold <= 1:
+        raise BadInput(f"threshold must be in (0, 1]; got {threshold}")
+    out = Collected([])
+    files = sorted(p for p in directory.glob("*.h5") if not p.name.endswith(SIDECAR_SUFFIX))
+    if not files:
+        raise BadInput(f"{directory} holds no trajectory files (*.h5)")
+    key = f"{threshold:g}"
+    for path in files:
+        name = path.name[: -len(".h5")]
+        try:
+            traj = Trajectory(path)
+            status = traj.status
+            if not status.startswith("completed"):
+                out.skipped.setdefault("unfinished", []).append(name)
+                continue
+            cfg = traj.config_dict
+            n_train = None
+            if "n_train" in variables:
+                n_train = len(traj.dataset().train_idx)
+            values = {v: variable_value(v, cfg, n_train) for v in variables}
+            times = grokking_times(traj.metrics, (threshold,))
+        except BadInput as exc:
+            if "scaling variable" in str(exc) or "'width'" in str(exc):
+                raise
+            out.skipped.setdefault("unreadable", []).append(name)
+            continue
+        out.records.append(GrokRecord(name, values, times["grokking_step"][key], times["last_step"]))
+    return out
+
+
+# ---------------------------------------------------------------------- fits
+def _design(logx: np.ndarray, names: list[str], interactions: bool) -> tuple[np.ndarray, list[str]]:
+    if not interactions:
+        return logx, list(names)
+    centred = logx - logx.mean(axis=0)
+    cols, labels = [centred], list(names)
+    for i, j in combinations(range(len(names)), 2):
+        cols.append((centred[:, i] * centred[:, j])[:, None])
+        labels.append(f"{names[i]}*{names[j]}")
+    return np.hstack(cols), labels
+
+
+def ols_fit(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
+    """OLS of y on X with an intercept (scikit-learn), with 95% intervals from its covariance."""
+    from scipy import stats
+    from sklearn.linear_model import LinearRegression
+
+    n, k = X.shape
+    if n <= k + 1:
+        raise BadInput(f"{n} runs are too few to fit {k} exponents and an intercept")
+    A = np.hstack([np.ones((n, 1)), X])
+    if np.linalg.matrix_rank(A) < k + 1:
+        raise BadInput("the variables are collinear over these runs (one is a function of the others)")
+    reg = LinearRegression().fit(X, y)
+    resid = y - reg.predict(X)
+    dof = n - k - 1
+    sigma2 = float(resid @ resid) / dof
+    cov = sigma2 * np.linalg.inv(A.T @ A)
+    se = np.sqrt(np.diag(cov))
+    tq = float(stats.t.ppf(0.975, dof))
+    coef = np.concatenate([[reg.intercept_], reg.coef_])
+    sst = float(((y - y.mean()) ** 2).sum())
+    return {
+        "method": "ols",
+        "n": int(n),
+        "intercept": {"estimate": float(coef[0]), "se": float(se[0]),
+                      "ci95": [float(coef[0] - tq * se[0]), float(coef[0] + tq * se[0])]},
+        "exponents": {name: {"estimate": float(coef[i + 1]), "se": float(se[i + 1]),
+                             "ci95": [float(coef[i + 1] - tq * se[i + 1]), float(coef[i + 1] + tq * se[i + 1])]}
+                      for i, name in enumerate(names)},
+        "r2": 1.0 - float(resid @ resid) / sst if sst > 0 else float("nan"),
+        "sigma": math.sqrt(sigma2),
+    }
+
+
+def tobit_fit(X: np.ndarray, y: np.ndarray, censored: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
+    """Right-censored normal regression of y on X (y[censored] is the censoring point).
+
+    Maximum likelihood with scipy.optimize (BFGS, analytic gradient), started from OLS on the
+    uncensored rows; standard errors from the inverse of a central-difference Hessian.
+    """
+    from scipy import optimize, stats
+
+    n, k = X.shape
+    A = np.hstack([np.ones((n, 1)), X])
+    cens = np.asarray(censored, dtype=bool)
+    unc = ~cens
+    if unc.sum() <= k + 1:
+        raise BadInput(f"only {int(unc.sum())} runs grokked: too few for a censored fit of {k} exponents")
+    if np.linalg.matrix_rank(A) < k + 1:
+        raise BadInput("the variables are collinear over these runs (one is a function of the others)")
+
+    def nll_and_grad(theta):
+        b, log_s = theta[:-1], theta[-1]
+        s = math.exp(log_s)
+        mu = A @ b
+        z = (y - mu) / s
+        ll_u = stats.norm.logpdf(z[unc]) - log_s
+        ll_c = stats.norm.logsf(z[cens])
+        nll = -(ll_u.sum() + ll_c.sum())
+        lam = np.exp(stats.norm.logpdf(z[cens]) - ll_c)  # inverse Mills ratio
+        g_b = -(A[unc].T @ (z[unc] / s)) - (A[cens].T @ (lam / s))
+        g_s = -((z[unc] ** 2 - 1).sum()) - (lam * z[cens]).sum()
+        return nll, np.concatenate([g_b, [g_s]])
+
+    b0, *_ = np.linalg.lstsq(A[unc], y[unc], rcond=None)
+    r0 = y[unc] - A[unc] @ b0
+    theta0 = np.concatenate([b0, [math.log(max(r0.std(), 1e-3))]])
+    res = optimize.minimize(nll_and_grad, theta0, jac=True, method="BFGS",
+                            options={"gtol": 1e-8, "maxiter": 10_000})
+    theta = res.x
+    # numerical Hessian of the negative log-likelihood (central differences of the gradient)
+    h = 1e-5 * np.maximum(1.0, np.abs(theta))
+    H = np.empty((len(theta), len(theta)))
+    for i in range(len(theta)):
+        e = np.zeros_like(theta)
+        e[i] = h[i]
+        H[:, i] = (nll_and_grad(theta + e)[1] - nll_and_grad(theta - e)[1]) / (2 * h[i])
+    H = (H + H.T) / 2
+    try:
+        cov = np.linalg.inv(H)
+        se = np.sqrt(np.clip(np.diag(cov), 0, None))
+    except np.linalg.LinAlgError:
+        se = np.full(len(theta), np.nan)
+    zq = float(stats.norm.ppf(0.975))
+    b = theta[:-1]
+    pred = A @ b
+    sst = float(((y[unc] - y[unc].mean()) ** 2).sum())
+    sse = float(((y[unc] - pred[unc]) ** 2).sum())
+    return {
+        "method": "tobit",
+        "n": int(n),
+        "n_censored": int(cens.sum()),
+        # BFGS often stops with "precision loss" at the optimum: judge by the gradient instead
+        "converged": bool(res.success or np.max(np.abs(res.jac)) < 1e-5),
+        "gradient_max": float(np.max(np.abs(res.jac))),
+        "log_likelihood": float(-res.fun),
+        "intercept": {"estimate": float(b[0]), "se": float(se[0]),
+                      "ci95": [float(b[0] - zq * se[0]), float(b[0] + zq * se[0])]},
+        "exponents": {name: {"estimate": float(b[i + 1]), "se": float(se[i + 1]),
+                             "ci95": [float(b[i + 1] - zq * se[i + 1]), float(b[i + 1] + zq * se[i + 1])]}
+                      for i, name in enumerate(names)},
+        "sigma": math.exp(theta[-1]),
+        "r2_uncensored": 1.0 - sse / sst if sst > 0 else float("nan"),
+    }
+
+
+def fit_scaling_law(records: Sequence[GrokRecord], variables: Sequence[str], *, censored: bool = False,
+                    interactions: bool = False) -> dict[str, Any]:
+    """Fit log T on log variables over `records`; see the module docstring."""
+    variables = list(variables)
+    if not variables:
+        raise BadInput("give at least one scaling variable")
+    if len(set(variables)) != len(variables):
+        raise BadInput(f"a scaling variable is repeated: {', '.join(variables)}")
+    nonpositive = [r.name for r in records if any(r.values[v] <= 0 for v in variables)]
+    at_zero = [r.name for r in records if r.grok_step == 0]
+    usable = [r for r in records if r.name not in set(nonpositive) | set(at_zero)]
+    grokked = [r for r in usable if not r.censored]
+    cens = [r for r in usable if r.censored]
+    if not usable:
+        raise BadInput(f"none of the {len(records)} runs can be fitted: {len(nonpositive)} have a variable <= 0 "
+                       f"(no logarithm), {len(at_zero)} reached the threshold at step 0")
+    for v in variables:
+        distinct = {r.values[v] for r in usable}
+        if len(distinct) < 2:
+            raise BadInput(f"scaling variable {v!r} takes one value ({next(iter(distinct), 'none')}) over the "
+                           "usable runs; drop it from --vars")
+    if not grokked:
+        raise BadInput(f"none of the {len(usable)} usable runs grokked; nothing to fit")
+
+    def logs(rs):
+        return np.log(np.array([[r.values[v] for v in variables] for r in rs], dtype=float)).reshape(len(rs), -1)
+
+    X, y = logs(grokked), np.log(np.array([r.grok_step for r in grokked], dtype=float))
+    result: dict[str, Any] = {
+        "vars": variables,
+        "n_runs": len(records),
+        "n_grokked": len(grokked),
+        "n_censored": len(cens),
+        "censored": "tobit" if censored else "excluded",
+        "excluded": {"nonpositive_value": nonpositive, "grokked_at_step_0": at_zero},
+    }
+    ols = ols_fit(X, y, variables)
+    if len(variables) >= 2:
+        Xi, labels = _design(X, variables, interactions=True)
+        if len(grokked) > Xi.shape[1] + 1 and np.linalg.matrix_rank(np.hstack([np.ones((len(X), 1)), Xi])) == Xi.shape[1] + 1:
+            inter = ols_fit(Xi, y, labels)
+            ols["r2_interactions"] = inter["r2"]
+            if interactions:
+                result["interactions"] = inter
+        else:
+            ols["r2_interactions"] = None
+    result["ols"] = ols
+    result["fit"] = "ols"
+    if censored:
+        allr = grokked + cens
+        Xa = logs(allr)
+        ya = np.log(np.array([r.grok_step if not r.censored else r.last_step for r in allr], dtype=float))
+        ca = np.array([r.censored for r in allr])
+        result["tobit"] = tobit_fit(Xa, ya, ca, variables)
+        result["fit"] = "tobit"
+    return result
+
+
+def predict_log_t(fit: dict[str, Any], values: dict[str, float]) -> float:
+    return fit["intercept"]["estimate"] + sum(e["estimate"] * math.log(values[v]) for v, e in fit["exponents"].items())
+
+
+# ---------------------------------------------------------------------- the whole analysis
+def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, *, threshold: float = 0.95,
+                interactions: bool = False, censored: bool = False, phase: Sequence[str] | None = None,
+                write: bool = True) -> dict[str, Any]:
+    """Collect, fit, and (write=True) write DIR/scaling-law.json and DIR/scaling-law.png."""
+    directory = Path(directory)
+    collected = collect_runs(directory, variables, threshold)
+    if not collected.records:
+        reasons = ", ".join(f"{len(v)} {k}" for k, v in collected.skipped.items())
+        raise BadInput(f"{directory}: no finished runs to fit ({reasons})")
+    result = fit_scaling_law(collected.records, variables, censored=censored, interactions=interactions)
+    result = _finite({"dir": str(directory), "threshold": threshold, "width_fields": WIDTH_FIELDS,
+                      **result, "skipped": collected.skipped})
+    if write:
+        result["json"] = str(directory / RESULT_JSON)
+        result["figure"] = str(directory / RESULT_FIGURE)
+        fig = _figure(collected.records, result, list(variables), phase)
+        fig.savefig(directory / RESULT_FIGURE, dpi=120, bbox_inches="tight")
+        (directory / RESULT_JSON).write_text(json.dumps(result, indent=1, default=_json_default))
+    return result
+
+
+def _figure(records: Sequence[GrokRecord], result: dict[str, Any], variables: list[str], phase):
+    from groklens.analyses.scaling_figures import scaling_law_figure
+
+    fit = result["tobit"] if result["fit"] == "tobit" else result["ols"]
+    fitted = [r for r in records if all(r.values[v] > 0 for v in variables) and r.grok_step != 0]
+    measured = np.array([r.grok_step if not r.censored else r.last_step for r in fitted], dtype=float)
+    predicted = np.exp([predict_log_t(fit, r.values) for r in fitted])
+    cens = np.array([r.censored for r in fitted])
+    if phase is None:
+        px = variables[0]
+        py = "weight_decay" if "weight_decay" in variables and px != "weight_decay" else (
+            variables[1] if len(variables) > 1 else None)
+    else:
+        px, py = (list(phase) + [None])[:2]
+    cells: dict[tuple, list[bool]] = {}
+    for r in records:
+        cells.setdefault((r.values[px], r.values[py] if py else 0.0), []).append(not r.censored)
+    keys = sorted(cells)
+    return scaling_law_figure(
+        measured, predicted, cens,
+        np.array([k[0] for k in keys]), np.array([k[1] for k in keys]),
+        np.array([np.mean(cells[k]) for k in keys]), np.array([len(cells[k]) for k in keys]),
+        xlabel=px, ylabel=py or "",
+        title=f"{result['fit'].upper()}: T ∝ " + " ".join(
+            f"{v}^{fit['exponents'][v]['estimate']:.2f}" for v in variables),
+    )
+
+
+def _finite(x):
+    """NaN and infinities -> None, so the result is strict JSON (a degenerate fit has R^2 NaN)."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _json_default(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    raise TypeError(type(x).__name__)
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:+.3f}"
+
+
+def format_result(result: dict[str, Any]) -> list[str]:
+    """The lines `groklens scaling-law` prints."""
+    lines = []
+    ols = result["ols"]
+    lines.append(f"runs     {result['n_runs']} finished: {result['n_grokked']} grokked, {result['n_censored']} censored "
+                 f"(never reached test accuracy {result['threshold']:g}); censored runs "
+                 f"{'fitted by Tobit' if result['censored'] == 'tobit' else 'excluded from the fit'}")
+    for reason, names in {**result["excluded"], **result.get("skipped", {})}.items():
+        if names:
+            lines.append(f"skipped  {len(names)} {reason.replace('_', ' ')}: {', '.join(names[:3])}"
+                         + (" ..." if len(names) > 3 else ""))
+    fits = [("ols", ols)] + ([("tobit", result["tobit"])] if "tobit" in result else [])
+    for label, fit in fits:
+        lines.append(f"{label:<8} log T = {fit['intercept']['estimate']:.3f} + sum a_v log v   (n={fit['n']})")
+        for v, e in fit["exponents"].items():
+            lines.append(f"  {v:<14} a = {_num(e['estimate'])}  95% CI [{_num(e['ci95'][0])}, {_num(e['ci95'][1])}]")
+        if label == "ols":
+            r2i = fit.get("r2_interactions")
+            r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.3f}"
+            lines.append(f"  R^2 {r2}" + (f"; with pairwise interactions {r2i:.3f}" if r2i is not None else ""))
+        else:
+            r2 = "n/a" if fit["r2_uncensored"] is None else f"{fit['r2_uncensored']:.3f}"
+            lines.append(f"  R^2 on grokked runs {r2}; sigma {fit['sigma']:.3f}"
+                         + ("" if fit["converged"] else "  (optimizer did not report convergence)"))
+    if "interactions" in result:
+        lines.append("interactions (centred logs):")
+        for v, e in result["interactions"]["exponents"].items():
+            lines.append(f"  {v:<26} {_num(e['estimate'])}  95% CI [{_num(e['ci95'][0])}, {_num(e['ci95'][1])}]")
+    if "json" in result:
+        lines.append(f"wrote    {result['json']}, {result['figure']}")
+    return lines
+
+
+__all__ = [
+    "DEFAULT_VARS",
+    "WIDTH_FIELDS",
+    "GrokRecord",
+    "collect_runs",
+    "fit_scaling_law",
+    "format_result",
+    "ols_fit",
+    "predict_log_t",
+    "scaling_law",
+    "tobit_fit",
+    "variable_value",
+]
