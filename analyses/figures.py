@@ -1,0 +1,285 @@
+"""Report figures. Each function takes arrays (in the small dataclasses below) and an optional
+matplotlib Axes (or a sequence of Axes for multi-panel figures) and returns the Figure.
+They compute nothing: means over seeds, histograms and checkpoint choices are made by the
+caller (`groklens.analyses.report`). They never touch pyplot's global state: figures are
+`matplotlib.figure.Figure` objects (Agg canvas), so they render headless and never show.
+
+  training_curves    train/test accuracy and loss vs step (log x), grokking points marked,
+                     one colour per variant, seeds thin, the mean bold
+  grokking_times     grokking step per seed and variant, censored runs marked
+  aligned_panels     test accuracy on top and measures below, on one shared step axis
+                     (used for Fourier FVE, attention mass, Hessian, effective rank, radius/rho)
+  spectrum_grid      embedding Fourier power per frequency at chosen checkpoints
+  cluster_grid       neurons per key frequency (Nanda's clustering) at chosen checkpoints
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from matplotlib.figure import Figure
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+THIN = dict(lw=0.8, alpha=0.45)
+BOLD = dict(lw=2.2, alpha=1.0)
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def _figure(ax, n_panels: int = 1, *, figsize=(7.0, 4.0), sharex: bool = True, height_ratios=None):
+    """(figure, list of axes): the given axes, or a new figure with n_panels stacked rows."""
+    if ax is not None:
+        axes = list(ax) if isinstance(ax, (list, tuple, np.ndarray)) else [ax]
+        if len(axes) != n_panels:
+            raise ValueError(f"this figure draws {n_panels} panel(s); got {len(axes)} axes")
+        return axes[0].figure, axes
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(n_panels, 1, sharex=sharex, squeeze=False,
+                        gridspec_kw={"height_ratios": height_ratios} if height_ratios else None)[:, 0]
+    return fig, list(axes)
+
+
+# ---------------------------------------------------------------------- training curves
+@dataclass
+class RunCurves:
+    """One run's evaluation rows (steps > 0 for a log axis)."""
+
+    steps: np.ndarray
+    train_acc: np.ndarray
+    test_acc: np.ndarray
+    train_loss: np.ndarray
+    test_loss: np.ndarray
+    grok_step: float | None = None  # marked on the test-accuracy curve
+    label: str = ""
+
+
+@dataclass
+class VariantCurves:
+    label: str
+    runs: list[RunCurves]
+    mean: RunCurves | None = None  # the mean over seeds (drawn bold); None: the single run is bold
+    colour: str | None = None
+
+
+def training_curves(variants: Sequence[VariantCurves], *, threshold: float | None = None, log_x: bool = True,
+                    ax=None) -> Figure:
+    """Accuracy (top) and loss (bottom, log y) against step: train dashed, test solid."""
+    fig, (a_acc, a_loss) = _figure(ax, 2, figsize=(8.0, 6.4), height_ratios=[1.1, 1])
+    for i, v in enumerate(variants):
+        c = v.colour or colour(i)
+        bold_runs = [v.mean] if v.mean is not None else []
+        single = v.mean is None and len(v.runs) == 1
+        for r in v.runs:
+            style = BOLD if single else THIN
+            a_acc.plot(r.steps, r.train_acc, ls="--", color=c, **style)
+            a_acc.plot(r.steps, r.test_acc, ls="-", color=c, **style)
+            a_loss.plot(r.steps, r.train_loss, ls="--", color=c, **style)
+            a_loss.plot(r.steps, r.test_loss, ls="-", color=c, **style)
+            if r.grok_step is not None:
+                k = int(np.searchsorted(r.steps, r.grok_step))
+                if k < len(r.steps):
+                    a_acc.plot([r.steps[k]], [r.test_acc[k]], "o", ms=6, mfc=c, mec="black", mew=0.8, zorder=5)
+        for m in bold_runs:
+            a_acc.plot(m.steps, m.train_acc, ls="--", color=c, **BOLD)
+            a_acc.plot(m.steps, m.test_acc, ls="-", color=c, **BOLD)
+            a_loss.plot(m.steps, m.train_loss, ls="--", color=c, **BOLD)
+            a_loss.plot(m.steps, m.test_loss, ls="-", color=c, **BOLD)
+        a_acc.plot([], [], color=c, lw=2.2, label=f"{v.label} (n={len(v.runs)})")
+    if threshold is not None:
+        a_acc.axhline(threshold, color="grey", lw=0.8, ls=":")
+    a_acc.plot([], [], color="black", ls="--", lw=1, label="train")
+    a_acc.plot([], [], color="black", ls="-", lw=1, label="test")
+    a_acc.plot([], [], "o", mfc="white", mec="black", label="grokked (test acc >= threshold)")
+    a_acc.set_ylabel("accuracy")
+    a_acc.set_ylim(-0.02, 1.02)
+    a_acc.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    a_loss.set_ylabel("loss")
+    a_loss.set_yscale("log")
+    a_loss.set_xlabel("step")
+    for a in (a_acc, a_loss):
+        if log_x:
+            a.set_xscale("log")
+        a.grid(alpha=0.25, which="both", lw=0.4)
+    a_acc.set_title("Training curves (thin: seeds, bold: mean over seeds)", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------- grokking times
+def grokking_times(labels: Sequence[str], times: Sequence[Sequence[float]], censored: Sequence[Sequence[bool]], *,
+                   means: Sequence[float | None] | None = None, colours: Sequence[str] | None = None,
+                   log_x: bool = True, ax=None) -> Figure:
+    """One row per variant, one point per seed at its grokking step; a censored seed is an open
+    triangle at the step where it was censored (it had not grokked by then)."""
+    fig, (a,) = _figure(ax, 1, figsize=(7.0, 1.2 + 0.55 * max(len(labels), 1)))
+    offsets = np.linspace(-0.18, 0.18, max(max((len(t) for t in times), default=1), 1))
+    for i, (t, cen) in enumerate(zip(times, censored)):
+        c = colours[i] if colours else colour(i)
+        t = np.asarray(t, dtype=float)
+        cen = np.asarray(cen, dtype=bool)
+        y = i + offsets[: len(t)] if len(t) > 1 else np.full(len(t), float(i))
+        if (~cen).any():
+            a.plot(t[~cen], y[~cen], "o", ms=7, mfc=c, mec="black", mew=0.6, ls="none")
+        if cen.any():
+            a.plot(t[cen], y[cen], ">", ms=9, mfc="none", mec=c, mew=1.6, ls="none")
+        if means is not None and means[i] is not None:
+            a.plot([means[i]], [i], "|", ms=22, mew=2.5, color=c)
+    a.plot([], [], "o", mfc="grey", mec="black", ls="none", label="grokked")
+    a.plot([], [], ">", mfc="none", mec="grey", mew=1.6, ls="none", label="censored (not grokked by then)")
+    if means is not None:
+        a.plot([], [], "|", ms=12, mew=2.5, color="grey", ls="none", label="mean of the group")
+    a.set_yticks(range(len(labels)))
+    a.set_yticklabels(labels, fontsize=8)
+    a.set_ylim(len(labels) - 0.5, -0.5)
+    if log_x:
+        a.set_xscale("log")
+    a.set_xlabel("grokking step")
+    a.grid(alpha=0.25, axis="x", which="both", lw=0.4)
+    a.legend(fontsize=7, loc="lower right", framealpha=0.8)
+    a.set_title("Grokking time per seed", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------- measures over steps
+@dataclass
+class Line:
+    x: np.ndarray
+    y: np.ndarray
+    colour: str | None = None
+    label: str | None = None  # legend entry (None: no entry)
+    bold: bool = False
+    style: str = "-"
+    band: tuple[np.ndarray, np.ndarray] | None = None  # (low, high) shaded around the line
+    marker: str | None = None
+
+
+@dataclass
+class Panel:
+    ylabel: str
+    lines: list[Line]
+    hlines: list[tuple[float, str | None, str | None]] = field(default_factory=list)  # (y, colour, label)
+    yscale: str = "linear"
+    ylim: tuple[float, float] | None = None
+
+
+def _draw_line(a, ln: Line, i: int) -> None:
+    c = ln.colour or colour(i)
+    style = BOLD if ln.bold else THIN
+    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=ln.label, marker=ln.marker, ms=3 if ln.marker else None, **style)
+    if ln.band is not None:
+        a.fill_between(ln.x, ln.band[0], ln.band[1], color=c, alpha=0.12, lw=0)
+
+
+def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: str = "", log_x: bool = True,
+                   threshold: float | None = None, marks: Sequence[tuple[float, str | None]] = (),
+                   ax=None) -> Figure:
+    """Test accuracy on top, then one panel per measure, all on one shared step axis; `marks`
+    (step, colour) are drawn as vertical dashed lines through every panel (e.g. grokking steps).
+    The legend of the lines is on the top panel; a panel's own legend lists its reference lines."""
+    n = 1 + len(panels)
+    fig, axes = _figure(ax, n, figsize=(8.0, 1.9 + 1.8 * n), height_ratios=[0.8] + [1] * len(panels))
+    top = axes[0]
+    for i, ln in enumerate(accuracy):
+        _draw_line(top, ln, i)
+    if threshold is not None:
+        top.axhline(threshold, color="grey", lw=0.8, ls=":")
+    top.set_ylabel("test accuracy")
+    top.set_ylim(-0.02, 1.02)
+    for a, panel in zip(axes[1:], panels):
+        for i, ln in enumerate(panel.lines):
+            ln_nolabel = Line(**{**ln.__dict__, "label": None})
+            _draw_line(a, ln_nolabel, i)
+        for y, c, label in panel.hlines:
+            a.axhline(y, color=c or "black", ls=":", lw=1.2, label=label)
+        a.set_ylabel(panel.ylabel, fontsize=8)
+        a.set_yscale(panel.yscale)
+        if panel.ylim is not None:
+            a.set_ylim(*panel.ylim)
+    for a in axes:
+        for x, c in marks:
+            a.axvline(x, color=c or "grey", ls="--", lw=0.9, alpha=0.7)
+        if log_x:
+            a.set_xscale("log")
+        a.grid(alpha=0.25, which="both", lw=0.4)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    if marks:
+        top.plot([], [], color="grey", ls="--", lw=0.9, label="grokking step (group mean)")
+        top.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    axes[-1].set_xlabel("step")
+    if title:
+        top.set_title(title, fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------- per-checkpoint grids
+def _grid(ax, n_rows: int, n_cols: int, figsize):
+    if ax is not None:
+        axes = np.asarray(ax, dtype=object).reshape(n_rows, n_cols)
+        return axes[0, 0].figure, axes
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.subplots(n_rows, n_cols, squeeze=False, sharex=True)
+
+
+def spectrum_grid(frequencies: np.ndarray, power: np.ndarray, row_labels: Sequence[str],
+                  col_labels: Sequence[Sequence[str]], *, key_frequencies=None, colours: Sequence[str] | None = None,
+                  ax=None) -> Figure:
+    """Embedding Fourier power share per frequency, `power[row, col, k]` (NaN row: no checkpoint);
+    rows are variants, columns checkpoints; `key_frequencies[row][col]` are outlined in black."""
+    power = np.asarray(power, dtype=float)
+    n_rows, n_cols = power.shape[:2]
+    fig, axes = _grid(ax, n_rows, n_cols, (2.3 * n_cols + 1.2, 1.55 * n_rows + 0.9))
+    width = 0.8 if len(frequencies) < 2 else 0.8 * float(np.min(np.diff(frequencies)))
+    for r in range(n_rows):
+        c = colours[r] if colours else colour(r)
+        for k in range(n_cols):
+            a = axes[r, k]
+            if np.all(np.isnan(power[r, k])):
+                a.set_axis_off()
+                continue
+            keys = set(key_frequencies[r][k]) if key_frequencies is not None else set()
+            edges = ["black" if f in keys else c for f in frequencies]
+            a.bar(frequencies, power[r, k], width=width, color=c, edgecolor=edges, lw=0.9)
+            a.set_title(col_labels[r][k], fontsize=7)
+            a.set_ylim(0, max(0.05, float(np.nanmax(power[r]) * 1.1)))
+            a.tick_params(labelsize=6)
+            if k == 0:
+                a.set_ylabel(row_labels[r], fontsize=7)
+        axes[n_rows - 1, 0].set_xlabel("frequency k", fontsize=7)
+    fig.suptitle("Embedding Fourier spectrum: power share per frequency (outlined: key frequencies)", fontsize=9)
+    return fig
+
+
+def cluster_grid(frequencies: np.ndarray, counts: np.ndarray, unclustered: np.ndarray, row_labels: Sequence[str],
+                 col_labels: Sequence[Sequence[str]], *, threshold: float | None = None,
+                 colours: Sequence[str] | None = None, ax=None) -> Figure:
+    """Neurons per frequency among clustered neurons (`counts[row, col, k]`, NaN: no checkpoint),
+    and how many neurons are unclustered (`unclustered[row, col]`)."""
+    counts = np.asarray(counts, dtype=float)
+    n_rows, n_cols = counts.shape[:2]
+    fig, axes = _grid(ax, n_rows, n_cols, (2.3 * n_cols + 1.2, 1.55 * n_rows + 0.9))
+    width = 0.8 if len(frequencies) < 2 else 0.8 * float(np.min(np.diff(frequencies)))
+    for r in range(n_rows):
+        c = colours[r] if colours else colour(r)
+        top = max(1.0, float(np.nanmax(counts[r])) * 1.15) if not np.all(np.isnan(counts[r])) else 1.0
+        for k in range(n_cols):
+            a = axes[r, k]
+            if np.all(np.isnan(counts[r, k])):
+                a.set_axis_off()
+                continue
+            a.bar(frequencies, counts[r, k], width=width, color=c)
+            a.set_ylim(0, top)
+            a.set_title(col_labels[r][k], fontsize=7)
+            a.text(0.98, 0.95, f"unclustered: {int(unclustered[r, k])}", transform=a.transAxes, ha="right",
+                   va="top", fontsize=6)
+            a.tick_params(labelsize=6)
+            if k == 0:
+                a.set_ylabel(row_labels[r], fontsize=7)
+        axes[n_rows - 1, 0].set_xlabel("frequency k", fontsize=7)
+    t = f" (fraction >= {threshold:g})" if threshold is not None else ""
+    fig.suptitle(f"Neuron-frequency clusters: MLP neurons per frequency{t}", fontsize=9)
+    return fig

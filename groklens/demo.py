@@ -1,0 +1,239 @@
+"""`groklens demo` (and `make demo`): grokking, and four ways it changes, in a few minutes.
+
+Trains a standard (pre-LayerNorm) transformer, a bounded-sphere transformer, a uniform-attention
+transformer and an activation-norm-regularized one on one small modular-addition task, a few
+seeds each, analyzes them (a cheap subset of measures), prints the comparison table and writes
+the report.
+
+Scales (`--scale`):
+  laptop (default)  the small task below, on CPU; chosen by measurement so that the standard
+                    model groks visibly late and the other three early (docs/CLI.md gives the
+                    numbers measured while choosing it)
+  paper             the canonical p=113 setup (Nanda et al.; 30% of pairs, d_model 128, 4 heads,
+                    d_mlp 512): meant for a GPU
+  smoke             a tiny end-to-end check for the test suite; it proves the pipeline, not grokking
+
+What it writes under OUT (default ./demo-out): runs/<variant>_s<seed>.h5 (+ their
+.analyses.h5 sidecars and the sweep manifest runs/sweep.json) and report/ (index.html,
+figures, comparison.csv/json). Existing run files are never overwritten without `force`;
+nothing else in OUT is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from groklens.errors import BadInput, GroklensError
+
+DEFAULT_OUT = "demo-out"  # ignored by git (.gitignore)
+
+# The variants: each a switch of the one transformer (docs/VARIANTS.md). The baseline is a
+# standard pre-LayerNorm transformer; "uniform" and "act_norm" change only their one switch.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "standard": {"norm": "ln"},
+    "sphere": {"norm": "sphere", "unembed": "bounded"},
+    "uniform": {"norm": "ln", "attention": "uniform"},
+    "act_norm": {"norm": "ln", "act_norm_lambda": 1.0},
+}
+BASELINE = "standard"
+
+
+@dataclass
+class Scale:
+    base: dict[str, Any]
+    seeds: list[int]
+    analyses: list[tuple[str, dict[str, Any]]]  # computed at every `analyze_every`-th checkpoint
+    analyze_every: int
+    # costlier ones: at every `sparse_every`-th checkpoint and at memorization, grokking and the end
+    sparse_analyses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    sparse_every: int = 4
+    note: str = ""
+
+
+_CHEAP = [("fourier", {}), ("attention", {}), ("rank", {"weights": []}), ("radial", {})]
+
+SCALES: dict[str, Scale] = {
+    "laptop": Scale(
+        base=dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, lr=3e-3,
+                  weight_decay=1.0, steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4,
+                  device="cpu"),
+        seeds=[1, 2, 3],
+        analyses=_CHEAP,
+        analyze_every=2,
+        sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 10})],
+        note="p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU",
+    ),
+    "paper": Scale(
+        base=dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3,
+                  weight_decay=1.0, steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10,
+                  device="auto"),
+        seeds=[1, 2, 3],
+        analyses=_CHEAP,
+        analyze_every=2,
+        sparse_analyses=[("sharpness", {"top_k": 3, "trace_samples": 30})],
+        note="the canonical p=113 setup (Nanda et al. 2023), meant for a GPU",
+    ),
+    "smoke": Scale(
+        base=dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3,
+                  weight_decay=1.0, steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
+        seeds=[1, 2],
+        analyses=_CHEAP,
+        analyze_every=1,
+        sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 4})],
+        note="a tiny pipeline check (does not grok)",
+    ),
+}
+
+
+@dataclass
+class DemoResult:
+    out_dir: Path
+    runs: list[Path]
+    report: Path
+    table: str
+    wall_s: float
+    missing: list[tuple[str, str]]
+
+
+def run_names(scale: Scale) -> list[tuple[str, str, dict[str, Any]]]:
+    """(variant, run name, config dict) for every run of the demo."""
+    out = []
+    for variant, over in VARIANTS.items():
+        for seed in scale.seeds:
+            out.append((variant, f"{variant}_s{seed}", {**scale.base, **over, "seed": seed}))
+    return out
+
+
+def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force: bool = False,
+             workers: int | None = None, fmt: str = "png", progress: bool = True,
+             echo: Callable[[str], None] = print) -> DemoResult:
+    """Train, analyze, compare and report (see the module docstring); returns where it all is."""
+    from groklens.config import RunConfig
+    from groklens.trainers.sweeps import RunSpec, error_path, run_path
+
+    t0 = time.perf_counter()
+    if scale not in SCALES:
+        raise BadInput(f"--scale must be one of laptop, paper, smoke; got {scale!r}")
+    sc = SCALES[scale]
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{out} exists and is not a directory")
+    if not out.exists() and not out.parent.is_dir():
+        raise BadInput(f"directory {out.parent} does not exist")
+    runs_dir, report_dir = out / "runs", out / "report"
+    for d in (runs_dir, report_dir):
+        if d.exists() and not d.is_dir():
+            raise BadInput(f"{d} exists and is not a directory")
+    specs = [RunSpec(name, RunConfig.from_dict(cfg)) for _, name, cfg in run_names(sc)]
+    paths = [run_path(runs_dir, s.name) for s in specs]
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        shown = ", ".join(p.name for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
+        raise BadInput(f"{runs_dir} already holds demo runs ({shown}); use --force to train them again, "
+                       f"or -o another directory")
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be >= 1; got {workers}")
+    if force:  # only the demo's own run files (and their sidecars / error files), by exact name
+        from groklens.checkpoints import sidecar_path
+
+        for s, p in zip(specs, paths):
+            p.unlink(missing_ok=True)
+            sidecar_path(p).unlink(missing_ok=True)
+            error_path(runs_dir, s.name).unlink(missing_ok=True)
+    out.mkdir(exist_ok=True)
+    runs_dir.mkdir(exist_ok=True)
+    n_workers = workers or max(1, min(len(specs), os.cpu_count() or 1))
+
+    if scale == "paper":
+        import torch
+
+        if not torch.cuda.is_available():
+            echo("groklens demo: no CUDA device here; the paper scale on CPU takes many hours")
+    # 1. train every run (a process pool: one run per core; resumable like any sweep)
+    echo(f"groklens demo ({scale}: {sc.note}): training {len(specs)} runs "
+         f"({', '.join(VARIANTS)} x seeds {', '.join(map(str, sc.seeds))}) on {n_workers} worker(s) into {runs_dir}")
+    from groklens.trainers.sweeps import run_sweep
+
+    t_train = time.perf_counter()
+    rep = run_sweep(specs, runs_dir, executor="local", workers=n_workers, progress=progress)
+    if rep.counts["failed"]:
+        first = next(iter(rep.failed.items()))
+        raise GroklensError(f"{rep.counts['failed']} demo run(s) failed, e.g. {first[0]}: {first[1]}")
+    echo(f"trained in {time.perf_counter() - t_train:.0f} s")
+
+    # 2. analyze: the cheap measures along the trajectory, sharpness at memorization/grokking/end
+    t_an = time.perf_counter()
+    analyze_runs(paths, sc, n_workers, progress=progress)
+    echo(f"analyzed in {time.perf_counter() - t_an:.0f} s")
+
+    # 3. compare and report
+    from groklens.analyses.compare import compare
+    from groklens.analyses.report import build_report
+
+    baseline = paths[[v for v, _, _ in run_names(sc)].index(BASELINE)]
+    comp = compare(paths, baseline=baseline, group_by="variant")
+    result = build_report(paths, report_dir, fmt=fmt, comparison=comp)
+    table = comp.format_table()
+    echo("")
+    echo(table)
+    echo("")
+    wall = time.perf_counter() - t0
+    for title, why in result.missing:
+        echo(f"not in the report: {title} ({why})")
+    echo(f"demo finished in {wall:.0f} s; report: {result.index.resolve()}")
+    return DemoResult(out, paths, result.index, table, wall, result.missing)
+
+
+def _analyze_one(task: dict) -> list[str]:
+    """One run's analyses (a worker process): cheap ones along the trajectory, the phase ones at
+    the memorization, grokking and last checkpoints."""
+    import torch
+
+    from groklens.analyses.compare import load_run
+    from groklens.analyses.runner import compute_many, select_steps
+    from groklens.checkpoints import Trajectory
+
+    torch.set_num_threads(1)
+    path = task["path"]
+    traj = Trajectory(path)
+    steps = select_steps(traj.steps, every=task["every"])
+    run = load_run(path)
+    phases = sorted({s for s in run.phase_steps.values() if s is not None})
+    notes: list[str] = []
+    compute_many(traj, [tuple(a) for a in task["analyses"]], steps=sorted(set(steps) | set(phases)), notes=notes)
+    if task["sparse_analyses"]:
+        sparse = select_steps(traj.steps, every=task["sparse_every"])
+        compute_many(traj, [tuple(a) for a in task["sparse_analyses"]], steps=sorted(set(sparse) | set(phases)),
+                     notes=notes)
+    return [f"{Path(path).name}: {n}" for n in notes]
+
+
+def analyze_runs(paths: list[Path], sc: Scale, workers: int, progress: bool = True) -> list[str]:
+    tasks = [{"path": str(p), "every": sc.analyze_every, "analyses": sc.analyses,
+              "sparse_analyses": sc.sparse_analyses, "sparse_every": sc.sparse_every} for p in paths]
+    from tqdm.auto import tqdm
+
+    notes: list[str] = []
+    bar = tqdm(total=len(tasks), disable=not progress, unit="run", desc="analyze", dynamic_ncols=True)
+    try:
+        if workers <= 1:
+            for t in tasks:
+                notes += _analyze_one(t)
+                bar.update(1)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                for n in pool.map(_analyze_one, tasks):
+                    notes += n
+                    bar.update(1)
+    finally:
+        bar.close()
+    return notes

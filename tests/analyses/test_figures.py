@@ -1,0 +1,155 @@
+"""Every report figure renders from a real small trajectory, draws what it is given, and returns
+its Figure without touching pyplot's global state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from groklens.analyses import figures as F
+from matplotlib.figure import Figure
+
+from tests.analyses.test_compare import make_runs
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Real tiny runs, with analyses stored along their checkpoints."""
+    from groklens.analyses import compute
+
+    paths = make_runs(tmp_path_factory.mktemp("figures"))
+    for key in ("ln_s1", "sphere_s1"):
+        for name in ("fourier", "attention", "rank", "radial"):
+            compute(paths[key], name)
+        compute(paths[key], "sharpness", every=2, top_k=2, trace_samples=5)
+    return paths
+
+
+def render(fig: Figure, tmp_path, name: str) -> bytes:
+    assert isinstance(fig, Figure)
+    path = tmp_path / f"{name}.png"
+    fig.savefig(path, dpi=60)
+    data = path.read_bytes()
+    assert data.startswith(PNG) and len(data) > 2000
+    return data
+
+
+def curves(path) -> F.RunCurves:
+    from groklens.checkpoints import Trajectory
+
+    m = Trajectory(path).metrics
+    keep = m["step"] > 0
+    return F.RunCurves(m["step"][keep], m["train_acc"][keep], m["test_acc"][keep], m["train_loss"][keep],
+                       m["test_loss"][keep], grok_step=float(m["step"][keep][np.argmax(m["test_acc"][keep])]))
+
+
+def test_training_curves(runs, tmp_path):
+    ln = [curves(runs["ln_s1"]), curves(runs["ln_s2"])]
+    mean = F.RunCurves(ln[0].steps, *(np.mean([getattr(c, k) for c in ln], axis=0)
+                                      for k in ("train_acc", "test_acc", "train_loss", "test_loss")))
+    variants = [F.VariantCurves("norm=ln", ln, mean), F.VariantCurves("sphere", [curves(runs["sphere_s1"])])]
+    fig = F.training_curves(variants, threshold=0.95)
+    render(fig, tmp_path, "curves")
+    acc, loss = fig.axes[:2]
+    assert acc.get_xscale() == "log" and loss.get_yscale() == "log"
+    drawn = [ln for ln in acc.get_lines() if len(ln.get_xdata())]
+    widths = sorted({ln.get_linewidth() for ln in drawn if ln.get_linestyle() in ("-", "--")})
+    assert widths == [F.THIN["lw"], F.BOLD["lw"]]  # seeds thin, the mean (and a lone run) bold
+    # train + test per seed (3 runs) and for the mean, plus one grokking dot per run
+    assert sum(ln.get_linestyle() in ("-", "--") for ln in drawn) == 2 * 3 + 2
+    assert sum(ln.get_marker() == "o" for ln in drawn) == 3
+    assert {t.get_text() for t in acc.get_legend().get_texts()} >= {"norm=ln (n=2)", "sphere (n=1)"}
+    # drawing into given axes returns their figure
+    host = Figure()
+    axes = host.subplots(2, 1)
+    assert F.training_curves(variants, ax=axes) is host
+    with pytest.raises(ValueError):
+        F.training_curves(variants, ax=axes[0])
+
+
+def test_grokking_times_marks_censored(tmp_path):
+    fig = F.grokking_times(["a", "b"], [[1200, 900], [300, 8000]], [[False, False], [False, True]],
+                           means=[1050, None])
+    render(fig, tmp_path, "times")
+    ax = fig.axes[0]
+    censored = [ln for ln in ax.get_lines() if ln.get_marker() == ">" and len(ln.get_xdata())]
+    assert len(censored) == 1 and list(censored[0].get_xdata()) == [8000]
+    assert censored[0].get_markerfacecolor() == "none"
+    grokked = [ln for ln in ax.get_lines() if ln.get_marker() == "o" and len(ln.get_xdata())]
+    assert sorted(x for ln in grokked for x in ln.get_xdata()) == [300, 900, 1200]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"] and ax.get_xscale() == "log"
+
+
+def _series(path, analysis, key, reduce=lambda a: float(np.asarray(a).reshape(-1)[0])):
+    from groklens.analyses.store import Sidecar
+
+    sc = Sidecar(path)
+    (variant, _), = sc.variants(analysis)
+    st = sc.read(analysis, variant)
+    steps = np.asarray(st.steps)
+    vals = np.array([reduce(v) for v in st.values[key]])
+    keep = steps > 0
+    return steps[keep], vals[keep]
+
+
+def test_aligned_panels_share_the_step_axis(runs, tmp_path):
+    acc = []
+    panels = [F.Panel("FVE", []), F.Panel("rho", [], hlines=[(1 / 32, "black", "1/d")]),
+              F.Panel("top eigenvalue", [], yscale="log")]
+    for i, key in enumerate(("ln_s1", "sphere_s1")):
+        c = curves(runs[key])
+        acc.append(F.Line(c.steps, c.test_acc, F.colour(i), key, bold=True))
+        panels[0].lines.append(F.Line(*_series(runs[key], "fourier", "neuron_fve"), F.colour(i)))
+        panels[1].lines.append(F.Line(*_series(runs[key], "radial", "rho@blocks.0.hook_resid_post"), F.colour(i)))
+        panels[2].lines.append(F.Line(*_series(runs[key], "sharpness", "top_eigenvalues"), F.colour(i)))
+    fig = F.aligned_panels(acc, panels, title="t", threshold=0.95, marks=[(60.0, "red")])
+    render(fig, tmp_path, "aligned")
+    axes = fig.axes
+    assert len(axes) == 4
+    assert all(a.get_xscale() == "log" for a in axes)
+    assert all(axes[0].get_shared_x_axes().joined(axes[0], a) for a in axes)
+    assert axes[3].get_yscale() == "log" and axes[0].get_ylabel() == "test accuracy"
+    # the 1/d reference line and the grokking mark in every panel
+    assert any(list(ln.get_ydata()) == [1 / 32, 1 / 32] for ln in axes[2].get_lines())
+    assert all(any(list(ln.get_xdata()) == [60.0, 60.0] for ln in a.get_lines()) for a in axes)
+
+
+def test_spectrum_and_cluster_grids(runs, tmp_path):
+    from groklens.analyses.store import Sidecar
+
+    sc = Sidecar(runs["sphere_s1"])
+    (variant, _), = sc.variants("fourier")
+    st = sc.read("fourier", variant)
+    power = np.asarray([st.values["embedding_power"][i] for i in (0, -1)], dtype=float)  # [2, p//2]
+    freqs = np.arange(1, power.shape[1] + 1)
+    grid = np.stack([power, np.full_like(power, np.nan)])[:, :, :]  # row 2: no checkpoints (NaN)
+    grid[1, 0] = power[0]
+    labels = [["start", "end"], ["start", "never"]]
+    keys = [[[], [int(k) for k in np.asarray(st.values["key_frequencies"][-1]).reshape(-1)]], [[], []]]
+    fig = F.spectrum_grid(freqs, grid, ["sphere", "other"], labels, key_frequencies=keys)
+    render(fig, tmp_path, "spectrum")
+    axes = np.asarray(fig.axes).reshape(2, 2)
+    assert not axes[1, 1].axison  # a missing checkpoint is an empty cell
+    bars = axes[0, 1].patches
+    assert len(bars) == len(freqs)
+    assert [b.get_height() for b in bars] == pytest.approx(power[1])
+    nf = np.asarray(st.values["neuron_frequency"][-1]).astype(int)
+    fr = np.asarray(st.values["neuron_fraction"][-1], dtype=float)
+    clustered = (fr >= 0.85) & (nf >= 1)
+    counts = np.bincount(nf[clustered], minlength=len(freqs) + 1)[1:].astype(float)
+    fig = F.cluster_grid(freqs, counts[None, None, :], np.array([[float((~clustered).sum())]]), ["sphere"],
+                         [["end"]], threshold=0.85)
+    render(fig, tmp_path, "clusters")
+    a = fig.axes[0]
+    assert [b.get_height() for b in a.patches] == pytest.approx(counts)
+    assert any(t.get_text() == f"unclustered: {int((~clustered).sum())}" for t in a.texts)
+
+
+def test_figures_leave_pyplot_alone(runs, tmp_path):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    F.grokking_times(["a"], [[10]], [[False]])
+    F.training_curves([F.VariantCurves("x", [curves(runs["ln_s1"])])])
+    assert plt.get_fignums() == before
