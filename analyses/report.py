@@ -233,7 +233,7 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     col_labels = [[""] * n_cols for _ in reps]
     keys = [[[] for _ in range(n_cols)] for _ in reps]
     thresholds = set()
-    for i, ((g, c, r), plan) in enumerate(zip(reps, plans)):
+    for i, ((_g, _c, r), plan) in enumerate(zip(reps, plans)):
         st = r.stored["fourier"]
         where = {s: j for j, s in enumerate(st.steps)}
         params = json.loads(st.attrs.get("params", "{}"))

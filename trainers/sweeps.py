@@ -458,7 +458,7 @@ class LocalExecutor(_Executor):
                         result = exc
                     on_done(task, result)
                 if broken:  # every task in the pool is lost with it; start a new pool for the rest
-                    for fut, task in list(running.items()):
+                    for _fut, task in list(running.items()):
                         on_done(task, RuntimeError("the worker process died (killed, or out of memory)"))
                     running.clear()
                     pool.shutdown(wait=False, cancel_futures=True)

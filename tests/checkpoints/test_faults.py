@@ -101,7 +101,7 @@ def test_pickle_payload_in_a_trajectory_is_never_run(tmp_path):
             assert "Traceback" not in out.stderr
         with pytest.raises(BadInput):
             run = Trajectory(bad)
-            run.config
+            assert run.config is not None
             run.model(0)
     assert not marker.exists()
 

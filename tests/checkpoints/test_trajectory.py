@@ -23,7 +23,7 @@ def test_file_layout_matches_format_doc(run_path):
         assert cfg["p"] == 11
         n = f["steps"].shape[0]
         assert list(f["steps"][:]) == [0, 20, 40, 60]
-        for name, ds in f["params"].items():
+        for ds in f["params"].values():
             assert ds.shape[0] == n and ds.dtype == np.float32
             assert ds.chunks == (1, *ds.shape[1:])  # one chunk per checkpoint
         assert f["params/embed.W_E"].compression == "gzip"
@@ -79,7 +79,7 @@ def test_truncated_file_is_refused_with_a_clear_error(run_path, tmp_path, keep):
     path = tmp_path / "trunc.h5"
     path.write_bytes(run_path.read_bytes()[:keep])
     with pytest.raises(BadInput):
-        Trajectory(path).steps
+        assert Trajectory(path).steps is not None
 
 
 def test_missing_and_directory_paths(tmp_path):
