@@ -19,10 +19,13 @@ from groklens.errors import BadInput
 CHOICES: dict[str, tuple[str, ...]] = {
     "model": ("transformer", "mlp"),
     "act_fn": ("relu", "gelu"),
-    "norm": ("none", "ln", "rms"),
-    "attention": ("softmax",),
-    "unembed": ("linear",),
-    "init": ("default",),
+    "norm": ("none", "ln", "rms", "sphere"),
+    "attention": ("softmax", "uniform"),
+    "unembed": ("linear", "bounded"),
+    "init": ("default", "fourier"),
+    "mlp_embed": ("learned", "onehot"),
+    "informative_layout": ("first", "last", "spread", "random"),
+    "loss": ("ce", "stablemax"),
     "device": ("auto", "cpu", "cuda"),
 }
 
@@ -49,6 +52,31 @@ class RunConfig:
     init: str = "default"
     causal: bool = True  # Nanda's TransformerLens model is causal; the sphere paper's is not
     mlp_bias: bool = False  # Nanda's demo froze every bias at zero
+    # --- model variants (docs/VARIANTS.md)
+    radius: float = 1.0  # norm=sphere: radius of the residual-stream sphere (the paper: 1)
+    tau: float = 10.0  # unembed=bounded: fixed logit temperature (the paper: 10)
+    fourier_freqs: str = "14 35 41 42 52"  # init=fourier: the K frequencies (Nanda's key frequencies)
+    mlp_embed: str = "learned"  # model=mlp: learned (d_model wide) or onehot operand embeddings
+    # --- task knobs (digits_add; seq_add / seq_mul)
+    n_digits: int = 3  # digits_add: digits per operand
+    seq_len: int = 8  # seq tasks: L positions before the `=` readout token
+    n_informative: int = 2  # seq tasks: k positions that determine the label
+    informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
+    distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
+    # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
+    loss: str = "ce"  # ce | stablemax (Prieto et al. 2025)
+    act_norm_lambda: float = 0.0  # activation-norm penalty toward the sqrt(d) sphere
+    act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
+    geomdr_lambda: float = 0.0  # effective-rank penalty toward geomdr_target
+    geomdr_target: float = 10.0
+    geomdr_start: int = 0  # active for geomdr_start <= step < geomdr_end
+    geomdr_end: int = 0  # 0 = to the end of the run
+    geomdr_site: str = ""  # one hook name; "" = the model's default (last residual stream / hidden layer)
+    kl_attn_beta: float = 0.0  # KL(uniform on informative positions || attention at the readout query)
+    kl_attn_layer: int = 0  # layer whose heads are pulled; -1 = every layer
+    grokfast_alpha: float = 0.98  # Grokfast EMA decay (Lee et al. 2024)
+    grokfast_lambda: float = 0.0  # Grokfast amplification; 0 = off (the paper: 2)
+    perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
     # --- optimizer (AdamW, decoupled weight decay)
     lr: float = 1e-3
     weight_decay: float = 1.0
@@ -121,10 +149,60 @@ class RunConfig:
                f"eval_every ({self.eval_every}) is larger than the run (steps={self.steps})")
         _check(0.0 < self.grok_threshold <= 1.0,
                f"grok_threshold must be in (0, 1]; got {self.grok_threshold}")
+        self._validate_variants()
         # task-specific checks (p prime for division, ...) live with the task
         from groklens.trainers.tasks import TASKS
 
-        TASKS.get(self.task).validate(self)
+        task = TASKS.get(self.task)
+        task.validate(self)
+        _check(self.init != "fourier" or task.residue_tokens,
+               f"init=fourier needs a task whose tokens 0..p-1 are residues mod p; {self.task!r} has none")
+        _check(self.kl_attn_beta == 0 or not task.multi_target,
+               f"kl_attn_beta needs a single readout position; task {self.task!r} has several")
+
+
+    def _validate_variants(self) -> None:
+        for name in ("radius", "tau"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value > 0, f"{name} must be a positive number; got {value}")
+        for name in ("act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, f"{name} must be >= 0; got {value}")
+        _check(0.0 <= self.grokfast_alpha < 1.0, f"grokfast_alpha must be in [0, 1); got {self.grokfast_alpha}")
+        _check(math.isfinite(self.geomdr_target) and self.geomdr_target >= 1,
+               f"geomdr_target must be a dimension >= 1; got {self.geomdr_target}")
+        _check(self.geomdr_start >= 0, f"geomdr_start must be >= 0; got {self.geomdr_start}")
+        _check(self.geomdr_end == 0 or self.geomdr_end > self.geomdr_start,
+               f"geomdr_end must be 0 (end of run) or > geomdr_start ({self.geomdr_start}); got {self.geomdr_end}")
+        _check(-1 <= self.kl_attn_layer < self.n_layers,
+               f"kl_attn_layer must be -1 (every layer) or in 0..{self.n_layers - 1}; got {self.kl_attn_layer}")
+        freqs = parse_freqs(self.fourier_freqs)
+        transformer_only = [(n, v) for n, v, d in (("norm", self.norm, "none"), ("attention", self.attention, "softmax"),
+                            ("unembed", self.unembed, "linear"), ("init", self.init, "default")) if v != d]
+        if self.model != "transformer":
+            for name, value in transformer_only:
+                raise BadInput(f"{name}={value} is an option of model=transformer, not model={self.model}")
+            _check(self.kl_attn_beta == 0, f"kl_attn_beta needs attention: model=transformer, not model={self.model}")
+        if self.init == "fourier":
+            _check(2 * len(freqs) <= self.d_model,
+                   f"init=fourier needs 2 x {len(freqs)} frequencies <= d_model ({self.d_model})")
+            bad = [k for k in freqs if k > self.p // 2]
+            _check(not bad, f"fourier_freqs must be in 1..p//2 = {self.p // 2}; got {bad[0] if bad else ''}")
+
+    def fourier_frequencies(self) -> tuple[int, ...]:
+        return parse_freqs(self.fourier_freqs)
+
+
+def parse_freqs(text: str) -> tuple[int, ...]:
+    """'14 35 41' or '14,35,41' -> (14, 35, 41): distinct integers >= 1, at least one."""
+    parts = text.replace(",", " ").split()
+    try:
+        freqs = tuple(int(x) for x in parts)
+    except ValueError:
+        raise BadInput(f"fourier_freqs must be integers separated by spaces or commas; got {text!r}") from None
+    _check(len(freqs) >= 1 and all(k >= 1 for k in freqs) and len(set(freqs)) == len(freqs),
+           f"fourier_freqs must be distinct integers >= 1; got {text!r}")
+    return freqs
 
 
 def _check(ok: bool, message: str) -> None:
@@ -151,6 +229,10 @@ def _coerce(key: str, annotation: Any, raw: Any) -> Any:
                 raise ValueError
             return float(raw)
         if ann == "str":
+            if key == "fourier_freqs" and isinstance(raw, (list, tuple)):  # YAML: [14, 35, 41]
+                if not all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
+                    raise ValueError
+                return " ".join(map(str, raw))
             if not isinstance(raw, str):
                 raise ValueError
             return raw
@@ -165,9 +247,31 @@ def _coerce(key: str, annotation: Any, raw: Any) -> Any:
     raise BadInput(f"config key {key!r}: {raw!r} is not a valid {ann}")
 
 
-# Named starting points; `nanda` is the default. Later issues add the published variants.
+# Named starting points; `nanda` is the default. docs/VARIANTS.md says where each comes from.
+_SPHERE = {  # Yildirim 2026: bounded sphere, bidirectional, MLP biases, betas (0.9, 0.999), no warm-up
+    "norm": "sphere", "unembed": "bounded", "radius": 1.0, "tau": 10.0, "causal": False, "mlp_bias": True,
+    "betas": [0.9, 0.999], "warmup_steps": 0, "lr": 6e-4, "weight_decay": 1.0,
+    "steps": 10_000, "eval_every": 200, "checkpoint_every": 200,
+}
+_NANOGPT = {  # a nanoGPT-sized causal LM (our choices of the training setup: docs/VARIANTS.md)
+    "task": "digits_add", "n_digits": 3, "norm": "ln", "act_fn": "gelu", "causal": True, "mlp_bias": True,
+    "lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1, "warmup_steps": 100,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "nanda": {},
+    "sphere": _SPHERE,
+    "sphere_fourier": {**_SPHERE, "init": "fourier", "weight_decay": 0.0},
+    "mlp": {  # the two-hidden-layer MLP of the scaling-law / activation-norm studies (widths ours)
+        "model": "mlp", "n_layers": 2, "d_model": 128, "d_mlp": 256, "mlp_embed": "learned", "mlp_bias": True,
+    },
+    "nanogpt_10m": {  # 6 layers x 384 wide (nanoGPT's "baby GPT" shape): 10.6M parameters
+        **_NANOGPT, "n_layers": 6, "d_model": 384, "n_heads": 6, "d_head": 64, "d_mlp": 1536,
+        "train_frac": 0.1, "batch_size": 512, "steps": 20_000, "eval_every": 500, "checkpoint_every": 1000,
+    },
+    "nanogpt_tiny": {  # the same architecture family, small enough for CPU tests
+        **_NANOGPT, "n_digits": 2, "n_layers": 2, "d_model": 32, "n_heads": 2, "d_head": 16, "d_mlp": 128,
+        "train_frac": 0.3, "lr": 3e-3, "batch_size": 128, "steps": 200, "eval_every": 50, "checkpoint_every": 100,
+    },
 }
 
 
@@ -200,4 +304,4 @@ def field_names() -> list[str]:
     return [f.name for f in fields(RunConfig)]
 
 
-__all__ = ["RunConfig", "PRESETS", "preset", "load_config_file", "field_names", "CHOICES"]
+__all__ = ["RunConfig", "PRESETS", "preset", "load_config_file", "field_names", "CHOICES", "parse_freqs"]

@@ -3,7 +3,13 @@ checkpoint trajectory written as it goes (groklens.checkpoints).
 
 Step s means "after s optimizer updates": step 0 is the initialisation. The same code runs on
 CPU and CUDA; on CPU a run is deterministic for a given (seed, data_seed), and a resumed run
-ends bit-identical to an uninterrupted one (optimizer and RNG state travel in the file).
+ends bit-identical to an uninterrupted one (optimizer, regularizer and RNG state travel in the
+file).
+
+One training step (docs/VARIANTS.md): forward (with capture hooks, in a scope, only when a
+regularizer term reads activations) -> objective = task loss (`loss`: ce | stablemax, float64,
+mean over the train batch and its readout positions) + the active regularizer terms ->
+backward -> gradient transforms (Grokfast, then the perpendicular projection) -> AdamW step.
 """
 
 from __future__ import annotations
@@ -22,11 +28,27 @@ from groklens.checkpoints.writer import config_json
 from groklens.config import RunConfig
 from groklens.errors import BadInput, RunFailure
 from groklens.trainers.models import build_model
+from groklens.trainers.regularizers import LOSSES, Batch, build_regularizers, regularizer_metric_names
 from groklens.trainers.tasks import TASKS, TaskData
 
 EVAL_CHUNK = 16_384  # inputs per forward pass during evaluation (bounds memory)
 METRIC_NAMES = ["train_loss", "test_loss", "train_acc", "test_acc", "weight_norm", "grad_norm", "lr"]
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
+REG_EVAL_MAX = EVAL_CHUNK  # training inputs on which regularizer terms are evaluated (a fixed subset if more)
+
+
+def metric_names(cfg: RunConfig) -> list[str]:
+    """Every metric a run of `cfg` logs, known before the file is created (SWMR cannot add any later).
+
+    METRIC_NAMES always; with a multi-target task the per-token accuracies (train_acc / test_acc
+    are then exact match over the answer); with loss != ce the softmax cross-entropy beside the
+    trained loss; then each active regularizer's metrics."""
+    names = list(METRIC_NAMES)
+    if TASKS.get(cfg.task).multi_target:
+        names += ["train_token_acc", "test_token_acc"]
+    if cfg.loss != "ce":
+        names += ["train_ce", "test_ce"]
+    return names + regularizer_metric_names(cfg)
 
 
 @dataclass
@@ -75,13 +97,30 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.params.values(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
+        self.loss_fn = LOSSES.get(cfg.loss)
+        self.positions = data.readout_positions  # [readout_pos], or K consecutive ones (multi-target)
+        self.multi_target = data.n_targets > 0
+        self.readout_slice = slice(self.positions[0], self.positions[-1] + 1)
+        self.regularizers = build_regularizers(cfg, self.model, data)
+        self.terms = [r for r in self.regularizers if r.kind == "term"]
+        self.transforms = [r for r in self.regularizers if r.kind == "grad"]
+        self.acts: dict[str, torch.Tensor] = {}
+        self.capture_hooks = [(name, self._capture) for name in sorted({n for r in self.terms for n in r.hook_names})]
         self.batch_gen = torch.Generator().manual_seed(cfg.seed + 1)  # mini-batch order only
         self.inputs = data.inputs.to(self.device)
         self.labels = data.labels.to(self.device)
+        self.mask = data.informative_mask.to(self.device)
         self.train_idx = data.train_idx.to(self.device)
         self.test_idx = data.test_idx.to(self.device)
         self.train_x = self.inputs[self.train_idx]
         self.train_y = self.labels[self.train_idx]
+        self.train_mask = self.mask[self.train_idx]
+        if self.terms:  # where terms are evaluated: the training inputs (a fixed subset if many)
+            n = len(self.train_idx)
+            pick = np.arange(n) if n <= REG_EVAL_MAX else np.sort(
+                np.random.default_rng([cfg.data_seed, 2]).choice(n, REG_EVAL_MAX, replace=False))
+            pick = torch.as_tensor(pick, device=self.device)
+            self.reg_eval = Batch(self.train_x[pick], self.train_mask[pick], self.positions)
         self.checkpoints = checkpoint_schedule(cfg)
         self.progress = progress
         self.writer: TrajectoryWriter = writer_factory(self)
@@ -102,6 +141,8 @@ class Trainer:
                 if t is None:  # before the first update the state is empty: store zeros
                     t = torch.zeros(() if key == "step" else p.shape)
                 out[f"optim.{name}.{key}"] = t.detach().float().cpu().numpy()
+        for reg in self.regularizers:  # e.g. the Grokfast EMA
+            out.update(reg.state())
         out["rng.torch"] = torch.get_rng_state().numpy()
         out["rng.batch"] = self.batch_gen.get_state().numpy()
         return out
@@ -118,48 +159,97 @@ class Trainer:
                 }
                 if self.optimizer.state[p]["step"].device.type != "cpu":
                     self.optimizer.state[p]["step"] = self.optimizer.state[p]["step"].cpu()
+        for reg in self.regularizers:
+            reg.load_state(state, self.device)
         torch.set_rng_state(torch.from_numpy(np.array(state["rng.torch"])))
         self.batch_gen.set_state(torch.from_numpy(np.array(state["rng.batch"])))
 
     # ------------------------------------------------------------------ steps
+    def _capture(self, tensor: torch.Tensor, hook) -> None:
+        self.acts[hook.name] = tensor  # kept in the graph: the terms backpropagate through it
+
+    def readout_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits at the readout positions only, [b, K, v]. Models that can (the transformer)
+        compute just those; the loss needs nothing else."""
+        if getattr(self.model, "supports_readout", False):
+            return self.model(x, readout=self.readout_slice)
+        return self.model(x)[:, self.readout_slice]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits at the readout positions [b, K, v]; with regularizer terms, the full forward
+        pass with their hook sites captured in self.acts by hooks that live only for this call."""
+        if not self.capture_hooks:
+            return self.readout_logits(x)
+        self.acts = {}
+        with self.model.hooks(fwd_hooks=self.capture_hooks):
+            return self.model(x)[:, self.readout_slice]
+
+    def readout(self, logits: torch.Tensor) -> torch.Tensor:
+        """[b, K, v] at the readout positions -> [b, v] (one target), or [b, K, v] (K answer tokens)."""
+        return logits if self.multi_target else logits[:, 0]
+
+    def task_loss(self, logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The configured loss over readout positions; per input (mean over its K positions) with
+        reduction='none'."""
+        v = logits.shape[-1]
+        loss = self.loss_fn(logits.reshape(-1, v), y.reshape(-1), reduction=reduction)
+        return loss.reshape(y.shape).mean(-1) if reduction == "none" and self.multi_target else loss
+
     def train_step(self, step: int) -> float:
-        """One optimizer update taking the model from `step` to `step + 1`; returns the loss."""
+        """One optimizer update taking the model from `step` to `step + 1`; returns the task loss."""
         cfg = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * warmup_factor(cfg, step)
         if cfg.batch_size and cfg.batch_size < len(self.train_y):
             pick = torch.randperm(len(self.train_y), generator=self.batch_gen)[: cfg.batch_size].to(self.device)
-            x, y = self.train_x[pick], self.train_y[pick]
+            x, y, mask = self.train_x[pick], self.train_y[pick], self.train_mask[pick]
         else:
-            x, y = self.train_x, self.train_y
+            x, y, mask = self.train_x, self.train_y, self.train_mask
         self.model.train()
-        logits = self.model(x)[:, self.data.readout_pos]
-        loss = readout_loss(logits, y)
+        logits = self.readout(self.forward(x))
+        loss = self.task_loss(logits, y)
+        objective = loss
+        if self.terms:
+            batch = Batch(x, mask, self.positions)
+            for reg in self.terms:
+                objective = objective + reg.term(self.acts, batch, step)[0]
+            self.acts = {}
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         grads = [p.grad for p in self.params.values() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)
-        loss_value, grad_value = float(loss.detach()), float(grad_norm)  # one sync per step
+        loss_value, grad_value = float(objective.detach()), float(grad_norm)  # one sync per step
         if not (math.isfinite(loss_value) and math.isfinite(grad_value)):
             what = "loss" if not math.isfinite(loss_value) else "gradient"
             raise _NonFinite(f"non-finite {what} ({loss_value if what == 'loss' else grad_value}) at step {step}")
         self.grad_norm = grad_value
+        for transform in self.transforms:
+            transform.transform(self.params)
         self.optimizer.step()
-        return loss_value
+        return float(loss.detach()) if self.terms else loss_value
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
+        """Loss and accuracy on every input (accuracy = exact match over the K answer positions
+        of a multi-target task), norms, and the regularizers' metrics."""
         self.model.eval()
-        losses, correct = [], []
+        losses, correct, tokens, ces = [], [], [], []
         for start in range(0, len(self.inputs), EVAL_CHUNK):
             x = self.inputs[start : start + EVAL_CHUNK]
             y = self.labels[start : start + EVAL_CHUNK]
-            logits = self.model(x)[:, self.data.readout_pos]
-            losses.append(readout_loss(logits, y, reduction="none"))
-            correct.append(logits.argmax(-1) == y)
+            logits = self.readout(self.readout_logits(x))
+            losses.append(self.task_loss(logits, y, reduction="none"))
+            hit = logits.argmax(-1) == y
+            correct.append(hit.all(-1) if self.multi_target else hit)
+            if self.multi_target:
+                tokens.append(hit.double().mean(-1))
+            if self.cfg.loss != "ce":
+                v = logits.shape[-1]
+                ce = readout_loss(logits.reshape(-1, v), y.reshape(-1), reduction="none")
+                ces.append(ce.reshape(y.shape).mean(-1) if self.multi_target else ce)
         loss, hit = torch.cat(losses), torch.cat(correct).double()
         norm = torch.sqrt(sum((p.detach().double() ** 2).sum() for p in self.params.values()))
-        return {
+        row = {
             "step": step,
             "train_loss": float(loss[self.train_idx].mean()),
             "test_loss": float(loss[self.test_idx].mean()),
@@ -169,17 +259,35 @@ class Trainer:
             "grad_norm": self.grad_norm,
             "lr": self.cfg.lr * warmup_factor(self.cfg, step),
         }
+        if self.multi_target:
+            token = torch.cat(tokens)
+            row["train_token_acc"] = float(token[self.train_idx].mean())
+            row["test_token_acc"] = float(token[self.test_idx].mean())
+        if ces:
+            ce = torch.cat(ces)
+            row["train_ce"], row["test_ce"] = float(ce[self.train_idx].mean()), float(ce[self.test_idx].mean())
+        if self.terms:  # each term on the training inputs, at this step's parameters
+            self.forward(self.reg_eval.x)
+            for reg in self.terms:
+                _, metrics = reg.term(self.acts, self.reg_eval, step, evaluating=True)
+                row.update({k: float(v) for k, v in metrics.items()})
+            self.acts = {}
+        for reg in self.transforms:
+            row.update(reg.last_metrics())
+        return row
 
     # ------------------------------------------------------------------ the run
-    def run(self, start_step: int, evals_after_grok: int | None = None) -> TrainResult:
+    def run(self, start_step: int, evals_after_grok: int | None = None, fresh: bool = False) -> TrainResult:
+        """Train from `start_step` to cfg.steps; a fresh run first evaluates and checkpoints step 0."""
         cfg = self.cfg
-        if start_step == 0:
-            self._record(0, self.evaluate(0))
-            self.writer.write_checkpoint(0, self.host_params(), self.host_state())
+        self.evals_after_grok = evals_after_grok
         bar = _progress_bar(cfg.steps, start_step, self.progress)
         step = start_step
         status = "completed"
         try:
+            if fresh:
+                self._record(0, self.evaluate(0))
+                self.writer.write_checkpoint(0, self.host_params(), self.host_state())
             while step < cfg.steps:
                 try:
                     self.train_step(step)
@@ -196,12 +304,8 @@ class Trainer:
                     row = self.evaluate(step)
                     self._record(step, row)
                     bar.set_postfix_str(_postfix(row), refresh=False)
-                    if cfg.stop_after_grok:
-                        if evals_after_grok is None and row["test_acc"] >= cfg.grok_threshold:
-                            evals_after_grok = 0
-                        elif evals_after_grok is not None:
-                            evals_after_grok += 1
-                        stop = evals_after_grok is not None and evals_after_grok >= cfg.stop_after_grok
+                    stop = bool(cfg.stop_after_grok) and self.evals_after_grok is not None and (
+                        self.evals_after_grok >= cfg.stop_after_grok)
                 if step in self.checkpoints or stop:
                     self.writer.write_checkpoint(step, self.host_params(), self.host_state())
                 if stop:
@@ -210,6 +314,9 @@ class Trainer:
         except KeyboardInterrupt:
             self.writer.close("stopped: interrupted")
             raise
+        except RunFailure as exc:  # e.g. no room for a checkpoint: close the file cleanly
+            self.writer.close(f"stopped: {exc}")
+            raise
         finally:
             bar.close()
         self.writer.close(status)
@@ -217,6 +324,11 @@ class Trainer:
 
     def _record(self, step: int, row: dict[str, float]) -> None:
         self.writer.write_eval(row)
+        # the stop rule counts evaluations since test accuracy first reached the threshold
+        if self.evals_after_grok is not None:
+            self.evals_after_grok += 1
+        elif row["test_acc"] >= self.cfg.grok_threshold:
+            self.evals_after_grok = 0
 
 
 class _NonFinite(Exception):
@@ -266,11 +378,11 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
             data_attrs={"readout_pos": data.readout_pos, "d_vocab": data.d_vocab, "d_vocab_out": data.d_vocab_out},
             params=trainer.host_params(),
             state=state,
-            metric_names=METRIC_NAMES,
+            metric_names=metric_names(cfg),
         )
 
     trainer = Trainer(cfg, data, make_writer, progress=progress)
-    return trainer.run(0)
+    return trainer.run(0, fresh=True)
 
 
 def resume(path: str | Path, *, progress: bool = True) -> TrainResult:

@@ -4,6 +4,14 @@ position and the mask of informative positions; the train/test split comes from 
 Modular tasks use tokens [a, b, =] with vocabulary p + 1 (`=` is token p) and p output classes
 (Power et al. 2022; Nanda et al. 2023). S5 composition uses [s, t, =] over the 120
 permutations of 5 elements (vocabulary 121, 120 classes).
+
+Two further families (docs/VARIANTS.md):
+- `digits_add`: character-level n-digit addition `abc+def=ghij` for a causal LM. Its labels
+  are [N, n_digits + 1] (the answer digits) read out at positions readout_pos .. readout_pos +
+  n_digits: a multi-target task (loss and accuracy on the answer tokens only).
+- `seq_add`, `seq_mul`: informative-token sequences of length L in which only k positions
+  determine the label (their sum / product mod p), with distractor tokens elsewhere and the
+  informative positions recorded per input.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ class TaskData:
     """Every input of a task, with its split. Tensors are CPU LongTensors / BoolTensors."""
 
     inputs: "torch.Tensor"  # [N, n_ctx] token ids
-    labels: "torch.Tensor"  # [N] class ids
+    labels: "torch.Tensor"  # [N] class ids; [N, K] for multi-target tasks (K readout positions)
     train_idx: "torch.Tensor"  # [n_train] indices into inputs
     test_idx: "torch.Tensor"  # [n_test]
     readout_pos: int  # position whose logits are the prediction
@@ -40,32 +48,53 @@ class TaskData:
     def n_ctx(self) -> int:
         return int(self.inputs.shape[1])
 
+    @property
+    def n_targets(self) -> int:
+        """0 for single-target tasks (labels [N]); K for labels [N, K] read at K positions."""
+        return 0 if self.labels.dim() == 1 else int(self.labels.shape[1])
+
+    @property
+    def readout_positions(self) -> list[int]:
+        """The positions whose logits are predictions: [readout_pos], or readout_pos .. +K-1."""
+        return [self.readout_pos + i for i in range(max(self.n_targets, 1))]
+
 
 @dataclass(frozen=True)
 class Task:
     name: str
     description: str
-    grid: Callable[["RunConfig"], tuple[np.ndarray, np.ndarray]]  # -> inputs [N, n_ctx], labels [N]
+    # -> (inputs [N, n_ctx], labels [N] or [N, K]) or, with a per-input informative mask,
+    #    (inputs, labels, mask [N, n_ctx] bool)
+    grid: Callable[["RunConfig"], tuple[np.ndarray, ...]]
     vocab: Callable[["RunConfig"], tuple[int, int]]  # -> (d_vocab, d_vocab_out)
     validate: Callable[["RunConfig"], None]
     readout_pos: int = 2
-    informative: tuple[int, ...] = (0, 1)
+    informative: tuple[int, ...] = (0, 1)  # used when `grid` gives no mask
+    readout: Callable[["RunConfig"], int] | None = None  # overrides readout_pos when it depends on cfg
+    multi_target: bool = False  # labels [N, K], read out at K consecutive positions
+    residue_tokens: bool = False  # token ids 0..p-1 are the residues mod p (init=fourier needs it)
+
+    def readout_position(self, cfg: "RunConfig") -> int:
+        return self.readout(cfg) if self.readout is not None else self.readout_pos
 
     def build(self, cfg: "RunConfig", split: tuple[np.ndarray, np.ndarray] | None = None) -> TaskData:
         """The task's data; `split` (train, test indices) overrides the one drawn from data_seed."""
         import torch
 
-        inputs, labels = self.grid(cfg)
+        inputs, labels, *rest = self.grid(cfg)
         train_idx, test_idx = split if split is not None else draw_split(len(labels), cfg.train_frac, cfg.data_seed)
-        mask = np.zeros(inputs.shape, dtype=bool)
-        mask[:, list(self.informative)] = True
+        if rest:
+            mask = np.asarray(rest[0], dtype=bool)
+        else:
+            mask = np.zeros(inputs.shape, dtype=bool)
+            mask[:, list(self.informative)] = True
         d_vocab, d_vocab_out = self.vocab(cfg)
         return TaskData(
             inputs=torch.as_tensor(inputs, dtype=torch.long),
             labels=torch.as_tensor(labels, dtype=torch.long),
             train_idx=torch.as_tensor(np.asarray(train_idx), dtype=torch.long),
             test_idx=torch.as_tensor(np.asarray(test_idx), dtype=torch.long),
-            readout_pos=self.readout_pos,
+            readout_pos=self.readout_position(cfg),
             informative_mask=torch.as_tensor(mask),
             d_vocab=d_vocab,
             d_vocab_out=d_vocab_out,
@@ -134,6 +163,7 @@ for _name, _op, _desc, _div in [
             grid=_modular(_op, exclude_b_zero=_div),
             vocab=_modular_vocab,
             validate=(lambda cfg, _d=_div: _check_p(cfg, prime=_d)),
+            residue_tokens=True,
         )
     )
 
@@ -161,3 +191,133 @@ TASKS.register("s5")(
         validate=lambda cfg: None,  # p is not used by S5
     )
 )
+
+
+# ---------------------------------------------------------------- n-digit addition (causal LM)
+DIGIT_PLUS, DIGIT_EQ = 10, 11  # token ids of '+' and '='; digits are their own ids 0..9
+
+
+def _digits(x: np.ndarray, n: int) -> np.ndarray:
+    """[N] integers -> [N, n] decimal digits, most significant first, zero-padded."""
+    return np.stack([(x // 10 ** (n - 1 - i)) % 10 for i in range(n)], axis=1)
+
+
+def _digits_grid(cfg: "RunConfig") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair of n-digit operands as `a+b=` followed by the first n answer digits.
+
+    Teacher forcing: the input holds the answer digits but the last; the label at position
+    2n+1 (`=`) is the first answer digit, ..., at the last position the last one. With a causal
+    mask no position sees the digit it predicts.
+    """
+    n = cfg.n_digits
+    a, b = np.meshgrid(np.arange(10**n), np.arange(10**n), indexing="ij")
+    a, b = a.ravel(), b.ravel()
+    answer = _digits(a + b, n + 1)  # [N, n+1]: the sum has at most n+1 digits
+    col = lambda v: np.full((len(a), 1), v, dtype=np.int64)  # noqa: E731
+    inputs = np.concatenate([_digits(a, n), col(DIGIT_PLUS), _digits(b, n), col(DIGIT_EQ), answer[:, :n]], axis=1)
+    mask = np.zeros(inputs.shape, dtype=bool)
+    mask[:, :n] = True  # the operand digits determine the answer
+    mask[:, n + 1 : 2 * n + 1] = True
+    return inputs, answer, mask
+
+
+def _check_digits(cfg: "RunConfig") -> None:
+    if not 1 <= cfg.n_digits <= 3:
+        raise BadInput(f"n_digits must be 1, 2 or 3 for task digits_add; got {cfg.n_digits}")
+    if not cfg.causal:
+        raise BadInput("task digits_add needs causal=true: its inputs hold the answer digits (teacher forcing)")
+    if cfg.model != "transformer":
+        raise BadInput("task digits_add is a language-modelling task: it needs model=transformer")
+
+
+TASKS.register("digits_add")(
+    Task(
+        name="digits_add",
+        description="character-level n-digit addition abc+def=ghij; loss and exact match on the answer digits",
+        grid=_digits_grid,
+        vocab=lambda cfg: (12, 10),  # digits, '+', '='; the answer classes are the 10 digits
+        validate=_check_digits,
+        readout=lambda cfg: 2 * cfg.n_digits + 1,
+        multi_target=True,
+    )
+)
+
+
+# ---------------------------------------------------------------- informative-token sequences
+SEQ_LAYOUTS = ("first", "last", "spread", "random")
+SEQ_MAX_INPUTS = 2_000_000
+
+
+def _seq_positions(cfg: "RunConfig", rng: np.random.Generator, n: int) -> np.ndarray:
+    """[n, k] sorted informative positions in 0..L-1 for each input."""
+    L, k = cfg.seq_len, cfg.n_informative
+    layout = cfg.informative_layout
+    if layout == "first":
+        fixed = np.arange(k)
+    elif layout == "last":
+        fixed = np.arange(L - k, L)
+    elif layout == "spread":  # evenly spaced, both ends included
+        fixed = np.floor(np.arange(k) * (L - 1) / max(k - 1, 1) + 0.5).astype(np.int64)
+    else:  # random: k distinct positions per input
+        return np.sort(np.argsort(rng.random((n, L)), axis=1)[:, :k], axis=1)
+    return np.broadcast_to(fixed, (n, k)).copy()
+
+
+def _seq_grid(op: str):
+    def grid(cfg: "RunConfig") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        p, L, k, D = cfg.p, cfg.seq_len, cfg.n_informative, cfg.distractor_vocab
+        # one input per tuple of informative values (x_1..x_k) in [0, p)^k, lexicographic
+        values = np.stack(np.meshgrid(*[np.arange(p)] * k, indexing="ij"), axis=-1).reshape(-1, k)
+        n = len(values)
+        rng = np.random.default_rng([cfg.data_seed, 1])  # a stream apart from the split's
+        positions = _seq_positions(cfg, rng, n)
+        # distractors: separate tokens p..p+D-1, or (D = 0) residues that only position tells apart
+        seq = (p + rng.integers(0, D, size=(n, L))) if D else rng.integers(0, p, size=(n, L))
+        np.put_along_axis(seq, positions, values, axis=1)
+        inputs = np.concatenate([seq, np.full((n, 1), p + D, dtype=np.int64)], axis=1)  # then '='
+        mask = np.zeros(inputs.shape, dtype=bool)
+        np.put_along_axis(mask, positions, True, axis=1)
+        if op == "add":
+            labels = values.sum(axis=1) % p
+        else:
+            labels = np.ones(n, dtype=np.int64)
+            for j in range(k):
+                labels = labels * values[:, j] % p
+        return inputs.astype(np.int64), labels.astype(np.int64), mask
+
+    return grid
+
+
+def _check_seq(cfg: "RunConfig") -> None:
+    _check_p(cfg)
+    if cfg.seq_len < 1:
+        raise BadInput(f"seq_len must be >= 1; got {cfg.seq_len}")
+    if not 1 <= cfg.n_informative <= cfg.seq_len:
+        raise BadInput(f"n_informative must be in 1..seq_len ({cfg.seq_len}); got {cfg.n_informative}")
+    if cfg.informative_layout not in SEQ_LAYOUTS:
+        raise BadInput(f"informative_layout must be one of {', '.join(SEQ_LAYOUTS)}; got {cfg.informative_layout!r}")
+    if cfg.distractor_vocab < 0:
+        raise BadInput(f"distractor_vocab must be >= 0; got {cfg.distractor_vocab}")
+    if cfg.informative_layout == "random" and cfg.distractor_vocab == 0 and cfg.n_informative < cfg.seq_len:
+        raise BadInput("informative_layout=random needs distractor_vocab > 0: with distractors drawn from the "
+                       "residues, nothing tells the informative tokens apart")
+    if cfg.p**cfg.n_informative > SEQ_MAX_INPUTS:
+        raise BadInput(f"p^n_informative = {cfg.p}^{cfg.n_informative} inputs is over {SEQ_MAX_INPUTS:,}; "
+                       "lower p or n_informative")
+
+
+for _name, _op, _desc in [
+    ("seq_add", "add", "(sum of the k informative tokens) mod p in a length-L sequence with distractors"),
+    ("seq_mul", "mul", "(product of the k informative tokens) mod p in a length-L sequence with distractors"),
+]:
+    TASKS.register(_name)(
+        Task(
+            name=_name,
+            description=_desc,
+            grid=_seq_grid(_op),
+            vocab=lambda cfg: (cfg.p + cfg.distractor_vocab + 1, cfg.p),
+            validate=_check_seq,
+            readout=lambda cfg: cfg.seq_len,
+            residue_tokens=True,
+        )
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from groklens.errors import BadInput
 from groklens.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,15 +18,34 @@ MODELS: Registry[Callable[["RunConfig", "TaskData"], "nn.Module"]] = Registry("m
 
 @MODELS.register("transformer")
 def _build_transformer(cfg: "RunConfig", data: "TaskData"):
-    from groklens.trainers.models.hooked import ModelConfig
-    from groklens.trainers.models.transformer import Transformer
+    from groklens.trainers.models.transformer import Transformer, TransformerConfig
 
     return Transformer(
-        ModelConfig(
+        TransformerConfig(
             d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.d_head, n_layers=cfg.n_layers,
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
             act_fn=cfg.act_fn, norm=cfg.norm, attention=cfg.attention, unembed=cfg.unembed,
             init=cfg.init, causal=cfg.causal, mlp_bias=cfg.mlp_bias,
+            radius=cfg.radius, tau=cfg.tau,
+            fourier_freqs=cfg.fourier_frequencies() if cfg.init == "fourier" else (),
+            fourier_p=cfg.p if cfg.init == "fourier" else 0,
+        )
+    )
+
+
+@MODELS.register("mlp")
+def _build_mlp(cfg: "RunConfig", data: "TaskData"):
+    from groklens.trainers.models.mlp import MLP, MLPConfig
+
+    if data.n_targets or data.readout_pos != data.n_ctx - 1 or data.n_ctx < 2:
+        raise BadInput(f"model=mlp needs a single-target task read out at its last position; "
+                       f"task {cfg.task!r} is not one")
+    onehot = cfg.mlp_embed == "onehot"
+    return MLP(
+        MLPConfig(
+            d_model=data.d_vocab if onehot else cfg.d_model, n_heads=0, d_head=0, n_layers=cfg.n_layers,
+            d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
+            act_fn=cfg.act_fn, mlp_bias=cfg.mlp_bias, embed=cfg.mlp_embed,
         )
     )
 

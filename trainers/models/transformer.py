@@ -1,16 +1,24 @@
 """The one transformer of groklens, in TransformerLens vocabulary.
 
-Variants are switches of this class, never copies: `norm` (none | ln | rms), `attention`
-(softmax), `unembed` (linear), `causal`. Pre-norm residual blocks as in TransformerLens:
+Variants are switches of this class, never copies (docs/VARIANTS.md): `norm` (none | ln | rms |
+sphere), `attention` (softmax | uniform), `unembed` (linear | bounded), `init` (default |
+fourier), `causal`. Pre-norm residual blocks as in TransformerLens:
     resid_mid  = resid_pre + attn(ln1(resid_pre))
     resid_post = resid_mid + mlp(ln2(resid_mid))
     logits     = unembed(ln_final(resid_post))
+With norm=sphere the norms move after the sums instead (Yildirim 2026), N(x) = r x / ||x||:
+    resid_pre(0) = N(embed + pos_embed)
+    resid_mid    = N(resid_pre + attn(resid_pre))
+    resid_post   = N(resid_mid + mlp(resid_mid))
+so every residual-stream hook lies on the sphere of radius r.
 Shapes: b batch, p position, d d_model, h head, e d_head, m d_mlp, v vocab.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +26,16 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from groklens.trainers.models.hooked import HookedModel, ModelConfig
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """ModelConfig plus the parameters of the variants."""
+
+    radius: float = 1.0  # norm=sphere
+    tau: float = 10.0  # unembed=bounded
+    fourier_freqs: tuple[int, ...] = ()  # init=fourier: frequencies k_1..k_K
+    fourier_p: int = 0  # init=fourier: tokens 0..fourier_p-1 are the residues mod fourier_p
 
 
 class Embed(nn.Module):
@@ -59,12 +77,37 @@ class Norm(nn.Module):
         return x * self.w + self.b if self.kind == "ln" else x * self.w
 
 
+class SphereNorm(nn.Module):
+    """Projection onto the sphere of radius r: N(x) = r x / ||x|| (no parameters)."""
+
+    def __init__(self, radius: float, eps: float = 1e-12):
+        super().__init__()
+        self.radius, self.eps = radius, eps
+        self.hook_scale = HookPoint()  # [b, p, 1]: ||x|| / r before the projection
+        self.hook_normalized = HookPoint()  # [b, p, d]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.hook_scale(x.norm(dim=-1, keepdim=True).clamp_min(self.eps) / self.radius)
+        return self.hook_normalized(x / scale)
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The pre-norm of a sub-layer (ln1, ln2, ln_final); the sphere variant has none."""
     return Norm(cfg, cfg.norm) if cfg.norm in ("ln", "rms") else nn.Identity()
 
 
+def make_post_norm(cfg: "TransformerConfig") -> nn.Module:
+    """The norm after a residual sum: the sphere projection, or nothing."""
+    return SphereNorm(cfg.radius) if cfg.norm == "sphere" else nn.Identity()
+
+
 class Attention(nn.Module):
-    """Multi-head attention without biases (the sphere paper; Nanda's biases were frozen at 0)."""
+    """Multi-head attention without biases (the sphere paper; Nanda's biases were frozen at 0).
+
+    attention=uniform sets the scores of allowed positions to 0 before the softmax (masked ones
+    stay -inf), so the pattern is 1 / (number of allowed positions); q, k and every hook still
+    run, and hook_attn_scores / hook_pattern show what the softmax saw and gave.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -83,14 +126,19 @@ class Attention(nn.Module):
         n = cfg.n_ctx
         self.register_buffer("causal_mask", torch.tril(torch.ones(n, n, dtype=torch.bool)), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.hook_q(torch.einsum("bpd,hde->bphe", x, self.W_Q))
+    def forward(self, x: torch.Tensor, query: slice | None = None) -> torch.Tensor:
+        """Attention output [b, p, d]; with `query`, only for those query positions [b, |query|, d]."""
+        xq = x if query is None else x[:, query]
+        q = self.hook_q(torch.einsum("bpd,hde->bphe", xq, self.W_Q))
         k = self.hook_k(torch.einsum("bpd,hde->bphe", x, self.W_K))
         v = self.hook_v(torch.einsum("bpd,hde->bphe", x, self.W_V))
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
+        if self.cfg.attention == "uniform":
+            scores = torch.zeros_like(scores)  # no gradient reaches W_Q, W_K
         if self.cfg.causal:
             n = x.shape[1]
-            scores = scores.masked_fill(~self.causal_mask[:n, :n], float("-inf"))
+            mask = self.causal_mask[:n, :n]
+            scores = scores.masked_fill(~(mask if query is None else mask[query]), float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
@@ -120,42 +168,59 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: "TransformerConfig"):
         super().__init__()
         self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
+        self.norm_mid = make_post_norm(cfg)  # sphere: resid_mid = N(resid_pre + attn_out)
         self.ln2 = make_norm(cfg)
         self.mlp = MLP(cfg)
+        self.norm_post = make_post_norm(cfg)  # sphere: resid_post = N(resid_mid + mlp_out)
         self.hook_resid_pre = HookPoint()  # [b, p, d]
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, query: slice | None = None) -> torch.Tensor:
+        """With `query`, the block's output only at those positions (keys and values still see
+        every position): what the last block needs for the loss."""
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x))))
-        x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(x), query))
+        if query is not None:
+            x = x[:, query]
+        x = self.hook_resid_mid(self.norm_mid(x + attn_out))
+        x = self.hook_resid_post(self.norm_post(x + self.hook_mlp_out(self.mlp(self.ln2(x)))))
         return x
 
 
 class Unembed(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """logits = x W_U, or with unembed=bounded logits = tau x W_U_hat, where W_U_hat has unit
+    columns (W_U is [d_model, d_vocab_out], so its columns are the per-class vectors: the rows
+    of the paper's W_U). |logit| <= tau ||x||, = tau r on the sphere."""
+
+    def __init__(self, cfg: "TransformerConfig"):
         super().__init__()
+        self.bounded, self.tau = cfg.unembed == "bounded", cfg.tau
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, p, d] -> [b, p, v]
+        if self.bounded:
+            return self.tau * (x @ F.normalize(self.W_U, dim=0))
         return x @ self.W_U
 
 
 class Transformer(HookedModel):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if not isinstance(cfg, TransformerConfig):  # a plain ModelConfig: the variants' defaults
+            cfg = TransformerConfig(**dataclasses.asdict(cfg))
         self.cfg = cfg
         self.embed = Embed(cfg)
         self.pos_embed = PosEmbed(cfg)
         self.hook_embed = HookPoint()  # [b, p, d]
         self.hook_pos_embed = HookPoint()  # [b, p, d]
+        self.norm_embed = make_post_norm(cfg)  # sphere: resid_pre(0) = N(embed + pos_embed)
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = make_norm(cfg)
         self.unembed = Unembed(cfg)
@@ -164,13 +229,33 @@ class Transformer(HookedModel):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """TransformerLens's default init: every W_ ~ N(0, 0.8 / sqrt(d_model)); biases 0."""
+        """TransformerLens's default init: every W_ ~ N(0, 0.8 / sqrt(d_model)); biases 0.
+
+        init=fourier then overwrites the first 2K columns of W_E for the residue tokens
+        x = 0..p-1: W_E[x, 2i] = cos(2 pi k_i x / p), W_E[x, 2i+1] = sin(2 pi k_i x / p)
+        (unit amplitude, as the sphere paper's code); other tokens and columns keep the default.
+        """
         for name, param in self.named_parameters():
             if name.split(".")[-1].startswith("W_"):
                 nn.init.normal_(param, std=self.cfg.initializer_range)
+        if self.cfg.init == "fourier":
+            p = self.cfg.fourier_p
+            x = torch.arange(p, dtype=torch.float64)
+            for i, k in enumerate(self.cfg.fourier_freqs):
+                angle = 2 * math.pi * k * x / p
+                self.embed.W_E[:p, 2 * i] = torch.cos(angle).to(self.embed.W_E.dtype)
+                self.embed.W_E[:p, 2 * i + 1] = torch.sin(angle).to(self.embed.W_E.dtype)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, p] -> logits [b, p, v]
+    supports_readout = True  # forward(tokens, readout=slice): see below
+
+    def forward(self, tokens: torch.Tensor, readout: slice | None = None) -> torch.Tensor:
+        """Logits [b, p, v]. With `readout` (a slice of positions) only the logits there,
+        [b, |readout|, v], equal to forward(tokens)[:, readout]: the last block computes its
+        attention queries, MLP and unembedding at those positions only (the trainer's fast
+        path, about 2x fewer FLOPs for [a, b, =]; its hooks then see only those positions)."""
         x = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(tokens))
-        for block in self.blocks:
-            x = block(x)
+        x = self.norm_embed(x)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, readout if i == last else None)
         return self.unembed(self.ln_final(x))

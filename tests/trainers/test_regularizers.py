@@ -1,0 +1,294 @@
+"""Regularizers, losses and gradient transforms, each against a computation written here."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from groklens.checkpoints import Trajectory
+from groklens.trainers import loop
+from groklens.trainers.loop import Trainer, metric_names, resume, train
+from groklens.trainers.models import build_model
+from groklens.trainers.regularizers import (
+    REGULARIZERS, Batch, effective_rank, stablemax, stablemax_cross_entropy,
+)
+from groklens.trainers.tasks import TASKS
+from tests.helpers import tiny_config
+
+
+def _setup(**kw):
+    cfg = tiny_config(**kw)
+    data = TASKS.get(cfg.task).build(cfg)
+    return cfg, data, build_model(cfg, data)
+
+
+def _capture(model, names, x):
+    """Forward with hooks written here (not the trainer's), returning logits and the activations."""
+    acts = {}
+
+    def keep(t, hook):
+        acts[hook.name] = t
+
+    logits = model.run_with_hooks(x, fwd_hooks=[(n, keep) for n in names])
+    return logits, acts
+
+
+class _NoWriter:
+    """Stands in for the trajectory writer when a test drives Trainer.train_step directly."""
+
+    class f:
+        filename = "unused.h5"
+
+
+def _trainer(cfg, data):
+    return Trainer(cfg, data, lambda _t: _NoWriter(), progress=False)
+
+
+# ---------------------------------------------------------------------- activation-norm penalty
+def test_activation_norm_penalty_matches_a_hand_computation():
+    lam = 0.3
+    cfg, data, model = _setup(n_layers=2, act_norm_lambda=lam)
+    reg = REGULARIZERS.get("act_norm")(cfg, model, data)
+    assert reg.hook_names == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    x = data.inputs[:5]
+    _, acts = _capture(model, reg.hook_names, x)
+    value, metrics = reg.term(acts, Batch(x, data.informative_mask[:5], [2]), step=0)
+    value = value.detach()
+    total, count, radius = 0.0, 0, 0.0
+    for name in reg.hook_names:  # every vector: 2 sites x 5 inputs x 3 positions
+        for vec in acts[name].detach().double().reshape(-1, cfg.d_model).tolist():
+            norm = math.sqrt(sum(v * v for v in vec))
+            total += (norm - math.sqrt(cfg.d_model)) ** 2 / cfg.d_model
+            radius += norm / math.sqrt(cfg.d_model)
+            count += 1
+    assert count == 30
+    assert float(value) == pytest.approx(lam * total / count, rel=1e-9)
+    assert float(metrics["act_norm_radius"]) == pytest.approx(radius / count, rel=1e-9)
+
+
+def test_training_step_descends_loss_plus_penalty():
+    """The gradient a trainer step applies == autograd of CE + the penalty, both written here."""
+    lam = 0.5
+    cfg, data, model = _setup(act_norm_lambda=lam, warmup_steps=0)
+    trainer = _trainer(cfg, data)
+    x, y = data.inputs[data.train_idx], data.labels[data.train_idx]
+    logits, acts = _capture(model, ["blocks.0.hook_resid_post"], x)
+    h = acts["blocks.0.hook_resid_post"].double()
+    penalty = ((torch.sqrt((h * h).sum(-1)) - math.sqrt(cfg.d_model)) ** 2 / cfg.d_model).mean()
+    ce = F.cross_entropy(logits[:, 2].double(), y)
+    (ce + lam * penalty).backward()
+    loss = trainer.train_step(0)
+    assert loss == pytest.approx(float(ce.detach()), rel=1e-12)  # the step reports the task loss
+    for (n, a), (_, b) in zip(trainer.model.named_parameters(), model.named_parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), n
+    # without the penalty the gradient differs: the term really enters the objective
+    model.zero_grad()
+    F.cross_entropy(model(x)[:, 2].double(), y).backward()
+    assert not torch.allclose(trainer.model.embed.W_E.grad, model.embed.W_E.grad, atol=1e-6)
+    assert not any(hp.fwd_hooks for hp in trainer.model.hook_dict.values())  # nothing left behind
+
+
+def test_capture_hooks_are_removed_even_when_the_forward_raises():
+    cfg, data, _ = _setup(act_norm_lambda=0.1)
+    trainer = _trainer(cfg, data)
+    with pytest.raises(IndexError):
+        trainer.forward(torch.full((2, 3), 10_000, dtype=torch.long))
+    assert not any(hp.fwd_hooks for hp in trainer.model.hook_dict.values())
+
+
+# ---------------------------------------------------------------------- KL attention intervention
+@pytest.mark.parametrize("layout", ["first", "random"])
+def test_kl_attention_term_matches_a_hand_computation(layout):
+    beta = 0.7
+    cfg, data, model = _setup(task="seq_add", seq_len=5, n_informative=2, informative_layout=layout,
+                              distractor_vocab=3, kl_attn_beta=beta, n_layers=2, kl_attn_layer=-1)
+    reg = REGULARIZERS.get("kl_attn")(cfg, model, data)
+    x, mask = data.inputs[:6], data.informative_mask[:6]
+    _, cache = model.run_with_cache(x)
+    _, acts = _capture(model, reg.hook_names, x)
+    value, metrics = reg.term(acts, Batch(x, mask, [data.readout_pos]), step=0)
+    value = value.detach()
+    q = data.readout_pos
+    total, count = 0.0, 0
+    for layer in range(2):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].double()  # [b, h, q, k]
+        for b in range(6):
+            informative = [j for j in range(mask.shape[1]) if mask[b, j]]
+            for h in range(cfg.n_heads):
+                pi = 1 / len(informative)
+                total += sum(pi * math.log(pi / pattern[b, h, q, j].item()) for j in informative)
+                count += 1
+    assert float(metrics["kl_attn"]) == pytest.approx(total / count, rel=1e-5)
+    assert float(value) == pytest.approx(beta * total / count, rel=1e-5)
+
+
+def test_kl_attention_is_zero_when_attention_is_already_uniform_on_the_informative_tokens():
+    cfg, data, model = _setup(task="seq_add", seq_len=2, n_informative=2, kl_attn_beta=1.0, attention="uniform",
+                              causal=False)
+    reg = REGULARIZERS.get("kl_attn")(cfg, model, data)
+    _, acts = _capture(model, reg.hook_names, data.inputs)
+    # uniform over 3 positions: KL(1/2, 1/2 || 1/3, 1/3) = log(3/2)
+    value, _ = reg.term(acts, Batch(data.inputs, data.informative_mask, [2]), step=0)
+    assert float(value) == pytest.approx(math.log(1.5), rel=1e-6)
+
+
+# ---------------------------------------------------------------------- GeomDR
+def test_effective_rank_against_numpy_and_a_known_case():
+    k = 4
+    H = torch.cat([torch.eye(k), -torch.eye(k)])  # centred, k equal singular values
+    assert float(effective_rank(H)) == pytest.approx(k, rel=1e-12)
+    A = torch.randn(30, 6) @ torch.randn(6, 10)
+    s = np.linalg.svd(A.double().numpy() - A.double().numpy().mean(0), compute_uv=False)
+    p = s / s.sum()
+    assert float(effective_rank(A)) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-9)
+
+
+def test_geomdr_penalty_window_and_value():
+    cfg, data, model = _setup(geomdr_lambda=2.0, geomdr_target=3.0, geomdr_start=5, geomdr_end=9)
+    reg = REGULARIZERS.get("geomdr")(cfg, model, data)
+    assert reg.hook_names == ["blocks.0.hook_resid_post"]
+    x = data.inputs[data.train_idx]
+    _, acts = _capture(model, reg.hook_names, x)
+    batch = Batch(x, data.informative_mask[data.train_idx], [2])
+    H = acts["blocks.0.hook_resid_post"][:, 2].detach().double().numpy()
+    s = np.linalg.svd(H - H.mean(0), compute_uv=False)
+    p = s / s.sum()
+    erank = math.exp(-(p * np.log(p)).sum())
+    for step, on in [(4, False), (5, True), (8, True), (9, False)]:
+        value, metrics = reg.term(acts, batch, step, evaluating=True)
+        expected = 2.0 * ((erank - 3.0) / 3.0) ** 2 if on else 0.0
+        assert float(value.detach()) == pytest.approx(expected, rel=1e-9, abs=1e-300), step
+        assert float(metrics["geomdr_erank"]) == pytest.approx(erank, rel=1e-9)
+    value, _ = reg.term(acts, batch, 6)
+    value.backward()  # differentiable inside the window
+    assert model.unembed.W_U.grad is None and model.blocks[0].mlp.W_out.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------- Grokfast
+def test_grokfast_filter_matches_the_formula_over_three_steps():
+    alpha, lam = 0.8, 2.5
+    cfg, data, model = _setup(grokfast_alpha=alpha, grokfast_lambda=lam)
+    reg = REGULARIZERS.get("grokfast")(cfg, model, data)
+    params = dict(model.named_parameters())
+    gen = torch.Generator().manual_seed(3)
+    raw = [{n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in params.items()} for _ in range(3)]
+    ema = None
+    for t in range(3):
+        for n, p in params.items():
+            p.grad = raw[t][n].float().clone()
+        reg.transform(params)
+        # ema_1 = g_1; ema_t = alpha ema_{t-1} + (1 - alpha) g_t; g_t <- g_t + lambda ema_t
+        ema = {n: raw[t][n].clone() if ema is None else alpha * ema[n] + (1 - alpha) * raw[t][n] for n in params}
+        for n, p in params.items():
+            assert torch.allclose(p.grad.double(), raw[t][n] + lam * ema[n], atol=1e-5), (t, n)
+    state = reg.state()
+    assert all(np.allclose(state[f"reg.grokfast.{n}.ema"], ema[n].numpy(), atol=1e-6) for n in params)
+
+
+def test_grokfast_training_equals_a_plain_loop_with_the_filter():
+    cfg, data, model = _setup(grokfast_alpha=0.9, grokfast_lambda=2.0, warmup_steps=0)
+    trainer = _trainer(cfg, data)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    x, y = data.inputs[data.train_idx], data.labels[data.train_idx]
+    ema = {}
+    for step in range(3):
+        trainer.train_step(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x)[:, 2].double(), y).backward()
+        for n, p in model.named_parameters():
+            ema[n] = p.grad.clone() if step == 0 else 0.9 * ema[n] + 0.1 * p.grad
+            p.grad = p.grad + 2.0 * ema[n]
+        opt.step()
+    for (n, a), (_, b) in zip(trainer.model.named_parameters(), model.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-6), n
+
+
+def test_resume_with_grokfast_state_is_bit_identical(tmp_path, monkeypatch):
+    cfg = tiny_config(steps=60, eval_every=10, checkpoint_every=20, grokfast_lambda=2.0, perp_grad=True,
+                      act_norm_lambda=0.05)
+    whole = tmp_path / "whole.h5"
+    train(cfg, whole, progress=False)
+
+    cut = tmp_path / "cut.h5"
+    original = Trainer.train_step
+
+    def interrupted(self, step):
+        if step == 37:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, cut, progress=False)
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert list(Trajectory(cut).steps) == [0, 20]
+    result = resume(cut, progress=False)
+    assert result.last_step == 60
+    a, b = Trajectory(whole), Trajectory(cut)
+    assert list(a.steps) == list(b.steps) == [0, 20, 40, 60]
+    for name in a.param_names:
+        assert np.array_equal(a.param_trajectory(name), b.param_trajectory(name)), name
+    ma, mb = a.metrics, b.metrics
+    assert set(ma) == set(mb) >= {"grokfast_ema_norm", "perp_grad_removed", "reg_act_norm"}
+    for key in ma:
+        assert np.array_equal(ma[key], mb[key], equal_nan=True), key
+
+
+# ---------------------------------------------------------------------- perpendicular gradient
+def test_perpendicular_gradient_removes_the_component_along_each_tensor():
+    cfg, data, model = _setup(perp_grad=True, mlp_bias=True)
+    reg = REGULARIZERS.get("perp_grad")(cfg, model, data)
+    params = dict(model.named_parameters())
+    gen = torch.Generator().manual_seed(0)
+    before = {}
+    for n, p in params.items():
+        p.grad = torch.randn(p.shape, generator=gen)
+        before[n] = p.grad.double().clone()
+    reg.transform(params)
+    for n, p in params.items():
+        w, g = p.detach().double(), before[n]
+        ww = (w * w).sum()
+        expected = g if ww == 0 else g - (w * g).sum() / ww * w  # zero-initialised biases keep theirs
+        assert torch.allclose(p.grad.double(), expected, atol=1e-5), n
+        if ww > 0:
+            assert abs(float((w * p.grad.double()).sum())) < 1e-4 * float(g.norm() * w.norm())
+    assert 0 < reg.last_metrics()["perp_grad_removed"] < 1
+
+
+# ---------------------------------------------------------------------- StableMax
+def test_stablemax_sums_to_one_and_its_loss_is_the_formula():
+    logits = torch.tensor([[0.0, 1.0, -1.0, 3.5], [-50.0, 1e6, 2.0, -1e-3], [1.0, 1.0, 1.0, 1.0]])
+    probs = stablemax(logits)
+    assert probs.dtype == torch.float64
+    assert torch.allclose(probs.sum(-1), torch.ones(3, dtype=torch.float64), atol=1e-15)
+    assert (probs > 0).all()
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1))
+
+    def s(v):
+        return v + 1 if v >= 0 else 1 / (1 - v)
+
+    labels = torch.tensor([1, 3, 0])
+    nll = stablemax_cross_entropy(logits, labels, reduction="none")
+    for i, row in enumerate(logits.tolist()):
+        assert float(nll[i]) == pytest.approx(-math.log(s(row[labels[i]]) / sum(s(v) for v in row)), rel=1e-12)
+    # finite gradients everywhere, including x = 1 where the unused 1/(1-x) branch would divide by 0
+    x = torch.tensor([[1.0, -1.0, 0.0]], requires_grad=True)
+    stablemax_cross_entropy(x, torch.tensor([0])).backward()
+    assert torch.isfinite(x.grad).all()
+
+
+# ---------------------------------------------------------------------- metric names
+def test_metric_names_are_known_from_the_config_and_are_what_the_file_holds(tmp_path):
+    cfg = tiny_config(steps=20, loss="stablemax", geomdr_lambda=0.1, kl_attn_beta=0.1, grokfast_lambda=1.0)
+    names = metric_names(cfg)
+    assert names[: len(loop.METRIC_NAMES)] == loop.METRIC_NAMES
+    assert names[len(loop.METRIC_NAMES):] == ["train_ce", "test_ce", "reg_geomdr", "geomdr_erank",
+                                              "reg_kl_attn", "kl_attn", "grokfast_ema_norm"]
+    assert metric_names(tiny_config()) == loop.METRIC_NAMES  # the default run logs what it always did
+    train(cfg, tmp_path / "r.h5", progress=False)
+    m = Trajectory(tmp_path / "r.h5").metrics
+    assert set(m) == {"step", *names}
+    assert np.isnan(m["grokfast_ema_norm"][0]) and np.isfinite(m["grokfast_ema_norm"][1:]).all()
+    assert np.isfinite(m["reg_geomdr"]).all() and np.isfinite(m["kl_attn"]).all()
