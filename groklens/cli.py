@@ -143,9 +143,283 @@ def _censored(step, summary) -> str:
 
 
 @cli.command()
-def demo() -> None:
-    """Placeholder: the laptop demo (issue 'Compare trajectories, make the report, and a demo')."""
-    raise GroklensError("`groklens demo` is not built yet; see the README tour for a training run to try")
+@click.argument("run", type=click.Path())
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
+                   "grokking, probe. Default: all but sharpness and probe, skipping those that do not apply.")
+@click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
+@click.option("--steps", "steps", multiple=True, metavar="S",
+              help="Checkpoint step(s) to analyze (repeatable, or comma-separated).")
+@click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
+              help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
+@click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: metric -> {steps, values...}.")
+def analyze(run, metrics, every, steps, params, recompute, quiet, as_json) -> None:
+    """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+    from groklens.analyses.runner import analyze_run, format_results
+
+    results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
+                                 recompute=recompute, progress=not quiet)
+    for note in notes:
+        click.echo(f"groklens: {note}", err=True)
+    click.echo(json.dumps(results) if as_json else format_results(results))
+
+
+@cli.command()
+@click.argument("run", type=click.Path())
+@click.option("--site", required=True, metavar="HOOK", help="Hook site, e.g. blocks.0.hook_resid_post.")
+@click.option("--target", required=True, metavar="NAME", help="a, b, answer or fourier.")
+@click.option("--position", default=None, metavar="POS", help="readout (default), all, or a position index.")
+@click.option("--freq", "frequencies", type=int, multiple=True,
+              help="Frequency k for target fourier (repeatable; default: the checkpoint's key frequencies).")
+@click.option("--split", default=None, help="random (default; --train-frac of inputs) or run (the run's split).")
+@click.option("--train-frac", type=float, default=None, help="Probe training share for --split random (0.5).")
+@click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
+@click.option("--steps", "steps", multiple=True, metavar="S", help="Checkpoint step(s) (repeatable, or comma-separated).")
+@click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def probe(run, site, target, position, frequencies, split, train_frac, every, steps, recompute, quiet, as_json) -> None:
+    """Linear probe of TARGET from a hook site at the checkpoints of RUN.h5 (held-out accuracy or R^2)."""
+    from groklens.analyses.runner import format_results, probe_run
+
+    pos = int(position) if position is not None and position.lstrip("-").isdigit() else position
+    results = probe_run(run, site=site, target=target, position=pos, frequencies=list(frequencies) or None,
+                        split=split, train_frac=train_frac, steps=steps or None, every=every,
+                        recompute=recompute, progress=not quiet)
+    click.echo(json.dumps(results) if as_json else format_results(results))
+
+
+@cli.command()
+@click.argument("grid", type=click.Path(dir_okay=False), required=False)
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the sweep's trajectory files (created if missing).")
+@click.option("--status", "status_dir", type=click.Path(file_okay=False), default=None,
+              help="Print the state of the runs in this sweep directory and exit.")
+@click.option("--executor", type=click.Choice(["local", "ray", "slurm"]), default="local", show_default=True,
+              help="local: process pool; ray: Ray tasks; slurm: submitit job arrays.")
+@click.option("--workers", type=int, default=None,
+              help="Tasks at once (local: processes, default all cores; ray: default the cluster's CPUs; "
+                   "slurm: array parallelism, default unlimited).")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="torch threads per task (more only for few, large runs).")
+@click.option("--ensemble", is_flag=True, help="Train runs that share an architecture as batched ensembles.")
+@click.option("--ensemble-size", type=int, default=64, show_default=True, help="Most members per ensemble.")
+@click.option("--address", default=None, help="ray: address of an existing Ray cluster (default: start one here).")
+@click.option("--gpus-per-run", type=float, default=None,
+              help="GPUs per task where the cluster has GPUs (ray: fractional, default 0.25 per run, 1 per "
+                   "ensemble; slurm: rounded up, default none).")
+@click.option("--partition", default=None, help="slurm: partition.")
+@click.option("--time-min", type=int, default=24 * 60, show_default=True, help="slurm: time limit per job (minutes).")
+@click.option("--slurm-option", "slurm_options", multiple=True, metavar="KEY=VALUE",
+              help="slurm: any other sbatch parameter submitit knows (e.g. mem=8G, account=lab).")
+@click.option("--submitit-cluster", type=click.Choice(["auto", "slurm", "local", "debug"]), default="auto",
+              show_default=True, help="slurm: submitit's backend; local/debug try a sweep without SLURM.")
+@click.option("--retry-failed", is_flag=True, help="Run failed runs again (their error files are replaced).")
+@click.option("--dry-run", is_flag=True, help="List the runs and what would happen to each; train nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address, gpus_per_run, partition,
+          time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json) -> None:
+    """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
+    from groklens.trainers import sweeps
+
+    if status_dir is not None:
+        if grid is not None or out_dir is not None:
+            raise BadInput("--status DIR takes no GRID and no --out")
+        status = sweeps.sweep_status(status_dir)
+        if as_json:
+            click.echo(json.dumps(status))
+            return
+        c = status["counts"]
+        click.echo(f"{status['dir']}: {status['total']} runs: {c['done']} done, {c['running']} running, "
+                   f"{c['interrupted']} interrupted, {c['pending']} pending, {c['failed']} failed")
+        for name, error in status["failed"].items():
+            click.echo(f"failed   {name}: {error}")
+        return
+    if grid is None:
+        raise BadInput("missing GRID.yaml (or --status DIR)")
+    if out_dir is None:
+        raise BadInput("missing --out DIR (where the runs' trajectory files go)")
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be >= 1; got {workers}")
+    spec = sweeps.load_sweep(grid)
+    if dry_run:
+        plan = [{"name": r.name, "state": sweeps.run_state(Path(out_dir), r.name)[0] if Path(out_dir).is_dir()
+                 else "pending"} for r in spec.runs()]
+        click.echo(json.dumps(plan) if as_json else "\n".join(f"{p['state']:<12} {p['name']}" for p in plan))
+        return
+    extra = {}
+    for item in slurm_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--slurm-option wants KEY=VALUE; got {item!r}")
+        extra[key] = value
+    slurm = {"partition": partition, "time_min": time_min, "extra": extra,
+             "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+    report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
+                              ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
+                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm)
+    c = report.counts
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        click.echo(f"{report.out_dir}: {c['total']} runs: {c['done']} done, {c['running']} running elsewhere, "
+                   f"{c['failed']} failed" + (f" ({report.ensembles} ensembles)" if ensemble else ""))
+        fallback = list(report.single_fallback.items())
+        for name, why in fallback[:5]:
+            click.echo(f"single   {name}: {why}")
+        if len(fallback) > 5:
+            click.echo(f"single   ... and {len(fallback) - 5} more runs trained alone (see --json)")
+        for name, error in report.failed.items():
+            skipped = " (failed before; --retry-failed runs it again)" if name in report.skipped_failed else ""
+            click.echo(f"failed   {name}: {error}{skipped}")
+    if c["failed"]:
+        raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
+
+
+@cli.command("scaling-law")
+@click.argument("directory", type=click.Path())
+@click.option("--vars", "variables", default="width,train_frac,lr,weight_decay", show_default=True,
+              help="Comma-separated: width (the model's hidden width), n_train, or numeric config fields.")
+@click.option("--threshold", type=float, default=0.95, show_default=True, help="Test accuracy that counts as grokked.")
+@click.option("--interactions", is_flag=True, help="Also print the fit with pairwise interaction terms.")
+@click.option("--censored", is_flag=True, help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
+@click.option("--phase", default=None, metavar="X,Y", help="The two variables of the phase diagram.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
+def scaling_law_cmd(directory, variables, threshold, interactions, censored, phase, as_json) -> None:
+    """Fit log grokking time against log width, data, lr and weight decay over the runs in DIRECTORY."""
+    from groklens.analyses.scaling import format_result, scaling_law
+
+    names = [v.strip() for v in variables.split(",") if v.strip()]
+    phase_vars = [v.strip() for v in phase.split(",")] if phase else None
+    if phase_vars is not None and (len(phase_vars) != 2 or not set(phase_vars) <= set(names)):
+        raise BadInput(f"--phase wants two of the --vars, X,Y; got {phase!r}")
+    result = scaling_law(directory, names, threshold=threshold, interactions=interactions, censored=censored,
+                         phase=phase_vars)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo("\n".join(format_result(result)))
+
+
+_GROUP_BY_HELP = ("'run': one row per run; 'variant': one row per group of runs whose configs differ only in "
+                  "seed/data_seed (mean ± std over seeds); or config field(s) FIELD[,FIELD]: one row per value.")
+
+
+@cli.command("compare")
+@click.argument("runs", nargs=-1, type=click.Path())
+@click.option("--baseline", type=click.Path(), default=None,
+              help="Run that speed-ups are measured against (its group, when grouping); added to RUNS if missing.")
+@click.option("--group-by", "group_by", default="run", show_default=True, metavar="run|variant|FIELD[,FIELD]",
+              help=_GROUP_BY_HELP)
+@click.option("--threshold", type=float, default=0.95, show_default=True,
+              help="Train / test accuracy that counts as memorized / grokked.")
+@click.option("--analyze", is_flag=True,
+              help="Compute analyses missing at the memorization, grokking and last checkpoints (kept in each "
+                   "run's sidecar); otherwise they are shown as missing.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="With --analyze: fourier, attention, sharpness, rank or radial (repeatable; default: all that apply).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quiet) -> None:
+    """Compare RUN.h5 files: memorization and grokking steps, gap, speed-up, stored analyses."""
+    from groklens.analyses.compare import compare
+
+    result = compare(runs, baseline=baseline, group_by=group_by, threshold=threshold, analyze=analyze,
+                     metrics=list(metrics) or None, progress=not quiet)
+    click.echo(result.format(fmt))
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, type=click.Path())
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Directory for index.html and the figures (created if missing; other files there are kept).")
+@click.option("--format", "fmt", type=click.Choice(["png", "pdf", "svg"]), default="png", show_default=True,
+              help="Figure file format (with pdf the page shows PNG previews linked to the PDFs).")
+@click.option("--baseline", type=click.Path(), default=None, help="Run that speed-ups are measured against.")
+@click.option("--group-by", "group_by", default="variant", show_default=True, metavar="run|variant|FIELD[,FIELD]",
+              help=_GROUP_BY_HELP)
+@click.option("--threshold", type=float, default=0.95, show_default=True,
+              help="Train / test accuracy that counts as memorized / grokked.")
+@click.option("--analyze", is_flag=True,
+              help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the sidecars).")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
+@click.option("--every", type=int, default=None, help="With --analyze: every K-th checkpoint (plus the last).")
+@click.option("--checkpoint", "steps", type=int, multiple=True, metavar="STEP",
+              help="Checkpoint(s) of the Fourier spectrum and neuron-cluster figures (repeatable; default: "
+                   "start, memorization, grokking, end).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, steps, quiet, as_json) -> None:
+    """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
+    from groklens.analyses.report import build_report
+
+    result = build_report(runs, out_dir, fmt=fmt, baseline=baseline, group_by=group_by, threshold=threshold,
+                          analyze=analyze, metrics=list(metrics) or None, every=every, steps=list(steps) or None,
+                          progress=not quiet)
+    if as_json:
+        click.echo(json.dumps({"index": str(result.index), "figures": [str(p) for p in result.figures],
+                               "missing": [{"figure": t, "why": w} for t, w in result.missing]}))
+        return
+    for title, why in result.missing:
+        click.echo(f"missing  {title}: {why}")
+    click.echo(f"wrote {len(result.figures)} figure file(s) and {result.index}")
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--list", "list_", is_flag=True, help="List the experiments with their estimated cost at each scale.")
+@click.option("--scale", default="quick", show_default=True, metavar="smoke|quick|paper",
+              help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup (GPU).")
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for runs/, report/ and results (default ./reproduce-NAME-SCALE); rerun to resume.")
+@click.option("--seeds", type=int, default=None, help="Seeds per variant (default: smoke 1, quick 2, paper 10).")
+@click.option("--workers", type=int, default=None, help="Training processes (default: the CPU cores; smoke: 1).")
+@click.option("--results", "results_md", type=click.Path(dir_okay=False), default=None,
+              help="Markdown file whose reproduce table gets the rows (default: docs/RESULTS.md of this checkout).")
+@click.option("--no-results", is_flag=True, help="Do not write the rows to any RESULTS.md.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_results, quiet, as_json) -> None:
+    """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
+    from groklens import experiments as E
+
+    if list_:
+        if name is not None:
+            raise BadInput("--list takes no experiment NAME")
+        items = E.listing()
+        click.echo(json.dumps(items) if as_json else E.format_listing(items))
+        return
+    if name is None:
+        raise BadInput(f"missing experiment NAME (one of {', '.join(E.EXPERIMENTS)}), or --list")
+    E.get_experiment(name)
+    if scale not in E.SCALES:
+        raise BadInput(f"--scale must be one of {', '.join(E.SCALES)}; got {scale!r}")
+    if no_results and results_md:
+        raise BadInput("give --results FILE or --no-results, not both")
+    target = None if no_results else (results_md or E.RESULTS_MD)
+    result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=target, progress=not quiet,
+                         echo=(lambda _m: None) if as_json else click.echo)
+    click.echo(json.dumps(result.to_json(), default=str) if as_json else E.format_result(result))
+
+
+@cli.command()
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default="demo-out", show_default=True,
+              help="Directory for the runs (OUT/runs) and the report (OUT/report).")
+@click.option("--scale", type=click.Choice(["laptop", "paper", "smoke"]), default="laptop", show_default=True,
+              help="laptop: small task on CPU, minutes; paper: the canonical p=113 setup (for a GPU); "
+                   "smoke: a tiny pipeline check (CI).")
+@click.option("--force", is_flag=True, help="Train again over demo runs already in OUT/runs.")
+@click.option("--workers", type=int, default=None, help="Runs trained / analyzed at once (default: the CPU cores).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def demo(out_dir, scale, force, workers, quiet) -> None:
+    """Train standard, bounded-sphere, uniform-attention and activation-norm models; compare; report."""
+    from groklens.demo import run_demo
+
+    run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
 
 
 # ---------------------------------------------------------------------- entry point

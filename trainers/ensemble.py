@@ -219,6 +219,10 @@ class EnsembleTrainer:
 
     # ------------------------------------------------------------------ the computation
     def _logits(self, params, buffers, x):
+        # the same readout-only forward the single-run trainer uses (loop.Trainer.readout_logits)
+        if getattr(self.base, "supports_readout", False):
+            pos = slice(self.readout_pos, self.readout_pos + 1)
+            return torch.func.functional_call(self.base, (params, buffers), (x,), {"readout": pos})[:, 0]
         return torch.func.functional_call(self.base, (params, buffers), (x,))[:, self.readout_pos]
 
     def train_step(self, step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -86,3 +86,28 @@ def test_gelu_and_rms_variants_build_and_run():
     model, data = _model(act_fn="gelu", norm="rms", mlp_bias=True)
     assert "blocks.0.mlp.b_in" in dict(model.named_parameters())
     assert torch.isfinite(model(data.inputs[:4])).all()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("variant", [
+    dict(), dict(norm="ln", n_layers=2), dict(causal=False, norm="rms"), dict(attention="uniform"),
+    dict(norm="sphere", unembed="bounded", causal=False, mlp_bias=True),
+])
+def test_readout_forward_equals_full_forward_at_the_readout(variant):
+    # the trainer's fast path computes the last block only at the readout position
+    model, data = _model(**variant)
+    x = data.inputs[:50]
+    full = model(x)
+    fast = model(x, readout=slice(2, 3))
+    assert fast.shape == (50, 1, data.d_vocab_out)
+    assert torch.allclose(fast, full[:, 2:3], rtol=1e-5, atol=1e-6)
+    # and the gradients of a readout loss agree
+    y = data.labels[:50]
+    g_full = torch.autograd.grad(torch.nn.functional.cross_entropy(full[:, 2], y), list(model.parameters()),
+                                 allow_unused=True)
+    g_fast = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x, readout=slice(2, 3))[:, 0], y),
+                                 list(model.parameters()), allow_unused=True)
+    for a, b in zip(g_full, g_fast):
+        assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-4, atol=1e-7)
