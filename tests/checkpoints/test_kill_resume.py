@@ -140,3 +140,23 @@ def test_live_run_reports_live_and_resume_refuses_it(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_info_compare_and_report_on_a_run_being_written(tmp_path):
+    path = tmp_path / "live.h5"
+    proc = _start(path, tiny_config(**{**KILL_CFG, "steps": 3000, "checkpoint_every": 50}))
+    ok = []
+    try:
+        while _committed(path) < 2:
+            time.sleep(0.05)
+        for i in range(2):
+            for args in (["info", str(path), "--json"], ["compare", str(path), "--format", "json"],
+                         ["report", str(path), "-o", str(tmp_path / f"report{i}"), "-q"]):
+                out = groklens(*args)
+                assert out.returncode == 0, (args, out.stderr)
+                ok.append(proc.poll() is None)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert any(ok)  # at least some of the reads happened while the trainer was writing
+    assert (tmp_path / "report1" / "index.html").exists()
