@@ -29,12 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
-from groklens.checkpoints.writer import config_json
 from groklens.trainers.loop import (
     EVAL_CHUNK,
-    METRIC_NAMES,
     TrainResult,
     _evals_after_grok,
+    create_trajectory,
     _read_state,
     checkpoint_schedule,
     readout_loss,
@@ -399,32 +398,6 @@ def _progress_bar(total: int, initial: int, members: int, enabled: bool):
                 desc=f"ensemble x{members}", leave=True)
 
 
-def _create_writer(out: Path, cfg: RunConfig, data: TaskData, params: dict, state: dict) -> TrajectoryWriter:
-    # The file loop.train() creates (same datasets, attributes and metric names).
-    return TrajectoryWriter.create(
-        out,
-        config_json=config_json(cfg),
-        data={
-            "inputs": data.inputs.numpy(), "labels": data.labels.numpy(),
-            "train_idx": data.train_idx.numpy(), "test_idx": data.test_idx.numpy(),
-            "informative_mask": data.informative_mask.numpy(),
-        },
-        data_attrs={"readout_pos": data.readout_pos, "d_vocab": data.d_vocab, "d_vocab_out": data.d_vocab_out},
-        params=params,
-        state=state,
-        metric_names=_metric_names(cfg),
-    )
-
-
-def _metric_names(cfg: RunConfig) -> list[str]:
-    # loop.metric_names(cfg) where the loop has it (extra metrics of loss variants, regularizers
-    # and multi-target tasks; none of them apply to a config an ensemble accepts)
-    from groklens.trainers import loop
-
-    names = getattr(loop, "metric_names", None)
-    return list(names(cfg)) if names is not None else list(METRIC_NAMES)
-
-
 # ---------------------------------------------------------------------- entry points
 def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, force: bool = False,
                    progress: bool = False) -> list[MemberResult]:
@@ -450,7 +423,7 @@ def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, for
             if force:
                 m.path.unlink(missing_ok=True)
                 sidecar_path(m.path).unlink(missing_ok=True)
-            m.writer = _create_writer(m.path, m.cfg, m.data, params[i], states[i])
+            m.writer = create_trajectory(m.path, m.cfg, m.data, params[i], states[i])
     except BaseException:
         for m in trainer.members:
             if m.writer is not None:

@@ -366,23 +366,28 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
         sidecar_path(out).unlink(missing_ok=True)  # analyses of the old run would be stale
 
     def make_writer(trainer: Trainer) -> TrajectoryWriter:
-        state = trainer.host_state()
-        return TrajectoryWriter.create(
-            out,
-            config_json=config_json(cfg),
-            data={
-                "inputs": data.inputs.numpy(), "labels": data.labels.numpy(),
-                "train_idx": data.train_idx.numpy(), "test_idx": data.test_idx.numpy(),
-                "informative_mask": data.informative_mask.numpy(),
-            },
-            data_attrs={"readout_pos": data.readout_pos, "d_vocab": data.d_vocab, "d_vocab_out": data.d_vocab_out},
-            params=trainer.host_params(),
-            state=state,
-            metric_names=metric_names(cfg),
-        )
+        return create_trajectory(out, cfg, data, trainer.host_params(), trainer.host_state())
 
     trainer = Trainer(cfg, data, make_writer, progress=progress)
     return trainer.run(0, fresh=True)
+
+
+def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[str, np.ndarray],
+                      state: dict[str, np.ndarray]) -> TrajectoryWriter:
+    """A new trajectory file for a run of `cfg` on `data` (single runs and ensemble members alike)."""
+    return TrajectoryWriter.create(
+        out,
+        config_json=config_json(cfg),
+        data={
+            "inputs": data.inputs.numpy(), "labels": data.labels.numpy(),
+            "train_idx": data.train_idx.numpy(), "test_idx": data.test_idx.numpy(),
+            "informative_mask": data.informative_mask.numpy(),
+        },
+        data_attrs={"readout_pos": data.readout_pos, "d_vocab": data.d_vocab, "d_vocab_out": data.d_vocab_out},
+        params=params,
+        state=state,
+        metric_names=metric_names(cfg),
+    )
 
 
 def resume(path: str | Path, *, progress: bool = True) -> TrainResult:
