@@ -65,7 +65,9 @@ SCALES: dict[str, Scale] = {
         seeds=[1, 2, 3],
         analyses=_CHEAP,
         analyze_every=2,
+        # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
         sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 10})],
+        sparse_every=10,
         note="p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU",
     ),
     "paper": Scale(
