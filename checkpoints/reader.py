@@ -46,17 +46,14 @@ def open_trajectory_file(path: str | Path) -> h5py.File:
     except OSError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
         if "truncated file" in msg and _writer_flags_set(path):
-            return _open_padded_copy(path)
-        if "already open for write" not in msg and "consistency flags" not in msg:
+            f = _open_padded_copy(path)
+        elif "already open for write" not in msg and "consistency flags" not in msg:
             raise BadInput(f"{path}: damaged or truncated HDF5 file ({msg})") from None
-        # a live or killed SWMR writer: only a SWMR read opens it. A truncated file would make
-        # the SWMR reader retry for a long time, so compare its size with the stored EOF first.
-        _check_not_truncated(path)
-        try:
-            f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
-        except OSError as exc2:
-            msg = str(exc2).splitlines()[0] if str(exc2) else "unreadable"
-            raise BadInput(f"{path}: damaged HDF5 file ({msg})") from None
+        else:
+            # a live or killed SWMR writer: only a SWMR read opens it. A truncated file would make
+            # the SWMR reader retry for a long time, so compare its size with the stored EOF first.
+            _check_not_truncated(path)
+            f = _open_swmr(path, path)
     try:
         _check_format(path, f)
     except BaseException:
@@ -88,17 +85,17 @@ def _open_padded_copy(path: Path) -> h5py.File:
     try:
         shutil.copyfile(path, tmp)
         os.truncate(tmp, max(stored_eof, os.path.getsize(tmp)))
-        f = h5py.File(tmp, "r", libver="latest", swmr=True, locking=False)
-    except OSError as exc:
-        raise BadInput(f"{path}: damaged HDF5 file ({str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
+        return _open_swmr(Path(tmp), path)
     finally:
         os.unlink(tmp)
+
+
+def _open_swmr(file: Path, path: Path) -> h5py.File:
+    """A SWMR read of `file`; errors name the user's `path`."""
     try:
-        _check_format(path, f)
-    except BaseException:
-        f.close()
-        raise
-    return f
+        return h5py.File(file, "r", libver="latest", swmr=True, locking=False)
+    except OSError as exc:
+        raise BadInput(f"{path}: damaged HDF5 file ({str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
 
 
 def _check_not_truncated(path: Path) -> None:
