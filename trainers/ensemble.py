@@ -32,9 +32,9 @@ from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
 from groklens.trainers.loop import (
     EVAL_CHUNK,
     TrainResult,
-    _evals_after_grok,
+    evals_after_grok,
     create_trajectory,
-    _read_state,
+    read_state,
     checkpoint_schedule,
     readout_loss,
     resolve_device,
@@ -443,8 +443,8 @@ def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False) -> l
     cfgs = [t.config for t in trajs]
     trainer = EnsembleTrainer(cfgs, [t.dataset() for t in trajs], paths, progress=progress)
     for i, (t, m) in enumerate(zip(trajs, trainer.members)):
-        trainer.load_member_state(i, t.params(last), _read_state(m.path, last), last)
-        m.evals_after_grok = _evals_after_grok(t, m.cfg)
+        trainer.load_member_state(i, t.params(last), read_state(m.path, last), last)
+        m.evals_after_grok = evals_after_grok(t, m.cfg)
     try:
         for m in trainer.members:
             m.writer = TrajectoryWriter.reopen(m.path)

@@ -401,15 +401,15 @@ def resume(path: str | Path, *, progress: bool = True) -> TrainResult:
     last = recover(path)
     traj = Trajectory(path)
     params = traj.params(last)
-    state = _read_state(path, last)
-    evals_after_grok = _evals_after_grok(traj, cfg)
+    state = read_state(path, last)
+    after = evals_after_grok(traj, cfg)
     trainer = Trainer(cfg, traj.dataset(), lambda _t: TrajectoryWriter.reopen(path), progress=progress)
     trainer.load_state(params, state, last)
     trainer.writer.set_status("running")
-    return trainer.run(last, evals_after_grok)
+    return trainer.run(last, after)
 
 
-def _read_state(path: Path, step: int) -> dict[str, np.ndarray]:
+def read_state(path: Path, step: int) -> dict[str, np.ndarray]:
     from groklens.checkpoints import constants as C
     from groklens.checkpoints.reader import open_trajectory_file
 
@@ -419,7 +419,7 @@ def _read_state(path: Path, step: int) -> dict[str, np.ndarray]:
         return {name: ds[slot] for name, ds in g.items() if name != C.STATE_STEP}
 
 
-def _evals_after_grok(traj: Trajectory, cfg: RunConfig) -> int | None:
+def evals_after_grok(traj: Trajectory, cfg: RunConfig) -> int | None:
     """How many evaluations ago test accuracy first crossed the threshold (for the stop rule)."""
     acc = traj.metrics["test_acc"]
     hits = np.nonzero(acc >= cfg.grok_threshold)[0]

@@ -53,10 +53,10 @@ def assert_same_trajectory(a_path, b_path, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(ma[name], mb[name], rtol=1e-5, atol=1e-7, equal_nan=True, err_msg=name)
     assert _datasets(a_path) == _datasets(b_path)
     # optimizer state of the last checkpoint: what an exact resume reads
-    from groklens.trainers.loop import _read_state
+    from groklens.trainers.loop import read_state
 
     last = int(a.steps[-1])
-    sa, sb = _read_state(a.path, last), _read_state(b.path, last)
+    sa, sb = read_state(a.path, last), read_state(b.path, last)
     assert sorted(sa) == sorted(sb)
     for key in sa:
         if key != "rng.torch":
