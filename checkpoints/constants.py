@@ -12,7 +12,8 @@ ATTR_CREATED = "created"
 
 # groups and datasets
 STEPS = "steps"  # int64 [n_checkpoints]; its length commits a checkpoint
-PARAMS = "params"  # params/<name>: float32 [n_checkpoints, *shape]
+PARAMS = "params"  # params/<name>: float32 [n_checkpoints, *shape] (copy 0 of a routed run)
+COPIES = "copies"  # copies/<m>/<name>: copy m >= 1 of a routed run (routing_copies > 1), as params/
 METRICS = "metrics"  # metrics/<name>: float64 [n_evals]
 METRICS_STEP = "step"  # metrics/step: int64 [n_evals]; its length commits an evaluation row
 STATE = "state"  # state/<name>: [2, *shape], double-buffered optimizer and RNG state
@@ -25,10 +26,21 @@ STATUS_LENGTH = 512
 SIDECAR_SUFFIX = ".analyses.h5"  # RUN.h5 -> RUN.analyses.h5
 
 
-def sidecar_path(run_path):
-    """Where `groklens analyze` keeps results for RUN.h5, so a run can be analyzed while training."""
+def sidecar_path(run_path, copy: int = 0):
+    """Where `groklens analyze` keeps results for RUN.h5, so a run can be analyzed while training;
+    copy m >= 1 of a routed run has its own, RUN.copy<m>.analyses.h5."""
     from pathlib import Path
 
     run_path = Path(run_path)
     stem = run_path.name[: -len(".h5")] if run_path.name.endswith(".h5") else run_path.name
-    return run_path.with_name(stem + SIDECAR_SUFFIX)
+    return run_path.with_name(stem + (f".copy{copy}" if copy else "") + SIDECAR_SUFFIX)
+
+
+def copy_sidecar_paths(run_path) -> list:
+    """The per-copy sidecars of RUN.h5 that exist (copies >= 1 of a routed run)."""
+    from pathlib import Path
+
+    run_path = Path(run_path)
+    stem = run_path.name[: -len(".h5")] if run_path.name.endswith(".h5") else run_path.name
+    return sorted(p for p in run_path.parent.glob(f"{stem}.copy*{SIDECAR_SUFFIX}")
+                  if p.name[len(stem) + 5 : -len(SIDECAR_SUFFIX)].isdigit())

@@ -132,20 +132,48 @@ def _check_format(path: Path, f: h5py.File) -> None:
             raise BadInput(f"{path}: damaged trajectory (cannot read /{key})") from None
     try:  # parameters are plain float32 arrays with a row per committed checkpoint, nothing else
         n = f[C.STEPS].shape[0]
-        for name, ds in f[C.PARAMS].items():
-            if not isinstance(ds, h5py.Dataset) or ds.dtype != np.float32 or ds.ndim < 1 or ds.shape[0] < n:
-                raise BadInput(f"{path}: damaged trajectory (params/{name} is not float32 [n_checkpoints, ...])")
+        groups = [(C.PARAMS, f[C.PARAMS])]
+        if C.COPIES in f:  # copies 1..M-1 of a routed run: numbered groups with the same names
+            names = set(f[C.PARAMS])
+            keys = sorted(f[C.COPIES], key=lambda k: int(k) if k.isdigit() else -1)
+            if keys != [str(m) for m in range(1, len(keys) + 1)]:
+                raise BadInput(f"{path}: damaged trajectory (/{C.COPIES} must hold groups 1..M-1; has {keys})")
+            for key in keys:
+                g = f[C.COPIES][key]
+                if not isinstance(g, h5py.Group) or set(g) != names:
+                    raise BadInput(f"{path}: damaged trajectory (/{C.COPIES}/{key} does not hold params/'s names)")
+                groups.append((f"{C.COPIES}/{key}", g))
+        for where, g in groups:
+            for name, ds in g.items():
+                if not isinstance(ds, h5py.Dataset) or ds.dtype != np.float32 or ds.ndim < 1 or ds.shape[0] < n:
+                    raise BadInput(f"{path}: damaged trajectory ({where}/{name} is not float32 [n_checkpoints, ...])")
     except (OSError, RuntimeError):
         raise BadInput(f"{path}: damaged trajectory (cannot read /{C.PARAMS})") from None
 
 
 class Trajectory:
-    """A run's checkpoint trajectory: config, steps, metrics, params, models and data."""
+    """A run's checkpoint trajectory: config, steps, metrics, params, models and data.
 
-    def __init__(self, path: str | Path):
+    A routed run (routing_copies M > 1) holds M copies of the model. `copy=m` selects one:
+    params, param_trajectory, model and param_names are then copy m's, and `metrics` shows copy
+    m's columns (`copy<m>.test_acc`, ...) under the plain names (`test_acc`, ...), so every
+    analysis runs on any copy. `copy=None` (the default) is the file as stored: copy 0's
+    parameters, and the main metric columns, which are copy 0's too (docs/FORMAT.md).
+    A single run has one copy, 0.
+    """
+
+    def __init__(self, path: str | Path, copy: int | None = None):
         self.path = Path(path)
-        with self._open():
-            pass  # validates the file now, not at first use
+        with self._open() as f:  # validates the file now, not at first use
+            self.n_copies = 1 + (len(f[C.COPIES]) if C.COPIES in f else 0)
+        if copy is not None and (isinstance(copy, bool) or not isinstance(copy, (int, np.integer))
+                                 or not 0 <= copy < self.n_copies):
+            have = f"copies 0..{self.n_copies - 1}" if self.n_copies > 1 else "one copy, 0 (not a routed run)"
+            raise BadInput(f"{self.path}: no copy {copy!r}; the run has {have}")
+        self.copy = None if copy is None else int(copy)
+
+    def _params_group(self, f: h5py.File) -> h5py.Group:
+        return f[C.COPIES][str(self.copy)] if self.copy else f[C.PARAMS]
 
     @contextmanager
     def _open(self) -> Iterator[h5py.File]:
@@ -189,7 +217,10 @@ class Trajectory:
             for name in g:
                 if name != C.METRICS_STEP:
                     out[name] = g[name][:m]
-            return out
+        if self.copy is not None:  # copy m's columns under the plain names
+            prefix = f"copy{self.copy}."
+            out.update({k[len(prefix):]: v for k, v in list(out.items()) if k.startswith(prefix)})
+        return out
 
     @property
     def status(self) -> str:
@@ -204,7 +235,7 @@ class Trajectory:
     @property
     def param_names(self) -> list[str]:
         with self._open() as f:
-            return list(f[C.PARAMS])
+            return list(self._params_group(f))
 
     # ------------------------------------------------------------------ parameters and models
     def checkpoint_index(self, step: int) -> int:
@@ -220,15 +251,16 @@ class Trajectory:
 
         i = self.checkpoint_index(step)
         with self._open() as f:
-            return {name: torch.from_numpy(ds[i]) for name, ds in f[C.PARAMS].items()}
+            return {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
 
     def param_trajectory(self, name: str) -> np.ndarray:
         """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""
         with self._open() as f:
             n = f[C.STEPS].shape[0]
-            if name not in f[C.PARAMS]:
-                raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(f[C.PARAMS])})")
-            return f[C.PARAMS][name][:n]
+            g = self._params_group(f)
+            if name not in g:
+                raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(g)})")
+            return g[name][:n]
 
     def model(self, step: int, device: str = "cpu"):
         """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""
@@ -273,8 +305,19 @@ class Trajectory:
         status = self.status
         if status == "running" and not live:
             status = "interrupted (writer gone; `groklens train --resume` continues it)"
+        routing = {}
+        if self.n_copies > 1:  # per copy (0.95 and the other thresholds) and of the ensemble
+            def grok_of(prefix: str) -> dict:
+                series = {"step": metrics[C.METRICS_STEP], "test_acc": metrics.get(prefix + "test_acc", []),
+                          "train_acc": metrics.get(prefix + "train_acc", [])}
+                return grokking_times(series, thresholds)["grokking_step"]
+
+            routing = {"copies": self.n_copies, "copy": self.copy,
+                       "copy_grokking_step": [grok_of(f"copy{m}.") for m in range(self.n_copies)],
+                       "ensemble_grokking_step": grok_of("ensemble.")}
         return {
             "path": str(self.path),
+            **({"routing": routing} if routing else {}),
             "config": self.config_dict,
             "status": status,
             "live": live,

@@ -50,6 +50,12 @@ def recover(path: str | Path) -> int:
                     g = dst.create_group(group, track_order=True)
                     for name, ds in src[group].items():
                         _copy_truncated(ds, g, name, count)
+                if C.COPIES in src:  # copies 1..M-1 of a routed run
+                    copies = dst.create_group(C.COPIES, track_order=True)
+                    for key, src_copy in src[C.COPIES].items():
+                        g = copies.create_group(key, track_order=True)
+                        for name, ds in src_copy.items():
+                            _copy_truncated(ds, g, name, n)
                 g = dst.create_group(C.STATE, track_order=True)
                 for name, ds in src[C.STATE].items():
                     g.create_dataset(name, data=ds[:])

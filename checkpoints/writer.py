@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -50,8 +50,10 @@ class TrajectoryWriter:
         params: Mapping[str, np.ndarray],
         state: Mapping[str, np.ndarray],
         metric_names: list[str],
+        copies: Sequence[Mapping[str, np.ndarray]] = (),
     ) -> "TrajectoryWriter":
-        """Create a new file holding no checkpoint yet; the caller refuses existing paths."""
+        """Create a new file holding no checkpoint yet; the caller refuses existing paths.
+        `copies`: the parameters of copies 1..M-1 of a routed run (`params` is copy 0)."""
         path = Path(path)
         f = h5py.File(path, "w-", libver="latest")
         try:
@@ -66,11 +68,11 @@ class TrajectoryWriter:
             for name, value in data_attrs.items():
                 g.attrs[name] = value
             f.create_dataset(C.STEPS, shape=(0,), maxshape=(None,), dtype="int64", chunks=(METRIC_CHUNK,))
-            g = f.create_group(C.PARAMS, track_order=True)
-            for name, arr in params.items():
-                g.create_dataset(name, shape=(0, *arr.shape), maxshape=(None, *arr.shape),
-                                 dtype="float32", chunks=(1, *arr.shape) if arr.shape else (1,),
-                                 **(PARAM_COMPRESSION if arr.size > 1 else {}))
+            _create_params(f.create_group(C.PARAMS, track_order=True), params)
+            if copies:
+                g = f.create_group(C.COPIES, track_order=True)
+                for m, copy_params in enumerate(copies, start=1):
+                    _create_params(g.create_group(str(m), track_order=True), copy_params)
             g = f.create_group(C.METRICS, track_order=True)
             g.create_dataset(C.METRICS_STEP, shape=(0,), maxshape=(None,), dtype="int64", chunks=(METRIC_CHUNK,))
             for name in metric_names:
@@ -107,14 +109,19 @@ class TrajectoryWriter:
         return cls(f, lock)
 
     # ------------------------------------------------------------------ appending
-    def write_checkpoint(self, step: int, params: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]) -> None:
+    def write_checkpoint(self, step: int, params: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray],
+                         copies: Sequence[Mapping[str, np.ndarray]] = ()) -> None:
+        """Checkpoint `step`: params (copy 0), the state slot, and copies 1..M-1 of a routed run."""
         n = self.n_checkpoints
-        self._check_room(step, sum(a.nbytes for a in params.values()) + sum(a.nbytes for a in state.values()))
+        self._check_room(step, sum(a.nbytes for p in (params, *copies) for a in p.values())
+                         + sum(a.nbytes for a in state.values()))
         try:
-            for name, arr in params.items():
-                ds = self.f[C.PARAMS][name]
-                ds.resize(n + 1, axis=0)
-                ds[n] = arr
+            groups = [self.f[C.PARAMS]] + [self.f[C.COPIES][str(m)] for m in range(1, len(copies) + 1)]
+            for g, values in zip(groups, (params, *copies)):
+                for name, arr in values.items():
+                    ds = g[name]
+                    ds.resize(n + 1, axis=0)
+                    ds[n] = arr
             # the slot not holding the last committed checkpoint: a torn write here is harmless
             slot = n % 2
             g = self.f[C.STATE]
@@ -187,6 +194,13 @@ class TrajectoryWriter:
             except (OSError, RuntimeError):
                 pass
         self.lock.release()
+
+
+def _create_params(g: h5py.Group, params: Mapping[str, np.ndarray]) -> None:
+    for name, arr in params.items():
+        g.create_dataset(name, shape=(0, *arr.shape), maxshape=(None, *arr.shape),
+                         dtype="float32", chunks=(1, *arr.shape) if arr.shape else (1,),
+                         **(PARAM_COMPRESSION if arr.size > 1 else {}))
 
 
 def _first_line(exc: BaseException) -> str:
