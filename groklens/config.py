@@ -27,7 +27,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "informative_layout": ("first", "last", "spread", "random"),
     "loss": ("ce", "stablemax"),
     "device": ("auto", "cpu", "cuda"),
+    "routing_unit": ("layer", "sublayer"),
 }
+# Options of one training step that permutation routing does not implement (trainers/routing.py)
+ROUTING_UNSUPPORTED = ("act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda", "perp_grad")
+ROUTING_MAX_COPIES = 64
 
 
 @dataclass
@@ -77,6 +81,10 @@ class RunConfig:
     grokfast_alpha: float = 0.98  # Grokfast EMA decay (Lee et al. 2024)
     grokfast_lambda: float = 0.0  # Grokfast amplification; 0 = off (the paper: 2)
     perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
+    # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
+    routing_copies: int = 1  # M copies trained together; each step's loss is taken on routed models
+    routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
+    routing_unit: str = "layer"  # what one permutation routes: layer | sublayer (transformer: attn, mlp apart)
     # --- optimizer (AdamW, decoupled weight decay)
     lr: float = 1e-3
     weight_decay: float = 1.0
@@ -174,6 +182,7 @@ class RunConfig:
         _check(self.geomdr_start >= 0, f"geomdr_start must be >= 0; got {self.geomdr_start}")
         _check(self.geomdr_end == 0 or self.geomdr_end > self.geomdr_start,
                f"geomdr_end must be 0 (end of run) or > geomdr_start ({self.geomdr_start}); got {self.geomdr_end}")
+        self._validate_routing()
         _check(-1 <= self.kl_attn_layer < self.n_layers,
                f"kl_attn_layer must be -1 (every layer) or in 0..{self.n_layers - 1}; got {self.kl_attn_layer}")
         freqs = parse_freqs(self.fourier_freqs)
@@ -188,6 +197,22 @@ class RunConfig:
                    f"init=fourier needs 2 x {len(freqs)} frequencies <= d_model ({self.d_model})")
             bad = [k for k in freqs if k > self.p // 2]
             _check(not bad, f"fourier_freqs must be in 1..p//2 = {self.p // 2}; got {bad[0] if bad else ''}")
+
+    def _validate_routing(self) -> None:
+        _check(1 <= self.routing_copies <= ROUTING_MAX_COPIES,
+               f"routing_copies must be in 1..{ROUTING_MAX_COPIES}; got {self.routing_copies}")
+        _check(not math.isnan(self.routing_width) and self.routing_width >= 0,
+               f"routing_width must be >= 0 (0 = identity kernel, inf = uniform); got {self.routing_width}")
+        if self.routing_copies == 1:
+            for name, default in (("routing_width", 0.0), ("routing_unit", "layer")):
+                _check(getattr(self, name) == default,
+                       f"{name}={getattr(self, name)!r} needs routing_copies > 1 (routing is off with 1 copy)")
+            return
+        default = RunConfig()
+        odd = [n for n in ROUTING_UNSUPPORTED if getattr(self, n) != getattr(default, n)]
+        _check(not odd, f"routing_copies > 1 does not implement {', '.join(f'{n}={getattr(self, n)!r}' for n in odd)}")
+        _check(self.routing_unit == "layer" or self.model == "transformer",
+               f"routing_unit={self.routing_unit} is an option of model=transformer, not model={self.model}")
 
     def fourier_frequencies(self) -> tuple[int, ...]:
         return parse_freqs(self.fourier_freqs)

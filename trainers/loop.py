@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover, sidecar_path
+from groklens.checkpoints.constants import copy_sidecar_paths
 from groklens.checkpoints.writer import config_json
 from groklens.config import RunConfig
 from groklens.errors import BadInput, RunFailure
@@ -48,7 +49,12 @@ def metric_names(cfg: RunConfig) -> list[str]:
         names += ["train_token_acc", "test_token_acc"]
     if cfg.loss != "ce":
         names += ["train_ce", "test_ce"]
-    return names + regularizer_metric_names(cfg)
+    names += regularizer_metric_names(cfg)
+    if cfg.routing_copies > 1:  # per-copy and ensemble columns (trainers/routing.py)
+        from groklens.trainers.routing import routed_metric_names
+
+        names = routed_metric_names(names, cfg.routing_copies)
+    return names
 
 
 @dataclass
@@ -123,11 +129,19 @@ class Trainer:
             self.reg_eval = Batch(self.train_x[pick], self.train_mask[pick], self.positions)
         self.checkpoints = checkpoint_schedule(cfg)
         self.progress = progress
+        self.grad_norm = float("nan")
+        self._setup()
         self.writer: TrajectoryWriter = writer_factory(self)
         self.writer_path = Path(self.writer.f.filename)
-        self.grad_norm = float("nan")
+
+    def _setup(self) -> None:
+        """Subclasses (routing.RoutedTrainer) build more state here, before the writer sees it."""
 
     # ------------------------------------------------------------------ state for the file
+    def host_copies(self) -> list[dict[str, np.ndarray]]:
+        """Parameters of copies 1..M-1 of a routed run; a single run has none."""
+        return []
+
     def host_params(self) -> dict[str, np.ndarray]:
         return {n: p.detach().cpu().numpy() for n, p in self.params.items()}
 
@@ -221,7 +235,7 @@ class Trainer:
         loss_value, grad_value = float(objective.detach()), float(grad_norm)  # one sync per step
         if not (math.isfinite(loss_value) and math.isfinite(grad_value)):
             what = "loss" if not math.isfinite(loss_value) else "gradient"
-            raise _NonFinite(f"non-finite {what} ({loss_value if what == 'loss' else grad_value}) at step {step}")
+            raise NonFiniteStep(f"non-finite {what} ({loss_value if what == 'loss' else grad_value}) at step {step}")
         self.grad_norm = grad_value
         for transform in self.transforms:
             transform.transform(self.params)
@@ -287,11 +301,11 @@ class Trainer:
         try:
             if fresh:
                 self._record(0, self.evaluate(0))
-                self.writer.write_checkpoint(0, self.host_params(), self.host_state())
+                self._write_checkpoint(0)
             while step < cfg.steps:
                 try:
                     self.train_step(step)
-                except _NonFinite as exc:
+                except NonFiniteStep as exc:
                     last = int(self.writer.f["steps"][self.writer.n_checkpoints - 1])
                     self.writer.close(f"stopped: {exc}")
                     raise RunFailure(
@@ -307,7 +321,7 @@ class Trainer:
                     stop = bool(cfg.stop_after_grok) and self.evals_after_grok is not None and (
                         self.evals_after_grok >= cfg.stop_after_grok)
                 if step in self.checkpoints or stop:
-                    self.writer.write_checkpoint(step, self.host_params(), self.host_state())
+                    self._write_checkpoint(step)
                 if stop:
                     status = f"completed: stopped {cfg.stop_after_grok} evaluations after grokking"
                     break
@@ -322,16 +336,27 @@ class Trainer:
         self.writer.close(status)
         return TrainResult(self.writer_path, step, status)
 
+    def _write_checkpoint(self, step: int) -> None:
+        self.writer.write_checkpoint(step, self.host_params(), self.host_state(), self.host_copies())
+
     def _record(self, step: int, row: dict[str, float]) -> None:
         self.writer.write_eval(row)
         # the stop rule counts evaluations since test accuracy first reached the threshold
         if self.evals_after_grok is not None:
             self.evals_after_grok += 1
-        elif row["test_acc"] >= self.cfg.grok_threshold:
+        elif stop_accuracy(row, self.cfg) >= self.cfg.grok_threshold:
             self.evals_after_grok = 0
 
 
-class _NonFinite(Exception):
+def stop_accuracy(row: dict, cfg: RunConfig):
+    """The test accuracy the stop rule watches: test_acc, or with routing the lowest copy's
+    (a routed run stops once every copy has grokked). Works on a row or on metric series."""
+    if cfg.routing_copies == 1:
+        return row["test_acc"]
+    return np.min([row[f"copy{m}.test_acc"] for m in range(cfg.routing_copies)], axis=0)
+
+
+class NonFiniteStep(Exception):
     pass
 
 
@@ -363,18 +388,30 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     del device
     if force:
         out.unlink(missing_ok=True)
-        sidecar_path(out).unlink(missing_ok=True)  # analyses of the old run would be stale
+        for old in [sidecar_path(out), *copy_sidecar_paths(out)]:
+            old.unlink(missing_ok=True)  # analyses of the old run would be stale
 
     def make_writer(trainer: Trainer) -> TrajectoryWriter:
-        return create_trajectory(out, cfg, data, trainer.host_params(), trainer.host_state())
+        return create_trajectory(out, cfg, data, trainer.host_params(), trainer.host_state(),
+                                 copies=trainer.host_copies())
 
-    trainer = Trainer(cfg, data, make_writer, progress=progress)
+    trainer = trainer_class(cfg)(cfg, data, make_writer, progress=progress)
     return trainer.run(0, fresh=True)
 
 
+def trainer_class(cfg: RunConfig) -> type[Trainer]:
+    """Trainer, or routing.RoutedTrainer for routing_copies > 1."""
+    if cfg.routing_copies == 1:
+        return Trainer
+    from groklens.trainers.routing import RoutedTrainer
+
+    return RoutedTrainer
+
+
 def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[str, np.ndarray],
-                      state: dict[str, np.ndarray]) -> TrajectoryWriter:
-    """A new trajectory file for a run of `cfg` on `data` (single runs and ensemble members alike)."""
+                      state: dict[str, np.ndarray], copies: list[dict[str, np.ndarray]] = ()) -> TrajectoryWriter:
+    """A new trajectory file for a run of `cfg` on `data` (single runs and ensemble members alike;
+    `copies`: copies 1..M-1 of a routed run)."""
     return TrajectoryWriter.create(
         out,
         config_json=config_json(cfg),
@@ -387,6 +424,7 @@ def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[st
         params=params,
         state=state,
         metric_names=metric_names(cfg),
+        copies=copies,
     )
 
 
@@ -403,8 +441,12 @@ def resume(path: str | Path, *, progress: bool = True) -> TrainResult:
     params = traj.params(last)
     state = read_state(path, last)
     after = evals_after_grok(traj, cfg)
-    trainer = Trainer(cfg, traj.dataset(), lambda _t: TrajectoryWriter.reopen(path), progress=progress)
-    trainer.load_state(params, state, last)
+    copies = [Trajectory(path, copy=m).params(last) for m in range(1, cfg.routing_copies)]  # before the writer opens
+    trainer = trainer_class(cfg)(cfg, traj.dataset(), lambda _t: TrajectoryWriter.reopen(path), progress=progress)
+    if cfg.routing_copies == 1:
+        trainer.load_state(params, state, last)
+    else:
+        trainer.load_copies([params, *copies], state, last)
     trainer.writer.set_status("running")
     return trainer.run(last, after)
 
@@ -421,7 +463,8 @@ def read_state(path: Path, step: int) -> dict[str, np.ndarray]:
 
 def evals_after_grok(traj: Trajectory, cfg: RunConfig) -> int | None:
     """How many evaluations ago test accuracy first crossed the threshold (for the stop rule)."""
-    acc = traj.metrics["test_acc"]
+    metrics = traj.metrics if traj.copy is None else Trajectory(traj.path).metrics  # the stored columns
+    acc = stop_accuracy(metrics, cfg)
     hits = np.nonzero(acc >= cfg.grok_threshold)[0]
     return None if len(hits) == 0 else int(len(acc) - 1 - hits[0])
 
