@@ -69,6 +69,8 @@ def mass_statistics(pattern_q: np.ndarray, informative: np.ndarray, quantiles: S
         "min_token_mass_per_head": np.nanmean(min_token, axis=0),
         "min_token_mass_quantiles": np.nanquantile(min_token, q, axis=0).T,
         "kl_per_head": np.nanmean(kl, axis=0),
+        # the readout query's attention over source positions, averaged over inputs: the pattern
+        "pattern": P.mean(axis=0),  # [H, n_ctx]
     }
 
 
@@ -78,7 +80,8 @@ def attention_mass(model, data: TaskData, *, quantiles: Sequence[float] = QUANTI
 
     Returns mass [L], min_token_mass [L] (means over heads and inputs), and per layer and head:
     mass_per_head [L, H], mass_quantiles [L, H, Q], min_token_mass_per_head [L, H],
-    min_token_mass_quantiles [L, H, Q], kl_per_head [L, H]; quantile_levels [Q].
+    min_token_mass_quantiles [L, H, Q], kl_per_head [L, H], pattern [L, H, n_ctx] (the readout
+    query's attention over source positions, mean over inputs); quantile_levels [Q].
     """
     from groklens.probes.capture import capture
 

@@ -283,3 +283,32 @@ def cluster_grid(frequencies: np.ndarray, counts: np.ndarray, unclustered: np.nd
     t = f" (fraction >= {threshold:g})" if threshold is not None else ""
     fig.suptitle(f"Neuron-frequency clusters: MLP neurons per frequency{t}", fontsize=9)
     return fig
+
+
+def pattern_grid(patterns: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[Sequence[str]],
+                 position_labels: Sequence[str], head_labels: Sequence[str], ax=None) -> Figure:
+    """Attention of the readout query over source positions, `patterns[row, col, head, position]`
+    (NaN: no checkpoint), as heat maps: rows are variants, columns checkpoints; in each map the
+    heads run down and the source positions across."""
+    patterns = np.asarray(patterns, dtype=float)
+    n_rows, n_cols, n_heads, n_pos = patterns.shape
+    fig, axes = _grid(ax, n_rows, n_cols, (0.45 * n_pos * n_cols + 1.6, (0.3 * n_heads + 0.7) * n_rows + 1.0))
+    image = None
+    for r in range(n_rows):
+        for k in range(n_cols):
+            a = axes[r, k]
+            a.set_title(col_labels[r][k], fontsize=7)  # kept on an empty cell: "grokked: never"
+            if np.all(np.isnan(patterns[r, k])):
+                a.set_axis_off()
+                continue
+            image = a.imshow(patterns[r, k], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto",
+                             interpolation="nearest")
+            a.set_xticks(range(n_pos), position_labels, fontsize=6)
+            a.set_yticks(range(n_heads), head_labels if k == 0 else [""] * n_heads, fontsize=6)
+            if k == 0:
+                a.set_ylabel(row_labels[r], fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
+    fig.suptitle("Attention pattern of the readout query (mean over inputs)", fontsize=9)
+    return fig
+

@@ -260,6 +260,37 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     return spec, clus
 
 
+_OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (trainers/tasks.py)
+
+
+def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
+    """Heat maps of the last attention layer's readout pattern, each group's first run at its
+    chosen checkpoints; None when no run stored the pattern (sidecars written before it existed)."""
+    reps = [g.runs[0] for g in groups if "attention" in g.runs[0].stored and g.runs[0].stored["attention"].steps
+            and "pattern" in g.runs[0].stored["attention"].values]
+    if not reps:
+        return None
+    plans = [chosen_checkpoints(r, r.stored["attention"].steps, steps) for r in reps]
+    n_cols = max(len(p) for p in plans)
+    shapes = {np.asarray(r.stored["attention"].values["pattern"][0]).shape[1:] for r in reps}
+    if len(shapes) != 1:  # different head counts or sequence lengths: one figure cannot hold them
+        reps, plans = reps[:1], plans[:1]
+    n_heads, n_pos = np.asarray(reps[0].stored["attention"].values["pattern"][0]).shape[1:]
+    pats = np.full((len(reps), n_cols, n_heads, n_pos), np.nan)
+    col_labels = [[""] * n_cols for _ in reps]
+    for i, (r, plan) in enumerate(zip(reps, plans)):
+        st = r.stored["attention"]
+        where = {s: j for j, s in enumerate(st.steps)}
+        for k, (s, label) in enumerate(plan):
+            col_labels[i][k] = label
+            if s is not None:
+                pats[i, k] = np.asarray(st.values["pattern"][where[s]], dtype=float)[-1]
+    names = _OPERAND_POSITIONS if n_pos == 3 else [str(j) for j in range(n_pos)]
+    labels = {id(g.runs[0]): g.label for g in groups}
+    rows = [labels[id(r)].replace(" ", "\n") for r in reps]  # "norm=ln act_norm_lambda=1": one field a line
+    return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
+
+
 def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[list[FigureSpec], list[tuple[str, str]]]:
     groups = comp.groups
     colours = [F.colour(i) for i in range(len(groups))]
@@ -341,6 +372,14 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
             "on the least-attended informative token; uniform attention sits at 2/3 by construction.",
             F.aligned_panels(acc, panels, title="Attention at the readout position", threshold=thr,
                              marks=marks)))
+        grid = pattern_grid(groups, steps)
+        if grid is not None:
+            which = "first seed of each group" if any(g.n > 1 for g in groups) else "each run"
+            figs.append(FigureSpec(
+                "attention_patterns", "Attention patterns at the readout position at chosen checkpoints",
+                f"The readout query's attention weights over the source positions (columns) for every head (rows) "
+                f"of the last attention layer, mean over all inputs; {which}, at the stored checkpoints nearest "
+                "the start, memorization, grokking and the end.", grid))
     else:
         missing.append(("Attention at the readout position", _why_missing(groups, "attention")))
 

@@ -68,9 +68,9 @@ class Stored:
 
 
 class Sidecar:
-    def __init__(self, run_path: str | Path):
+    def __init__(self, run_path: str | Path, copy: int = 0):
         self.run_path = Path(run_path)
-        self.path = sidecar_path(self.run_path)
+        self.path = sidecar_path(self.run_path, copy)  # copy m >= 1 of a routed run: its own file
 
     # ------------------------------------------------------------------ reading
     @contextmanager
@@ -129,7 +129,9 @@ class Sidecar:
             if not replace:
                 old = self.read(name, variant)
                 if matches(old, attrs):
-                    merged.update(old.rows())
+                    keys = {frozenset(r) for r in rows.values()}
+                    # rows stored by a version of the analysis with other values are dropped, not mixed
+                    merged.update({s: r for s, r in old.rows().items() if not keys or frozenset(r) in keys})
             merged.update({int(s): dict(r) for s, r in rows.items()})
             tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
             try:

@@ -56,6 +56,7 @@ def test_mass_minimum_quantiles_and_kl_on_a_hand_set_pattern():
     assert res["mass"][0] == pytest.approx(mass.mean(), rel=1e-6)
     assert res["min_token_mass"][0] == pytest.approx(mn.mean(), rel=1e-6)
     assert res["quantile_levels"].tolist() == [0.0, 0.5, 1.0]
+    np.testing.assert_allclose(res["pattern"][0], q.mean(0), rtol=1e-6)  # [H, n_ctx]
 
 
 def test_informative_positions_may_differ_per_input():

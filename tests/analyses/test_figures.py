@@ -146,6 +146,26 @@ def test_spectrum_and_cluster_grids(runs, tmp_path):
     assert any(t.get_text() == f"unclustered: {int((~clustered).sum())}" for t in a.texts)
 
 
+def test_attention_pattern_grid(runs, tmp_path):
+    from groklens.analyses.store import Sidecar
+
+    sc = Sidecar(runs["ln_s1"])
+    (variant, _), = sc.variants("attention")
+    st = sc.read("attention", variant)
+    first, last = (np.asarray(st.values["pattern"][i], dtype=float)[-1] for i in (0, -1))  # [H, n_ctx]
+    # the readout query attends over the 3 positions (a, b, =): each head's row is a distribution
+    np.testing.assert_allclose(last.sum(axis=-1), 1.0, rtol=1e-5)
+    grid = np.full((1, 3, *first.shape), np.nan)
+    grid[0, 0], grid[0, 1] = first, last  # column 3: no checkpoint
+    fig = F.pattern_grid(grid, ["ln"], [["start", "end", "never"]], ["a", "b", "="], ["head 0", "head 1"])
+    render(fig, tmp_path, "patterns")
+    maps = [a for a in fig.axes if a.images]
+    assert len(maps) == 2
+    np.testing.assert_allclose(maps[1].images[0].get_array(), last)
+    assert [t.get_text() for t in maps[0].get_xticklabels()] == ["a", "b", "="]
+    assert not [a for a in fig.axes if a.get_title() == "never"][0].axison
+
+
 def test_figures_leave_pyplot_alone(runs, tmp_path):
     import matplotlib.pyplot as plt
 

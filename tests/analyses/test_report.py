@@ -17,7 +17,7 @@ from tests.analyses.test_compare import make_runs
 from tests.helpers import groklens, tiny_config
 
 ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "attention",
-               "hessian", "effective_rank", "radial"}
+               "attention_patterns", "hessian", "effective_rank", "radial"}
 
 
 @pytest.fixture(scope="module")

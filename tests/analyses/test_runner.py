@@ -203,3 +203,16 @@ def test_an_unchanged_run_level_result_is_not_rewritten(run):
     stamp = (side.stat().st_ino, side.stat().st_mtime_ns)
     compute(run, "grokking")
     assert (side.stat().st_ino, side.stat().st_mtime_ns) == stamp
+
+
+def test_rows_of_an_older_definition_with_other_values_are_replaced_not_mixed(run):
+    # a sidecar written before an analysis gained a value: its rows lack the new key
+    compute(run, "norms", steps=[0, 20])
+    sc = Sidecar(run)
+    (variant, attrs), = sc.variants("norms")
+    old = sc.read("norms", variant)
+    attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items() if k != "updated"}
+    rows = {s: {**r, "added_later": np.float64(1.0)} for s, r in old.rows().items() if s == 20}
+    sc.commit("norms", variant, attrs, rows)
+    new = sc.read("norms", variant)
+    assert new.steps == [20] and "added_later" in new.values  # step 0 (old definition) dropped
