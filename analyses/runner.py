@@ -200,7 +200,7 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
         if 0 not in set(int(s) for s in traj.steps):
             raise BadInput(f"{traj.path}: no checkpoint at step 0, so distance from initialisation is undefined")
         init = traj.params(0)
-    sidecar = Sidecar(traj.path)
+    sidecar = Sidecar(traj.path, traj.copy or 0)  # copy m >= 1 of a routed run keeps its own sidecar
     sidecar.check()
     for j in jobs:
         j.attrs = identity_attrs(j.name, j.params_json, config_json, j.analysis.kind)
@@ -300,25 +300,31 @@ def parse_params(items: Iterable[str], metrics: Sequence[str]) -> dict[str, dict
 
 def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable[Any] | None = None,
                 every: int | None = None, params: Iterable[str] = (), recompute: bool = False,
-                progress: bool = True) -> tuple[dict[str, Any], list[str]]:
-    """`groklens analyze`: {metric: {"steps": [...], value: [...]}} and notes (skipped metrics)."""
+                progress: bool = True, copy: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    """`groklens analyze`: {metric: {"steps": [...], value: [...]}} and notes (skipped metrics).
+    `copy`: which copy of a routed run (default: the file as stored, copy 0)."""
     asked = list(dict.fromkeys(metrics))
     for m in asked:
         get(m)  # unknown metric -> BadInput before anything else
     chosen = asked or default_names()
     parsed = parse_params(params, chosen)
     notes: list[str] = []
-    results = compute_many(run, [(m, parsed.get(m, {})) for m in chosen], steps=parse_steps(steps), every=every,
+    from groklens.checkpoints import Trajectory
+
+    results = compute_many(Trajectory(run, copy=copy), [(m, parsed.get(m, {})) for m in chosen],
+                           steps=parse_steps(steps), every=every,
                            recompute=recompute, progress=progress, notes=None if asked else notes)
     return {name: r.to_json() for name, r in results.items()}, notes
 
 
 def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] | None = None,
               every: int | None = None, recompute: bool = False, progress: bool = True,
-              **params) -> dict[str, Any]:
-    """`groklens probe`: {"probe": {"steps": [...], value: [...]}}."""
+              copy: int | None = None, **params) -> dict[str, Any]:
+    """`groklens probe`: {"probe": {"steps": [...], value: [...]}}; `copy` as analyze_run."""
+    from groklens.checkpoints import Trajectory
+
     params = {k: v for k, v in params.items() if v is not None}
-    result = compute(run, "probe", steps=parse_steps(steps), every=every, recompute=recompute, progress=progress,
+    result = compute(Trajectory(run, copy=copy), "probe", steps=parse_steps(steps), every=every, recompute=recompute, progress=progress,
                      site=site, target=target, **params)
     return {"probe": result.to_json()}
 

@@ -133,6 +133,12 @@ def info(run: str, as_json: bool) -> None:
             f"@{key:<7} memorized {_censored(summary['memorization_step'][key], summary)}, "
             f"grokked {_censored(summary['grokking_step'][key], summary)}"
         )
+    routing = summary.get("routing")
+    if routing:  # a routed run: the lines above are copy 0's
+        per_copy = ", ".join(_censored(g["0.95"], summary) for g in routing["copy_grokking_step"])
+        click.echo(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
+                   f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
+                   f"{_censored(routing['ensemble_grokking_step']['0.95'], summary)}")
 
 
 def _censored(step, summary) -> str:
@@ -155,12 +161,14 @@ def _censored(step, summary) -> str:
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: metric -> {steps, values...}.")
-def analyze(run, metrics, every, steps, params, recompute, quiet, as_json) -> None:
+@click.option("--copy", "copy", type=int, default=None, metavar="M",
+              help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
+def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
     from groklens.analyses.runner import analyze_run, format_results
 
     results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
-                                 recompute=recompute, progress=not quiet)
+                                 recompute=recompute, progress=not quiet, copy=copy)
     for note in notes:
         click.echo(f"groklens: {note}", err=True)
     click.echo(json.dumps(results) if as_json else format_results(results))
@@ -180,14 +188,16 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json) -> No
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def probe(run, site, target, position, frequencies, split, train_frac, every, steps, recompute, quiet, as_json) -> None:
+@click.option("--copy", "copy", type=int, default=None, metavar="M", help="Copy M of a routed run (default copy 0).")
+def probe(run, site, target, position, frequencies, split, train_frac, every, steps, recompute, quiet, as_json,
+          copy) -> None:
     """Linear probe of TARGET from a hook site at the checkpoints of RUN.h5 (held-out accuracy or R^2)."""
     from groklens.analyses.runner import format_results, probe_run
 
     pos = int(position) if position is not None and position.lstrip("-").isdigit() else position
     results = probe_run(run, site=site, target=target, position=pos, frequencies=list(frequencies) or None,
                         split=split, train_frac=train_frac, steps=steps or None, every=every,
-                        recompute=recompute, progress=not quiet)
+                        recompute=recompute, progress=not quiet, copy=copy)
     click.echo(json.dumps(results) if as_json else format_results(results))
 
 
