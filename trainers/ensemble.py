@@ -146,7 +146,7 @@ class EnsembleTrainer:
         self.buffers = {n: b.to(self.device) for n, b in buffers.items()}
         self.exp_avg = {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        self.adam_step = 0
+        self.adam_steps = {n: 0 for n in self.names}  # per tensor: one without gradients is not stepped
         self._stack_member_tensors()
 
     # ------------------------------------------------------------------ member bookkeeping
@@ -190,7 +190,7 @@ class EnsembleTrainer:
                     self.exp_avg[n][i].copy_(torch.from_numpy(np.array(state[f"optim.{n}.exp_avg"])))
                     self.exp_avg_sq[n][i].copy_(torch.from_numpy(np.array(state[f"optim.{n}.exp_avg_sq"])))
         if step > 0:
-            self.adam_step = int(np.array(state[f"optim.{self.names[0]}.step"]))
+            self.adam_steps = {n: int(np.array(state[f"optim.{n}.step"])) for n in self.names}
         self.members[i].batch_gen.set_state(torch.from_numpy(np.array(state["rng.batch"])))
 
     # ------------------------------------------------------------------ state for the files
@@ -202,13 +202,12 @@ class EnsembleTrainer:
         """Per member, the same keys and dtypes as loop.Trainer.host_state()."""
         m1 = {n: t.cpu().numpy() for n, t in self.exp_avg.items()}
         m2 = {n: t.cpu().numpy() for n, t in self.exp_avg_sq.items()}
-        step = np.array(self.adam_step, dtype=np.float32)
         rng = torch.get_rng_state().numpy()
         out = []
         for i, member in enumerate(self.members):
             st: dict[str, np.ndarray] = {}
             for n in self.names:
-                st[f"optim.{n}.step"] = step
+                st[f"optim.{n}.step"] = np.array(self.adam_steps[n], dtype=np.float32)
                 st[f"optim.{n}.exp_avg"] = m1[n][i]
                 st[f"optim.{n}.exp_avg_sq"] = m2[n][i]
             st["rng.torch"] = rng
@@ -243,7 +242,9 @@ class EnsembleTrainer:
             p.grad = None
         losses = torch.func.vmap(member_loss)(self.params, self.buffers, x, y)  # [M] float64
         losses.sum().backward()
-        grads = {n: p.grad for n, p in self.params.items()}
+        # parameters the loss does not reach (W_Q, W_K under uniform attention) get no gradient;
+        # torch.optim.AdamW skips them (no decay either), and so do we
+        grads = {n: p.grad for n, p in self.params.items() if p.grad is not None}
         # torch.nn.utils.get_total_norm per member: the norm of the per-tensor norms
         per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
         grad_norm = torch.linalg.vector_norm(per_tensor, dim=1)
@@ -255,15 +256,15 @@ class EnsembleTrainer:
     def adamw_step(self, step: int) -> None:
         """torch.optim.AdamW's single-tensor update on the stacked tensors (lr, wd per member)."""
         b1, b2 = self.cfg0.betas
-        self.adam_step += 1
-        t = self.adam_step
-        bias_correction1 = 1 - b1**t
-        bias_correction2_sqrt = (1 - b2**t) ** 0.5
         lr = self.lr * torch.tensor([warmup_factor(m.cfg, step) for m in self.members], dtype=torch.float64)
         decay = (1 - lr * self.wd).to(torch.float32).to(self.device)  # [M]; as `1 - lr*wd` cast to float32
-        neg_step = (-(lr / bias_correction1)).to(torch.float32).to(self.device)  # [M]
-        for n, p in self.params.items():
-            g = self._last_grads[n]
+        for n, g in self._last_grads.items():
+            self.adam_steps[n] += 1
+            t = self.adam_steps[n]
+            bias_correction1 = 1 - b1**t
+            bias_correction2_sqrt = (1 - b2**t) ** 0.5
+            neg_step = (-(lr / bias_correction1)).to(torch.float32).to(self.device)  # [M]
+            p = self.params[n]
             shape = (-1,) + (1,) * (p.dim() - 1)
             p.mul_(decay.view(shape))
             m, v = self.exp_avg[n], self.exp_avg_sq[n]

@@ -70,6 +70,7 @@ def _configs(**shared):
 @pytest.mark.parametrize("model", [
     {},  # the transformer
     {"model": "mlp", "n_layers": 2, "d_model": 16, "d_mlp": 32, "mlp_bias": True},  # the scaling-law MLP
+    {"attention": "uniform", "norm": "ln"},  # W_Q and W_K get no gradient: skipped like torch's AdamW
 ])
 def test_member_equals_single_run(tmp_path, model):
     cfgs = _configs(steps=80, **model)
