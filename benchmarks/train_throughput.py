@@ -15,8 +15,9 @@ For each configuration (the canonical p=113 model, `RunConfig()`; the bounded sp
                   cross-entropy at the readout position, nothing else;
   plain.readout   the same plain loop computing only what the loss needs: the last layer's
                   attention for the readout query only, and its MLP and unembedding at the
-                  readout position only (the change proposed for the groklens forward pass
-                  during training; it gives the same loss and gradients, checked below).
+                  readout position only (what the groklens trainer does during training:
+                  `Transformer.forward(..., readout=slice)`; the same loss and gradients,
+                  checked below).
 Reported: median steps/s over the blocks of each, and the ratios to `plain`. Alternating
 blocks cancel slow drifts of a shared machine; the ratios are meaningful even when the
 absolute rates are not. `--profile` prints where groklens' training step spends its time
@@ -159,7 +160,7 @@ def check_same_loss(cfg: RunConfig) -> dict:
         loss = pl.loss()
         loss.backward()
         gdiff = max(float((p.grad - ref_g[n]).abs().max()) for n, p in pl.model.params.items() if p.grad is not None)
-        out[name] = {"loss_diff": abs(float(loss) - float(ref)), "max_grad_diff": gdiff}
+        out[name] = {"loss_diff": abs(loss.item() - ref.item()), "max_grad_diff": gdiff}
     return out
 
 
