@@ -13,7 +13,8 @@ x 32, d_mlp 256, pre-LayerNorm, AdamW lr 3e-3, wd 1, full batch, evaluation ever
 run goes the full --steps (no stop rule), so final accuracies are compared at the same step; the
 grokking step is the first evaluation with test accuracy >= 0.95, `> steps` when never (censored).
 "final" is the test accuracy at the last step, "last-10 mean" its mean over the last 10 evaluations
-(test accuracy of this config still swings by several points after grokking).
+(test accuracy of this config still swings by several points after grokking). "copy spread" is
+the mean over copies c > 0 of ||theta_c - theta_0|| / ||theta_0|| at the last step.
 Seeds are spaced by 10 so that the copies of different seeds never share an initialisation.
 """
 
@@ -57,7 +58,15 @@ def _row(path: Path) -> dict:
     final = [float(m[p + "test_acc"][-1]) for p in prefixes]
     tail = [float(m[p + "test_acc"][-10:].mean()) for p in prefixes]
     ens = first_crossing(m["step"], m["ensemble.test_acc"], 0.95) if n > 1 else None
-    return dict(grok=grok, final=final, tail=tail, ensemble_grok=ens,
+    spread = None
+    if n > 1:  # how far apart the copies end: mean over c > 0 of ||theta_c - theta_0|| / ||theta_0||
+        last = int(run.steps[-1])
+        p0 = {k: v.double() for k, v in run.params(last).items()}
+        norm0 = sum(float((v * v).sum()) for v in p0.values()) ** 0.5
+        spread = statistics.mean(
+            sum(float(((v.double() - p0[k]) ** 2).sum()) for k, v in Trajectory(path, copy=c).params(last).items())
+            ** 0.5 / norm0 for c in range(1, n))
+    return dict(grok=grok, final=final, tail=tail, ensemble_grok=ens, spread=spread,
                 ensemble_final=float(m["ensemble.test_acc"][-1]) if n > 1 else None,
                 ensemble_tail=float(m["ensemble.test_acc"][-10:].mean()) if n > 1 else None,
                 last_step=int(m["step"][-1]), copies=n)
@@ -69,7 +78,7 @@ def _show(step, last):
 
 def table(rows: dict[str, dict[int, dict]], seeds: list[int], walls: dict) -> str:
     lines = ["| arm | seed | grok step @0.95 per copy | ensemble grok step | final test acc per copy | "
-             "ensemble final | wall s |", "|---|---|---|---|---|---|---|"]
+             "ensemble final | copy spread | wall s |", "|---|---|---|---|---|---|---|---|"]
     for arm, by_seed in rows.items():
         for s in seeds:
             if s not in by_seed:
@@ -80,6 +89,7 @@ def table(rows: dict[str, dict[int, dict]], seeds: list[int], walls: dict) -> st
                 f"{_show(r['ensemble_grok'], r['last_step']) if r['copies'] > 1 else '-'} | "
                 f"{', '.join('%.3f' % a for a in r['final'])} | "
                 f"{'%.3f' % r['ensemble_final'] if r['ensemble_final'] is not None else '-'} | "
+                f"{'%.3f' % r['spread'] if r['spread'] is not None else '-'} | "
                 f"{walls.get(f'{arm}/{s}', float('nan')):.0f} |")
     lines += ["", "| arm | mean grok step, all copies x seeds (grokked/total) | median | mean ensemble grok step | "
               "mean final test acc | mean last-10 test acc | ensemble: final, last-10 |", "|---|---|---|---|---|---|---|"]
