@@ -10,6 +10,8 @@ One training step (docs/VARIANTS.md): forward (with capture hooks, in a scope, o
 regularizer term reads activations) -> objective = task loss (`loss`: ce | stablemax, float64,
 mean over the train batch and its readout positions) + the active regularizer terms ->
 backward -> gradient transforms (Grokfast, then the perpendicular projection) -> AdamW step.
+With routing_copies > 1, `trainer_class` gives routing.RoutedTrainer, which trains M copies
+through permutation routing (docs/VARIANTS.md); routing_copies = 1 runs `Trainer` unchanged.
 """
 
 from __future__ import annotations
