@@ -16,6 +16,7 @@ grokking step is the first evaluation with test accuracy >= 0.95, `> steps` when
 (test accuracy of this config still swings by several points after grokking). "copy spread" is
 the mean over copies c > 0 of ||theta_c - theta_0|| / ||theta_0|| at the last step.
 Seeds are spaced by 10 so that the copies of different seeds never share an initialisation.
+The MLP table of docs/VARIANTS.md: add `--steps 6000 --set model=mlp n_layers=2 norm=none`.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def _show(step, last):
     return str(step) if step is not None else f"> {last}"
 
 
+def _mean_of(done: list, total: int) -> str:
+    return f"{statistics.mean(done):.0f} ({len(done)}/{total})" if done else f"none (0/{total})"
+
+
 def table(rows: dict[str, dict[int, dict]], seeds: list[int], walls: dict) -> str:
     lines = ["| arm | seed | grok step @0.95 per copy | ensemble grok step | final test acc per copy | "
              "ensemble final | copy spread | wall s |", "|---|---|---|---|---|---|---|---|"]
@@ -101,7 +106,7 @@ def table(rows: dict[str, dict[int, dict]], seeds: list[int], walls: dict) -> st
         mean = f"{statistics.mean(done):.0f} ({len(done)}/{len(steps)})" if done else f"none (0/{len(steps)})"
         median = f"{statistics.median(done):.0f}" if len(done) == len(steps) and done else "-"
         lines.append(f"| {arm} | {mean} | {median} | "
-                     f"{f'{statistics.mean(ens):.0f} ({len(ens)}/{len(rs)})' if rs and rs[0]['copies'] > 1 else '-'} | "
+                     f"{_mean_of(ens, len(rs)) if rs and rs[0]['copies'] > 1 else '-'} | "
                      f"{statistics.mean(a for r in rs for a in r['final']):.3f} | "
                      f"{statistics.mean(a for r in rs for a in r['tail']):.3f} | "
                      + (f"{statistics.mean(r['ensemble_final'] for r in rs):.3f}, "
