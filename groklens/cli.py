@@ -21,6 +21,23 @@ from groklens.errors import BadInput, GroklensError
 
 
 # ---------------------------------------------------------------------- config options
+def _finite(obj):
+    if isinstance(obj, float) and obj != obj:
+        return "nan"
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return "inf" if obj > 0 else "-inf"
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def strict_json(obj, **kwargs) -> str:
+    """JSON that every parser reads: inf / nan (routing_width inf, a diverged loss) as strings."""
+    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
+
+
 def _config_options(func):
     """One --kebab-case option per RunConfig field, default None (= not given)."""
     for f in reversed(fields(RunConfig)):
@@ -90,7 +107,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
 
     summary = Trajectory(result.path).summary()
     if as_json:
-        click.echo(json.dumps(summary))
+        click.echo(strict_json(summary))
     else:
         g = summary["grokking_step"]["0.95"]
         mstep = summary["memorization_step"]["0.95"]
@@ -109,7 +126,7 @@ def info(run: str, as_json: bool) -> None:
 
     summary = Trajectory(run).summary()
     if as_json:
-        click.echo(json.dumps(summary))
+        click.echo(strict_json(summary))
         return
     cfg = summary["config"]
     steps = summary["checkpoint_steps"]
@@ -171,7 +188,7 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
                                  recompute=recompute, progress=not quiet, copy=copy)
     for note in notes:
         click.echo(f"groklens: {note}", err=True)
-    click.echo(json.dumps(results) if as_json else format_results(results))
+    click.echo(strict_json(results) if as_json else format_results(results))
 
 
 @cli.command()
@@ -198,7 +215,7 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
     results = probe_run(run, site=site, target=target, position=pos, frequencies=list(frequencies) or None,
                         split=split, train_frac=train_frac, steps=steps or None, every=every,
                         recompute=recompute, progress=not quiet, copy=copy)
-    click.echo(json.dumps(results) if as_json else format_results(results))
+    click.echo(strict_json(results) if as_json else format_results(results))
 
 
 @cli.command()
@@ -240,7 +257,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             raise BadInput("--status DIR takes no GRID and no --out")
         status = sweeps.sweep_status(status_dir)
         if as_json:
-            click.echo(json.dumps(status))
+            click.echo(strict_json(status))
             return
         c = status["counts"]
         click.echo(f"{status['dir']}: {status['total']} runs: {c['done']} done, {c['running']} running, "
@@ -258,7 +275,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
     if dry_run:
         plan = [{"name": r.name, "state": sweeps.run_state(Path(out_dir), r.name)[0] if Path(out_dir).is_dir()
                  else "pending"} for r in spec.runs()]
-        click.echo(json.dumps(plan) if as_json else "\n".join(f"{p['state']:<12} {p['name']}" for p in plan))
+        click.echo(strict_json(plan) if as_json else "\n".join(f"{p['state']:<12} {p['name']}" for p in plan))
         return
     extra = {}
     for item in slurm_options:
@@ -273,7 +290,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
                               retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm)
     c = report.counts
     if as_json:
-        click.echo(json.dumps(report.to_dict()))
+        click.echo(strict_json(report.to_dict()))
     else:
         click.echo(f"{report.out_dir}: {c['total']} runs: {c['done']} done, {c['running']} running elsewhere, "
                    f"{c['failed']} failed" + (f" ({report.ensembles} ensembles)" if ensemble else ""))
@@ -309,7 +326,7 @@ def scaling_law_cmd(directory, variables, threshold, interactions, censored, pha
     result = scaling_law(directory, names, threshold=threshold, interactions=interactions, censored=censored,
                          phase=phase_vars)
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(strict_json(result))
     else:
         click.echo("\n".join(format_result(result)))
 
@@ -371,7 +388,7 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=list(steps) or None,
                           progress=not quiet)
     if as_json:
-        click.echo(json.dumps({"index": str(result.index), "figures": [str(p) for p in result.figures],
+        click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
                                "missing": [{"figure": t, "why": w} for t, w in result.missing]}))
         return
     for title, why in result.missing:
@@ -401,7 +418,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_result
         if name is not None:
             raise BadInput("--list takes no experiment NAME")
         items = E.listing()
-        click.echo(json.dumps(items) if as_json else E.format_listing(items))
+        click.echo(strict_json(items) if as_json else E.format_listing(items))
         return
     if name is None:
         raise BadInput(f"missing experiment NAME (one of {', '.join(E.EXPERIMENTS)}), or --list")
@@ -413,7 +430,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_result
     target = None if no_results else (results_md or E.RESULTS_MD)
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=target, progress=not quiet,
                          echo=(lambda _m: None) if as_json else click.echo)
-    click.echo(json.dumps(result.to_json(), default=str) if as_json else E.format_result(result))
+    click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 
 @cli.command()

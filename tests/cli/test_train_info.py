@@ -34,6 +34,21 @@ def test_info_json_contract(cli_run):
     assert "checkpoints" in text and "@0.95" in text
 
 
+def test_json_output_is_strict_json_even_with_infinite_config_values(tmp_path):
+    # routing_width inf is a legal config value; Python's json would print the bare token Infinity
+    from groklens.trainers.loop import train
+
+    path = tmp_path / "routed.h5"
+    train(tiny_config(routing_copies=2, routing_width=float("inf"), steps=20, checkpoint_every=20), path,
+          progress=False)
+
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON token {token}")
+
+    info = json.loads(groklens("info", str(path), "--json", check=True).stdout, parse_constant=refuse)
+    assert info["config"]["routing_width"] == "inf"
+
+
 def test_yaml_config_file_and_flag_precedence(tmp_path):
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text("\n".join(f"{k}: {v}" for k, v in {**TINY, "steps": 40}.items()) + "\n")
