@@ -334,7 +334,7 @@ def _read_s5(ctx: Context) -> list[Row]:
     for a in ("sphere_wd1", "sphere_wd0"):
         ours, text = ctx.speedup("ln", a)
         if ours is None:
-            verdict = "undetermined (" + text + ")"
+            verdict = text if text.startswith("undetermined") else f"undetermined ({text})"
         elif text.startswith(">="):
             verdict = "disagrees" if ours > 1.05 else "undetermined (baseline censored)"
         elif text.startswith("<="):
