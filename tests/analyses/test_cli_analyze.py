@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -106,4 +107,9 @@ def test_analyze_a_run_while_it_is_being_trained(tmp_path):
         assert Trajectory(path).is_live  # the trainer kept going
     finally:
         trainer.send_signal(signal.SIGINT)
-        trainer.wait(timeout=60)
+        try:
+            trainer.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a starved machine: cleanup is not what this test checks
+            trainer.kill()
+            trainer.wait()
+            warnings.warn("the live trainer did not stop within 60 s of SIGINT; killed", stacklevel=1)
