@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -29,6 +30,15 @@ BOLD = dict(lw=2.2, alpha=1.0)
 
 def colour(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
+
+
+def log_step_axis(a) -> None:
+    """Log x axis of steps labelled as plain numbers (1000, not 10^3) at 1, 2 and 5 per decade,
+    without matplotlib's crowded minor labels when the data span about one decade."""
+    a.set_xscale("log")
+    a.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    a.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
+    a.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _figure(ax, n_panels: int = 1, *, figsize=(7.0, 4.0), sharex: bool = True, height_ratios=None):
@@ -103,7 +113,7 @@ def training_curves(variants: Sequence[VariantCurves], *, threshold: float | Non
     a_loss.set_xlabel("step")
     for a in (a_acc, a_loss):
         if log_x:
-            a.set_xscale("log")
+            log_step_axis(a)
         a.grid(alpha=0.25, which="both", lw=0.4)
     a_acc.set_title("Training curves (thin: seeds, bold: mean over seeds)", fontsize=10)
     return fig
@@ -135,11 +145,15 @@ def grokking_times(labels: Sequence[str], times: Sequence[Sequence[float]], cens
     a.set_yticks(range(len(labels)))
     a.set_yticklabels(labels, fontsize=8)
     a.set_ylim(len(labels) - 0.5, -0.5)
+    a.margins(x=0.06)  # censored triangles sit at the last step: keep them inside the frame
     if log_x:
-        a.set_xscale("log")
+        log_step_axis(a)
     a.set_xlabel("grokking step")
     a.grid(alpha=0.25, axis="x", which="both", lw=0.4)
-    a.legend(fontsize=7, loc="lower right", framealpha=0.8)
+    if ax is None:  # our figure: the legend below the axes, off the points and the long labels
+        fig.legend(*a.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
+    else:
+        a.legend(fontsize=7, loc="best", framealpha=0.8)
     a.set_title("Grokking time per seed", fontsize=10)
     return fig
 
@@ -203,7 +217,7 @@ def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: 
         for x, c in marks:
             a.axvline(x, color=c or "grey", ls="--", lw=0.9, alpha=0.7)
         if log_x:
-            a.set_xscale("log")
+            log_step_axis(a)
         a.grid(alpha=0.25, which="both", lw=0.4)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
