@@ -24,6 +24,27 @@ def train_tiny(path: Path, **overrides):
     return train(tiny_config(**overrides), path, progress=False)
 
 
+def train_interrupted(cfg: RunConfig, path: Path, at_step: int, trainer_cls=None) -> None:
+    """Train `cfg` into `path` as if Ctrl-C came at training step `at_step` (the checkpoints
+    before it stay committed); `trainer_cls` is the class whose train_step runs (default Trainer)."""
+    import pytest
+
+    from groklens.trainers.loop import Trainer, train
+
+    cls = trainer_cls or Trainer
+    original = cls.train_step
+
+    def interrupted(self, step):
+        if step == at_step:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cls, "train_step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, path, progress=False)
+
+
 def config_flags(cfg: RunConfig) -> list[str]:
     """The `groklens train` flags that reproduce `cfg`."""
     flags = []

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from groklens import experiments as E
-from tests.helpers import groklens
+from tests.helpers import groklens, train_interrupted
 
 NAMES = list(E.EXPERIMENTS)
 ISSUE_NAMES = ["bounded-sphere", "uniform-attention", "s5-control", "fourier-fve", "activation-norm", "geomdr",
@@ -148,7 +148,7 @@ def test_grok_rows_match_the_files_and_a_rerun_resumes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupted_run_is_resumed_exactly(tmp_path, monkeypatch):
+def test_interrupted_run_is_resumed_exactly(tmp_path):
     """A run interrupted at step 15 is continued from its step-10 checkpoint, not restarted, and
     ends equal to the same run trained without interruption."""
     from groklens.checkpoints import Trajectory
@@ -158,17 +158,7 @@ def test_interrupted_run_is_resumed_exactly(tmp_path, monkeypatch):
     (out / "runs").mkdir(parents=True)
     cfg = {n: c for _, n, c in E.run_configs(E.get_experiment("grokfast"), "smoke", 1)}["base_s1"]
     path = out / "runs" / "base_s1.h5"
-    orig = loop.Trainer.train_step
-
-    def interrupted(self, step):
-        if step == 15:
-            raise KeyboardInterrupt
-        return orig(self, step)
-
-    monkeypatch.setattr(loop.Trainer, "train_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(cfg, path, progress=False)
-    monkeypatch.undo()
+    train_interrupted(cfg, path, 15)
     assert [int(s) for s in Trajectory(path).steps] == [0, 10]
     res = E.reproduce("grokfast", "smoke", out, results_md=None, progress=False, echo=lambda _m: None)
     traj = Trajectory(path)

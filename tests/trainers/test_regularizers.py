@@ -15,7 +15,7 @@ from groklens.trainers.regularizers import (
     REGULARIZERS, Batch, effective_rank, stablemax, stablemax_cross_entropy,
 )
 from groklens.trainers.tasks import TASKS
-from tests.helpers import tiny_config
+from tests.helpers import tiny_config, train_interrupted
 
 
 def _setup(**kw):
@@ -205,24 +205,14 @@ def test_grokfast_training_equals_a_plain_loop_with_the_filter():
         assert torch.allclose(a, b, atol=1e-6), n
 
 
-def test_resume_with_grokfast_state_is_bit_identical(tmp_path, monkeypatch):
+def test_resume_with_grokfast_state_is_bit_identical(tmp_path):
     cfg = tiny_config(steps=60, eval_every=10, checkpoint_every=20, grokfast_lambda=2.0, perp_grad=True,
                       act_norm_lambda=0.05)
     whole = tmp_path / "whole.h5"
     train(cfg, whole, progress=False)
 
     cut = tmp_path / "cut.h5"
-    original = Trainer.train_step
-
-    def interrupted(self, step):
-        if step == 37:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "train_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, cut, progress=False)
-    monkeypatch.setattr(Trainer, "train_step", original)
+    train_interrupted(cfg, cut, 37)
     assert list(Trajectory(cut).steps) == [0, 20]
     result = resume(cut, progress=False)
     assert result.last_step == 60

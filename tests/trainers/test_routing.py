@@ -15,7 +15,7 @@ from groklens.trainers.loop import create_trajectory, resume, train
 from groklens.trainers.models import build_model
 from groklens.trainers.routing import RoutedTrainer, RouteSampler, ring_kernel, routing_units
 from groklens.trainers.tasks import TASKS
-from tests.helpers import groklens, tiny_config
+from tests.helpers import groklens, tiny_config, train_interrupted
 
 MLP = dict(model="mlp", n_layers=2, d_model=8, d_mlp=32, mlp_bias=True)
 
@@ -185,23 +185,13 @@ def test_mixing_kernel_makes_copies_differ_from_independent_runs(tmp_path):
 
 
 # ---------------------------------------------------------------------- resume, stop rule, format
-def test_interrupted_routed_run_resumes_bit_identically(tmp_path, monkeypatch):
+def test_interrupted_routed_run_resumes_bit_identically(tmp_path):
     cfg = tiny_config(routing_copies=3, routing_width=1.0, batch_size=16, steps=60, eval_every=10,
                       checkpoint_every=20)
     whole = tmp_path / "whole.h5"
     train(cfg, whole, progress=False)
     cut = tmp_path / "cut.h5"
-    original = RoutedTrainer.train_step
-
-    def interrupted(self, step):
-        if step == 37:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(RoutedTrainer, "train_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, cut, progress=False)
-    monkeypatch.setattr(RoutedTrainer, "train_step", original)
+    train_interrupted(cfg, cut, 37, RoutedTrainer)
     assert list(Trajectory(cut).steps) == [0, 20]
     assert resume(cut, progress=False).last_step == 60
     for c in range(3):

@@ -28,7 +28,7 @@ from groklens.trainers.sweeps import (
 )
 
 from groklens.errors import BadInput
-from tests.helpers import TINY, groklens
+from tests.helpers import TINY, groklens, train_interrupted
 from tests.trainers.test_ensemble import assert_same_trajectory
 
 BASE = {k: v for k, v in TINY.items()}  # p=11, tiny widths, 60 steps
@@ -123,7 +123,7 @@ def test_missing_or_invalid_files(tmp_path):
 
 # ---------------------------------------------------------------------- the runner
 @pytest.mark.slow
-def test_half_finished_directory_is_completed(tmp_path, monkeypatch):
+def test_half_finished_directory_is_completed(tmp_path):
     """done runs are skipped, interrupted ones resumed exactly, empty/uncommitted ones restarted."""
     sw = parse_sweep({"base": {**BASE, "steps": 80}, "axes": {"weight_decay": [0.3, 1.0]}, "seeds": [0, 1]})
     runs = {r.name: r for r in sw.runs()}
@@ -133,17 +133,7 @@ def test_half_finished_directory_is_completed(tmp_path, monkeypatch):
     loop.train(runs[done].config, out / f"{done}.h5", progress=False)
     done_mtime = (out / f"{done}.h5").stat().st_mtime_ns
     # an interrupted run: Ctrl-C at step 50 leaves checkpoints 0, 20, 40
-    original = loop.Trainer.train_step
-
-    def interrupt(self, step):
-        if step == 50:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(loop.Trainer, "train_step", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(runs[interrupted].config, out / f"{interrupted}.h5", progress=False)
-    monkeypatch.setattr(loop.Trainer, "train_step", original)
+    train_interrupted(runs[interrupted].config, out / f"{interrupted}.h5", 50)
     (out / f"{empty}.h5").write_bytes(b"")  # killed before HDF5 wrote anything
     assert run_state(out, done)[0] == "done"
     assert run_state(out, interrupted) == ("interrupted", "3 checkpoints, last step 40")
