@@ -20,30 +20,8 @@ from groklens.checkpoints import TrajectoryWriter
 from groklens.config import RunConfig
 from groklens.trainers import loop
 
+from common import Timed  # benchmarks/common.py
 
-class Timed:
-    """Accumulate wall time of a method, patched on its class for the duration of the run."""
-
-    def __init__(self, cls, name):
-        self.cls, self.name, self.orig = cls, name, getattr(cls, name)
-        self.total, self.calls = 0.0, 0
-
-    def __enter__(self):
-        orig = self.orig
-
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - t
-                self.calls += 1
-
-        setattr(self.cls, self.name, wrapper)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.cls, self.name, self.orig)
 
 
 def measure(cfg: RunConfig, out: Path) -> dict:

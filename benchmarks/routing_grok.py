@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import flags  # benchmarks/common.py
+
 BASE = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, norm="ln", lr=3e-3,
             weight_decay=1.0, eval_every=50, checkpoint_every=1000, device="cpu")
 
@@ -37,14 +39,6 @@ def arms(copies: int, widths: list[float]) -> dict[str, dict]:
     for w in widths:
         out[f"routed-{w:g}"] = dict(routing_copies=copies, routing_width=w)
     return out
-
-
-def flags(overrides: dict) -> str:
-    out = []
-    for key, value in overrides.items():
-        flag = "--" + key.replace("_", "-")
-        out.append(f"{flag} {value}" if not isinstance(value, bool) else (flag if value else f"--no-{flag[2:]}"))
-    return " ".join(out)
 
 
 def _row(path: Path) -> dict:

@@ -42,6 +42,8 @@ from torch import nn
 
 from groklens.config import RunConfig, preset
 
+from common import Timed  # benchmarks/common.py
+
 
 class _NoWriter:
     """Trainer needs a writer object; train_step never touches it."""
@@ -171,37 +173,14 @@ def time_block(fn, start: int, n: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-class _Timed:
-    """Accumulate the wall time of a method, patched on its class for the duration of a run."""
-
-    def __init__(self, cls, name):
-        self.cls, self.name, self.orig, self.total = cls, name, getattr(cls, name), 0.0
-
-    def __enter__(self):
-        orig = self.orig
-
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - t
-
-        setattr(self.cls, self.name, wrapper)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.cls, self.name, self.orig)
-
-
 def train_end_to_end(cfg: RunConfig, steps: int) -> tuple[float, dict[str, float]]:
     """steps/s of loop.train over `steps` steps (evaluation and checkpoint every min(config's,
     steps) steps: at steps 0 and `steps`), and where its wall time went (seconds)."""
     from groklens.checkpoints import TrajectoryWriter
 
     c = cfg.replace(steps=steps, eval_every=min(cfg.eval_every, steps), checkpoint_every=min(cfg.checkpoint_every, steps))
-    with tempfile.TemporaryDirectory() as d, _Timed(loop.Trainer, "train_step") as ts, \
-            _Timed(loop.Trainer, "evaluate") as ev, _Timed(TrajectoryWriter, "write_checkpoint") as ck:
+    with tempfile.TemporaryDirectory() as d, Timed(loop.Trainer, "train_step") as ts, \
+            Timed(loop.Trainer, "evaluate") as ev, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         t = time.perf_counter()
         loop.train(c, Path(d) / "run.h5", progress=False)
         wall = time.perf_counter() - t

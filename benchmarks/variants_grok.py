@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import flags  # benchmarks/common.py
+
 BASE = dict(task="add", p=23, train_frac=0.5, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3,
             weight_decay=1.0, eval_every=50, checkpoint_every=1000, stop_after_grok=4, device="cpu")
 VARIANTS = {
@@ -34,14 +36,6 @@ VARIANTS = {
     "act_norm": dict(act_norm_lambda=0.1),
     "geomdr": dict(geomdr_lambda=1.0, geomdr_target=8.0),
 }
-
-
-def flags(overrides: dict) -> str:
-    out = []
-    for key, value in overrides.items():
-        flag = "--" + key.replace("_", "-")
-        out.append(f"{flag} {value}" if not isinstance(value, bool) else (flag if value else f"--no-{flag[2:]}"))
-    return " ".join(out)
 
 
 def _row(path: Path) -> dict:
