@@ -254,6 +254,7 @@ class Trainer:
             x = self.inputs[start : start + EVAL_CHUNK]
             y = self.labels[start : start + EVAL_CHUNK]
             logits = self.readout(self.readout_logits(x))
+            self.observe_eval_logits(logits)
             losses.append(self.task_loss(logits, y, reduction="none"))
             hit = logits.argmax(-1) == y
             correct.append(hit.all(-1) if self.multi_target else hit)
@@ -291,6 +292,10 @@ class Trainer:
         for reg in self.transforms:
             row.update(reg.last_metrics())
         return row
+
+    def observe_eval_logits(self, logits: torch.Tensor) -> None:
+        """Called by evaluate() with each chunk's readout logits, in input order (the routed
+        trainer builds its ensemble from them instead of a second forward pass per copy)."""
 
     # ------------------------------------------------------------------ the run
     def run(self, start_step: int, evals_after_grok: int | None = None, fresh: bool = False) -> TrainResult:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from groklens.config import RunConfig
-from groklens.trainers.loop import EVAL_CHUNK, NonFiniteStep, Trainer, warmup_factor
+from groklens.trainers.loop import NonFiniteStep, Trainer, warmup_factor
 from groklens.trainers.models import build_model
 
 ENSEMBLE_METRICS = ("train_loss", "test_loss", "train_acc", "test_acc")
@@ -248,35 +248,35 @@ class RoutedTrainer(Trainer):
     def evaluate(self, step: int) -> dict[str, float]:
         """Copy 0's single-run row, every copy's row under `copy<m>.`, and the ensemble's."""
         rows = []
+        self._prob_sums: list[torch.Tensor] = []  # per evaluation chunk: the copies' summed probabilities
         for m in range(self.copies):
+            self._chunk = 0
             with self._as_copy(m):
                 rows.append(Trainer.evaluate(self, step))
         row = dict(rows[0])
         for m, r in enumerate(rows):
             row.update({f"copy{m}.{k}": v for k, v in r.items() if k != "step" and k not in COPY_EXCLUDED})
-        row.update(self.evaluate_ensemble())
+        row.update(self.ensemble_row())
         return row
 
+    def observe_eval_logits(self, logits: torch.Tensor) -> None:
+        p = logits.to(torch.float64).softmax(-1)
+        if self._chunk == len(self._prob_sums):  # copy 0
+            self._prob_sums.append(p)
+        else:
+            self._prob_sums[self._chunk] = self._prob_sums[self._chunk] + p
+        self._chunk += 1
+
     @torch.no_grad()
-    def evaluate_ensemble(self) -> dict[str, float]:
-        """The mean of the copies' softmax probabilities (float64) on every input."""
-        losses, correct = [], []
-        for model in self.models:
-            model.eval()
-        for start in range(0, len(self.inputs), EVAL_CHUNK):
-            x = self.inputs[start : start + EVAL_CHUNK]
-            y = self.labels[start : start + EVAL_CHUNK]
-            probs = None
-            for m in range(self.copies):
-                with self._as_copy(m):
-                    p = self.readout(self.readout_logits(x)).to(torch.float64).softmax(-1)
-                probs = p if probs is None else probs + p
-            probs = probs / self.copies
-            nll = -probs.gather(-1, y[..., None])[..., 0].log()
-            hit = probs.argmax(-1) == y
-            losses.append(nll.mean(-1) if self.multi_target else nll)
-            correct.append(hit.all(-1) if self.multi_target else hit)
-        loss, hit = torch.cat(losses), torch.cat(correct).double()
+    def ensemble_row(self) -> dict[str, float]:
+        """The mean of the copies' softmax probabilities (float64) on every input, from the
+        probabilities the per-copy evaluation just summed."""
+        probs = torch.cat(self._prob_sums) / self.copies
+        self._prob_sums = []
+        nll = -probs.gather(-1, self.labels[..., None])[..., 0].log()
+        hit = probs.argmax(-1) == self.labels
+        loss = nll.mean(-1) if self.multi_target else nll
+        hit = (hit.all(-1) if self.multi_target else hit).double()
         return {
             "ensemble.train_loss": float(loss[self.train_idx].mean()),
             "ensemble.test_loss": float(loss[self.test_idx].mean()),
