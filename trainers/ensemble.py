@@ -258,12 +258,13 @@ class EnsembleTrainer:
         b1, b2 = self.cfg0.betas
         lr = self.lr * torch.tensor([warmup_factor(m.cfg, step) for m in self.members], dtype=torch.float64)
         decay = (1 - lr * self.wd).to(torch.float32).to(self.device)  # [M]; as `1 - lr*wd` cast to float32
+        per_t: dict[int, tuple[torch.Tensor, float]] = {}  # step count -> (neg_step [M], bias_correction2_sqrt)
         for n, g in self._last_grads.items():
             self.adam_steps[n] += 1
             t = self.adam_steps[n]
-            bias_correction1 = 1 - b1**t
-            bias_correction2_sqrt = (1 - b2**t) ** 0.5
-            neg_step = (-(lr / bias_correction1)).to(torch.float32).to(self.device)  # [M]
+            if t not in per_t:  # usually one count for every tensor: computed once per step
+                per_t[t] = ((-(lr / (1 - b1**t))).to(torch.float32).to(self.device), (1 - b2**t) ** 0.5)
+            neg_step, bias_correction2_sqrt = per_t[t]
             p = self.params[n]
             shape = (-1,) + (1,) * (p.dim() - 1)
             p.mul_(decay.view(shape))
