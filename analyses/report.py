@@ -266,28 +266,27 @@ _OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (trainers/tas
 def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
     """Heat maps of the last attention layer's readout pattern, each group's first run at its
     chosen checkpoints; None when no run stored the pattern (sidecars written before it existed)."""
-    reps = [g.runs[0] for g in groups if "attention" in g.runs[0].stored and g.runs[0].stored["attention"].steps
+    reps = [(g.label, g.runs[0].stored["attention"], g.runs[0]) for g in groups
+            if "attention" in g.runs[0].stored and g.runs[0].stored["attention"].steps
             and "pattern" in g.runs[0].stored["attention"].values]
     if not reps:
         return None
-    plans = [chosen_checkpoints(r, r.stored["attention"].steps, steps) for r in reps]
+    shapes = [np.asarray(st.values["pattern"][0]).shape[1:] for _, st, _ in reps]  # [H, n_ctx]
+    if len(set(shapes)) > 1:  # different head counts or sequence lengths: one figure cannot hold them
+        reps = reps[:1]
+    shape = shapes[0]
+    plans = [chosen_checkpoints(run, st.steps, steps) for _, st, run in reps]
     n_cols = max(len(p) for p in plans)
-    shapes = {np.asarray(r.stored["attention"].values["pattern"][0]).shape[1:] for r in reps}
-    if len(shapes) != 1:  # different head counts or sequence lengths: one figure cannot hold them
-        reps, plans = reps[:1], plans[:1]
-    n_heads, n_pos = np.asarray(reps[0].stored["attention"].values["pattern"][0]).shape[1:]
-    pats = np.full((len(reps), n_cols, n_heads, n_pos), np.nan)
-    col_labels = [[""] * n_cols for _ in reps]
-    for i, (r, plan) in enumerate(zip(reps, plans)):
-        st = r.stored["attention"]
+    pats = np.full((len(reps), n_cols, *shape), np.nan)
+    col_labels = [[label for _, label in plan] + [""] * (n_cols - len(plan)) for plan in plans]
+    for i, ((_, st, _), plan) in enumerate(zip(reps, plans)):
         where = {s: j for j, s in enumerate(st.steps)}
-        for k, (s, label) in enumerate(plan):
-            col_labels[i][k] = label
+        for k, (s, _) in enumerate(plan):
             if s is not None:
                 pats[i, k] = np.asarray(st.values["pattern"][where[s]], dtype=float)[-1]
+    n_heads, n_pos = shape
     names = _OPERAND_POSITIONS if n_pos == 3 else [str(j) for j in range(n_pos)]
-    labels = {id(g.runs[0]): g.label for g in groups}
-    rows = [labels[id(r)].replace(" ", "\n") for r in reps]  # "norm=ln act_norm_lambda=1": one field a line
+    rows = [label.replace(" ", "\n") for label, _, _ in reps]  # "norm=ln act_norm_lambda=1": one field a line
     return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
 
 
