@@ -225,13 +225,13 @@ class RoutedTrainer(Trainer):
             model.train()
         perms = self.sampler.sample(len(self.units))
         self.routing = perms
-        losses = self.routed_losses(perms)
+        losses = torch.stack(self.routed_losses(perms))
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        torch.stack(losses).sum().backward()
+        losses.sum().backward()
         norms = torch.stack([torch.nn.utils.get_total_norm([p.grad for p in params.values() if p.grad is not None])
                              for params in self.copy_params])
-        host = torch.cat([torch.stack(losses).detach(), norms.double()]).cpu().numpy()  # one sync per step
+        host = torch.cat([losses.detach(), norms.double()]).cpu().numpy()  # one sync per step
         n = self.copies
         if not np.all(np.isfinite(host)):
             bad = int(np.nonzero(~np.isfinite(host))[0][0])
