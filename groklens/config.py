@@ -20,6 +20,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model": ("transformer", "mlp"),
     "act_fn": ("relu", "gelu"),
     "norm": ("none", "ln", "rms", "sphere"),
+    "norm_placement": ("pre", "post"),
+    "init_scheme": ("tl", "torch"),
     "attention": ("softmax", "uniform"),
     "unembed": ("linear", "bounded"),
     "init": ("default", "fourier"),
@@ -51,9 +53,15 @@ class RunConfig:
     d_mlp: int = 512
     act_fn: str = "relu"
     norm: str = "none"
+    # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
+    # baselines, a norm after the embedding and after every residual sum, no final norm
+    norm_placement: str = "pre"
     attention: str = "softmax"
     unembed: str = "linear"
     init: str = "default"
+    # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
+    # module defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1))
+    init_scheme: str = "tl"
     causal: bool = True  # Nanda's TransformerLens model is causal; the sphere paper's is not
     mlp_bias: bool = False  # Nanda's demo froze every bias at zero
     # --- model variants (docs/VARIANTS.md)
@@ -187,11 +195,16 @@ class RunConfig:
                f"kl_attn_layer must be -1 (every layer) or in 0..{self.n_layers - 1}; got {self.kl_attn_layer}")
         freqs = parse_freqs(self.fourier_freqs)
         transformer_only = [(n, v) for n, v, d in (("norm", self.norm, "none"), ("attention", self.attention, "softmax"),
-                            ("unembed", self.unembed, "linear"), ("init", self.init, "default")) if v != d]
+                            ("unembed", self.unembed, "linear"), ("init", self.init, "default"),
+                            ("norm_placement", self.norm_placement, "pre"), ("init_scheme", self.init_scheme, "tl"))
+                            if v != d]
         if self.model != "transformer":
             for name, value in transformer_only:
                 raise BadInput(f"{name}={value} is an option of model=transformer, not model={self.model}")
             _check(self.kl_attn_beta == 0, f"kl_attn_beta needs attention: model=transformer, not model={self.model}")
+        _check(self.norm_placement == "pre" or self.norm in ("ln", "rms"),
+               f"norm_placement=post places a LayerNorm or RMSNorm (norm: ln | rms); norm={self.norm} has "
+               + ("no norm to place" if self.norm == "none" else "its projection after every sum already"))
         if self.init == "fourier":
             _check(2 * len(freqs) <= self.d_model,
                    f"init=fourier needs 2 x {len(freqs)} frequencies <= d_model ({self.d_model})")
@@ -273,8 +286,9 @@ def _coerce(key: str, annotation: Any, raw: Any) -> Any:
 
 
 # Named starting points; `nanda` is the default. docs/VARIANTS.md says where each comes from.
-_SPHERE = {  # Yildirim 2026: bounded sphere, bidirectional, MLP biases, betas (0.9, 0.999), no warm-up
-    "norm": "sphere", "unembed": "bounded", "radius": 1.0, "tau": 10.0, "causal": False, "mlp_bias": True,
+_SPHERE = {  # Yildirim 2026: bounded sphere, bidirectional, MLP biases, betas (0.9, 0.999), no warm-up,
+    # PyTorch's default init as the paper's code
+    "norm": "sphere", "init_scheme": "torch", "unembed": "bounded", "radius": 1.0, "tau": 10.0, "causal": False, "mlp_bias": True,
     "betas": [0.9, 0.999], "warmup_steps": 0, "lr": 6e-4, "weight_decay": 1.0,
     "steps": 10_000, "eval_every": 200, "checkpoint_every": 200,
 }

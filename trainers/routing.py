@@ -81,12 +81,12 @@ def route_seed(cfg: RunConfig) -> int:
 # ---------------------------------------------------------------------- routing units
 _UNIT_RULES = {
     ("transformer", "layer"): [
-        (r"^(embed|pos_embed)\.", lambda m: "embed"),
+        (r"^(embed|pos_embed|ln_embed)\.", lambda m: "embed"),
         (r"^blocks\.(\d+)\.", lambda m: f"blocks.{m.group(1)}"),
         (r"^(ln_final|unembed)\.", lambda m: "unembed"),
     ],
     ("transformer", "sublayer"): [
-        (r"^(embed|pos_embed)\.", lambda m: "embed"),
+        (r"^(embed|pos_embed|ln_embed)\.", lambda m: "embed"),
         (r"^blocks\.(\d+)\.(ln1|attn)\.", lambda m: f"blocks.{m.group(1)}.attn"),
         (r"^blocks\.(\d+)\.(ln2|mlp)\.", lambda m: f"blocks.{m.group(1)}.mlp"),
         (r"^(ln_final|unembed)\.", lambda m: "unembed"),

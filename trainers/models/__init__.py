@@ -24,8 +24,8 @@ def _build_transformer(cfg: "RunConfig", data: "TaskData"):
         TransformerConfig(
             d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.d_head, n_layers=cfg.n_layers,
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
-            act_fn=cfg.act_fn, norm=cfg.norm, attention=cfg.attention, unembed=cfg.unembed,
-            init=cfg.init, causal=cfg.causal, mlp_bias=cfg.mlp_bias,
+            act_fn=cfg.act_fn, norm=cfg.norm, norm_placement=cfg.norm_placement, attention=cfg.attention,
+            unembed=cfg.unembed, init=cfg.init, init_scheme=cfg.init_scheme, causal=cfg.causal, mlp_bias=cfg.mlp_bias,
             radius=cfg.radius, tau=cfg.tau,
             fourier_freqs=cfg.fourier_frequencies() if cfg.init == "fourier" else (),
             fourier_p=cfg.p if cfg.init == "fourier" else 0,

@@ -23,9 +23,11 @@ class ModelConfig:
     n_ctx: int
     act_fn: str = "relu"
     norm: str = "none"
+    norm_placement: str = "pre"  # ln/rms: pre (TransformerLens) | post (after every residual sum)
     attention: str = "softmax"
     unembed: str = "linear"
     init: str = "default"
+    init_scheme: str = "tl"  # tl: N(0, initializer_range) | torch: PyTorch's module defaults
     causal: bool = True
     mlp_bias: bool = False
     attn_only: bool = False

@@ -11,6 +11,9 @@ With norm=sphere the norms move after the sums instead (Yildirim 2026), N(x) = r
     resid_mid    = N(resid_pre + attn(resid_pre))
     resid_post   = N(resid_mid + mlp(resid_mid))
 so every residual-stream hook lies on the sphere of radius r.
+With norm_placement=post (norm ln | rms) a LayerNorm/RMSNorm N takes those places, as in the
+sphere paper's baselines: ln_embed after the embedding, blocks.{l}.ln1 after the attention sum,
+blocks.{l}.ln2 after the MLP sum, no ln_final (LayerNorm eps 1e-5, RMSNorm eps 1e-8).
 Shapes: b batch, p position, d d_model, h head, e d_head, m d_mlp, v vocab.
 """
 
@@ -91,13 +94,20 @@ class SphereNorm(nn.Module):
         return self.hook_normalized(x / scale)
 
 
+def is_post_ln(cfg: ModelConfig) -> bool:
+    return cfg.norm in ("ln", "rms") and cfg.norm_placement == "post"
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
-    """The pre-norm of a sub-layer (ln1, ln2, ln_final); the sphere variant has none."""
-    return Norm(cfg, cfg.norm) if cfg.norm in ("ln", "rms") else nn.Identity()
+    """A LayerNorm/RMSNorm: before a sub-layer (pre) or after a residual sum (post; the sphere
+    paper's baselines use RMSNorm eps 1e-8). The sphere variant has none."""
+    if cfg.norm not in ("ln", "rms"):
+        return nn.Identity()
+    return Norm(cfg, cfg.norm, eps=1e-8 if cfg.norm == "rms" and is_post_ln(cfg) else 1e-5)
 
 
 def make_post_norm(cfg: "TransformerConfig") -> nn.Module:
-    """The norm after a residual sum: the sphere projection, or nothing."""
+    """The sphere projection after a residual sum, or nothing."""
     return SphereNorm(cfg.radius) if cfg.norm == "sphere" else nn.Identity()
 
 
@@ -170,6 +180,7 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: "TransformerConfig"):
         super().__init__()
+        self.post = is_post_ln(cfg)  # ln1/ln2 then normalize the sums instead of the sub-layer inputs
         self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
         self.norm_mid = make_post_norm(cfg)  # sphere: resid_mid = N(resid_pre + attn_out)
@@ -186,6 +197,10 @@ class TransformerBlock(nn.Module):
         """With `query`, the block's output only at those positions (keys and values still see
         every position): what the last block needs for the loss."""
         x = self.hook_resid_pre(x)
+        if self.post:  # resid_mid = ln1(resid_pre + attn(resid_pre)), resid_post = ln2(resid_mid + mlp(resid_mid))
+            attn_out = self.hook_attn_out(self.attn(x, query))
+            x = self.hook_resid_mid(self.ln1((x if query is None else x[:, query]) + attn_out))
+            return self.hook_resid_post(self.ln2(x + self.hook_mlp_out(self.mlp(x))))
         attn_out = self.hook_attn_out(self.attn(self.ln1(x), query))
         if query is not None:
             x = x[:, query]
@@ -221,23 +236,30 @@ class Transformer(HookedModel):
         self.hook_embed = HookPoint()  # [b, p, d]
         self.hook_pos_embed = HookPoint()  # [b, p, d]
         self.norm_embed = make_post_norm(cfg)  # sphere: resid_pre(0) = N(embed + pos_embed)
+        if is_post_ln(cfg):
+            self.ln_embed = make_norm(cfg)  # post: resid_pre(0) = ln_embed(embed + pos_embed)
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = make_norm(cfg)
+        self.ln_final = nn.Identity() if is_post_ln(cfg) else make_norm(cfg)
         self.unembed = Unembed(cfg)
         self.init_weights()
         self.setup()  # registers every HookPoint under its module path
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """TransformerLens's default init: every W_ ~ N(0, 0.8 / sqrt(d_model)); biases 0.
+        """init_scheme=tl: TransformerLens's default, every W_ ~ N(0, 0.8 / sqrt(d_model)); biases 0.
+        init_scheme=torch: PyTorch's module defaults for the modules the sphere paper's code builds
+        (see torch_default_init).
 
         init=fourier then overwrites the first 2K columns of W_E for the residue tokens
         x = 0..p-1: W_E[x, 2i] = cos(2 pi k_i x / p), W_E[x, 2i+1] = sin(2 pi k_i x / p)
         (unit amplitude, as the sphere paper's code); other tokens and columns keep the default.
         """
-        for name, param in self.named_parameters():
-            if name.split(".")[-1].startswith("W_"):
-                nn.init.normal_(param, std=self.cfg.initializer_range)
+        if self.cfg.init_scheme == "torch":
+            torch_default_init(self)
+        else:
+            for name, param in self.named_parameters():
+                if name.split(".")[-1].startswith("W_"):
+                    nn.init.normal_(param, std=self.cfg.initializer_range)
         if self.cfg.init == "fourier":
             p = self.cfg.fourier_p
             x = torch.arange(p, dtype=torch.float64)
@@ -254,8 +276,36 @@ class Transformer(HookedModel):
         attention queries, MLP and unembedding at those positions only (the trainer's fast
         path, about 2x fewer FLOPs for [a, b, =]; its hooks then see only those positions)."""
         x = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(tokens))
-        x = self.norm_embed(x)
+        x = self.ln_embed(x) if is_post_ln(self.cfg) else self.norm_embed(x)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block(x, readout if i == last else None)
         return self.unembed(self.ln_final(x))
+
+
+@torch.no_grad()
+def torch_default_init(model: Transformer) -> None:
+    """PyTorch's default init of the modules the sphere paper's code builds (its official
+    notebooks): nn.Embedding for tokens and positions, N(0, 1); nn.Linear(fan_in, fan_out) for
+    W_Q/W_K/W_V/W_O, the MLP and the unembedding, weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    (kaiming_uniform with a = sqrt(5)); norm weights 1, biases 0. Our tensors hold the same
+    matrices split per head, so each element gets its Linear's bound."""
+    cfg = model.cfg
+
+    def uniform(t: torch.Tensor, fan_in: int) -> None:
+        bound = 1.0 / math.sqrt(fan_in)
+        nn.init.uniform_(t, -bound, bound)
+
+    nn.init.normal_(model.embed.W_E)
+    nn.init.normal_(model.pos_embed.W_pos)
+    for block in model.blocks:
+        for w in (block.attn.W_Q, block.attn.W_K, block.attn.W_V):
+            uniform(w, cfg.d_model)  # nn.Linear(d_model, n_heads * d_head)
+        uniform(block.attn.W_O, cfg.n_heads * cfg.d_head)
+        uniform(block.mlp.W_in, cfg.d_model)
+        if block.mlp.b_in is not None:
+            uniform(block.mlp.b_in, cfg.d_model)
+        uniform(block.mlp.W_out, cfg.d_mlp)
+        if block.mlp.b_out is not None:
+            uniform(block.mlp.b_out, cfg.d_mlp)
+    uniform(model.unembed.W_U, cfg.d_model)
