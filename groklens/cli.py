@@ -8,6 +8,7 @@ Heavy modules (torch, transformer_lens) are imported inside commands, so `--help
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -92,6 +93,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
     from groklens.trainers import loop
 
     if resume_path is not None:
+        if force:
+            raise BadInput("--resume continues a run and --force starts one afresh; give one of them")
         given = sorted(k for k, v in overrides.items() if v is not None)
         if given or config_file or preset_name or out:
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
@@ -123,8 +126,15 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
 def info(run: str, as_json: bool) -> None:
     """Config, checkpoints, last metrics, memorization and grokking steps of RUN.h5."""
     from groklens.checkpoints import Trajectory
+    from groklens.checkpoints.validate import InvalidTrajectory
 
-    summary = Trajectory(run).summary()
+    try:
+        summary = Trajectory(run).summary()
+    except InvalidTrajectory as exc:
+        if as_json:  # what is wrong, all of it, then exit 2 like any bad input
+            click.echo(strict_json({"path": exc.path, "valid": False, "problems": exc.problems}))
+        raise
+    summary = {**summary, "valid": True, "problems": []}
     if as_json:
         click.echo(strict_json(summary))
         return
@@ -142,8 +152,9 @@ def info(run: str, as_json: bool) -> None:
     last = summary["last"]
     if last:
         click.echo(
-            f"last     step {last['step']}: train loss {last['train_loss']:.4g} acc {last['train_acc']:.4f} | "
-            f"test loss {last['test_loss']:.4g} acc {last['test_acc']:.4f}"
+            f"last     step {last['step']}: train loss {_num(last['train_loss'], '.4g')} acc "
+            f"{_num(last['train_acc'], '.4f')} | test loss {_num(last['test_loss'], '.4g')} acc "
+            f"{_num(last['test_acc'], '.4f')}"
         )
     for key in summary["grokking_step"]:
         click.echo(
@@ -156,6 +167,11 @@ def info(run: str, as_json: bool) -> None:
         click.echo(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
                    f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
                    f"{_censored(routing['ensemble_grokking_step']['0.95'], summary)}")
+
+
+def _num(value, spec: str) -> str:
+    """A stored metric; None where it was not finite (a diverged run)."""
+    return "non-finite" if value is None else format(value, spec)
 
 
 def _censored(step, summary) -> str:
@@ -458,9 +474,9 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("groklens: aborted", err=True)
-        code = 1
+    except click.exceptions.Abort:  # click's form of Ctrl-C (and of EOF at a prompt)
+        click.echo("groklens: interrupted", err=True)
+        code = 130
     except click.ClickException as exc:  # usage errors: unknown option, bad value, ...
         if debug:
             raise
@@ -479,6 +495,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"groklens: failed: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for details)", err=True)
         code = 1
+    if getattr(sys.modules.get("groklens.checkpoints.writer"), "WRITE_FAILED", False):
+        sys.stdout.flush()  # HDF5 would fail (or crash) closing a file whose write failed:
+        sys.stderr.flush()  # leave it as a killed writer would, which readers handle
+        os._exit(code)
     sys.exit(code)
 
 
