@@ -639,7 +639,10 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
         run_paths = [r.path for g in comp.groups for r in g.runs]
         notes += analyze_for_report(run_paths, metrics, every, progress=progress)
         comp = compare(paths, baseline=baseline, group_by=group_by, threshold=threshold)
-    specs, missing = make_figures(comp, steps)
+    if any(np.any(np.asarray(r.metrics["step"]) > 0) for g in comp.groups for r in g.runs):
+        specs, missing = make_figures(comp, steps)
+    else:  # every axis is a log step axis: a run that has just started has nothing to draw yet
+        specs, missing = [], [("every figure", "no run has an evaluation after step 0 yet")]
     names = [f"fig_{spec.name}.{fmt}" for spec in specs] + ([f"fig_{spec.name}.png" for spec in specs]
                                                              if fmt == "pdf" else [])
     _check_targets(out, names, inputs)

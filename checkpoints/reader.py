@@ -361,7 +361,11 @@ class Trajectory:
 
         i = self.checkpoint_index(step)
         with self._open() as f:
-            return {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
+            out = {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
+        bad = next((name for name, t in out.items() if not torch.isfinite(t).all()), None)
+        if bad is not None:  # the trainer stops before storing a non-finite step: the file is damaged
+            raise BadInput(f"{self.path}: invalid trajectory: {bad} at step {step} is not finite")
+        return out
 
     def param_trajectory(self, name: str) -> np.ndarray:
         """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""
@@ -378,7 +382,12 @@ class Trajectory:
 
         params = self.params(step)
         model = build_model(self.config, self.dataset())
-        model.load_state_dict(params, strict=True)
+        try:
+            model.load_state_dict(params, strict=True)
+        except RuntimeError as exc:  # names or shapes that are not the configured model's
+            first = " ".join(str(exc).split("\n", 2)[1:2]).strip() or str(exc).splitlines()[0]
+            raise BadInput(f"{self.path}: invalid trajectory: the parameters do not fit the configured model "
+                           f"({first})") from None
         return model.to(device).eval()
 
     def dataset(self) -> "TaskData":

@@ -33,6 +33,7 @@ def recover(path: str | Path) -> int:
     tmp = path.with_name(f"{path.name}.recover-tmp-{os.getpid()}")
     try:
         _remove_stale(path)
+        _check_model(path)  # bad input is refused before anything is written
         with open_trajectory_file(path) as src:
             last, m, slot = _committed(path, src)
             _check_room(path, tmp)
@@ -49,6 +50,22 @@ def recover(path: str | Path) -> int:
     finally:
         lock.release()
     return last
+
+
+def _check_model(path: Path) -> None:
+    """The stored parameters must be those of the model the stored config builds."""
+    from groklens.checkpoints.reader import Trajectory
+    from groklens.checkpoints.validate import InvalidTrajectory, model_problems
+
+    traj = Trajectory(path)
+    with open_trajectory_file(path, validate=False) as f:
+        groups = [(f"/{C.PARAMS}", f[C.PARAMS])] + [(f"/{C.COPIES}/{k}", g) for k, g in f.get(C.COPIES, {}).items()]
+        shapes = [(where, {name: ds.shape[1:] for name, ds in g.items()}) for where, g in groups]
+    data = traj.dataset()
+    for where, stored in shapes:
+        problems = model_problems(traj.config, data, stored, where)
+        if problems:
+            raise InvalidTrajectory(path, problems)
 
 
 def _lock(path: Path) -> WriterLock:

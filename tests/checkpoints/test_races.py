@@ -56,7 +56,7 @@ def test_two_resumes_at_once_never_collide(tmp_path, killed, reference):
     outs = [p.communicate(timeout=300) for p in procs]
     codes = [p.returncode for p in procs]
     assert 0 in codes and set(codes) <= {0, 2}, (codes, outs)
-    for (stdout, stderr), code in zip(outs, codes):
+    for (_stdout, stderr), code in zip(outs, codes):
         assert "Traceback" not in stderr and "FileNotFoundError" not in stderr, stderr
         if code == 2:  # refused with one line naming the other process
             assert len(stderr.strip().splitlines()) == 1 and "live process" in stderr, stderr

@@ -12,6 +12,7 @@ import h5py
 import pytest
 
 from groklens.checkpoints import Trajectory
+from groklens.errors import BadInput
 from tests.helpers import config_flags, groklens, tiny_config, train_tiny
 
 
@@ -72,8 +73,8 @@ def test_force_over_a_live_run_is_refused_naming_its_pid(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "groklens", "train", "-q", "--out", str(run), *slow],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 120
-        while not (run.exists() and Trajectory(run).is_live and len(Trajectory(run).steps)):
+        deadline = time.time() + 300
+        while not _live_with_a_checkpoint(run):
             assert proc.poll() is None and time.time() < deadline
             time.sleep(0.05)
         out = groklens("train", "-q", "--force", "--out", str(run), *FLAGS)
@@ -84,6 +85,13 @@ def test_force_over_a_live_run_is_refused_naming_its_pid(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
+
+
+def _live_with_a_checkpoint(run):
+    try:
+        return Trajectory(run).is_live and len(Trajectory(run).steps) > 0
+    except BadInput:  # not created yet
+        return False
 
 
 def test_resume_with_force_is_refused(old_run):
