@@ -61,6 +61,11 @@ def _check_model(path: Path) -> None:
     with open_trajectory_file(path, validate=False) as f:
         groups = [(f"/{C.PARAMS}", f[C.PARAMS])] + [(f"/{C.COPIES}/{k}", g) for k, g in f.get(C.COPIES, {}).items()]
         shapes = [(where, {name: ds.shape[1:] for name, ds in g.items()}) for where, g in groups]
+        n = f[C.STEPS].shape[0]
+        for where, g in groups:  # the checkpoint the run continues from must be finite
+            bad = next((name for name, ds in g.items() if n and not np.isfinite(ds[n - 1]).all()), None)
+            if bad is not None:
+                raise InvalidTrajectory(path, [f"{where}/{bad} at the last checkpoint is not finite"])
     data = traj.dataset()
     for where, stored in shapes:
         problems = model_problems(traj.config, data, stored, where)

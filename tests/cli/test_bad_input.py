@@ -162,7 +162,7 @@ CRAFTED = {
     "version_str": (_set_attr("format_version", "1"), "format_version"),
     "steps_2d": (lambda f: _replace(f, "steps", f["steps"][:].reshape(-1, 1)), "/steps"),
     "steps_dup": (lambda f: _replace(f, "steps", np.repeat(f["steps"][:1], len(f["steps"]))), "/steps"),
-    "steps_order": (lambda f: _replace(f, "steps", f["steps"][::-1]), "/steps"),
+    "steps_order": (lambda f: _replace(f, "steps", f["steps"][:][::-1]), "/steps"),
     "steps_float": (lambda f: _replace(f, "steps", f["steps"][:].astype(float)), "/steps"),
     "metric_short": (lambda f: _replace(f, "metrics/test_acc", f["metrics/test_acc"][:2]), "test_acc"),
     "labels_range": (lambda f: _replace(f, "data/labels", f["data/labels"][:] + 1000), "labels"),
@@ -174,7 +174,7 @@ LOADERS = {  # found when the parameters are loaded (against the model the confi
     "param_extra": (lambda f: f.create_dataset("params/extra.W", data=np.zeros((len(f["steps"]), 3), "f4")),
                     "extra.W"),
     "param_shape": (lambda f: _replace(f, "params/embed.W_E", f["params/embed.W_E"][:, :3]), "embed.W_E"),
-    "param_nan": (lambda f: f["params/embed.W_E"].__setitem__(0, np.nan), "not finite"),
+    "param_nan": (lambda f: f["params/embed.W_E"].__setitem__(1, np.nan), "not finite"),
 }
 
 
@@ -187,6 +187,8 @@ def crafted(files):
     for name, (edit, needle) in {**CRAFTED, **LOADERS}.items():
         made[name] = (out / f"{name}.h5", needle)
         _craft(paths["run"], made[name][0], edit)
+        if name in LOADERS:  # an unfinished run, so that --resume loads its parameters
+            _craft(made[name][0], made[name][0], lambda f: _replace(f, "steps", f["steps"][:2]))
     blob = paths["run"].read_bytes()
     (out / "trunc95.h5").write_bytes(blob[: int(len(blob) * 0.95)])
     made["trunc95"] = (out / "trunc95.h5", "truncated")
