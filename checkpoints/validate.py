@@ -12,9 +12,10 @@ parameters run it. Every reader opens files through `reader.open_trajectory_file
 first problem), and `groklens info --json` lists them all.
 
 `check_resources(cfg)` estimates from the config alone what a run would hold in memory (the
-task's inputs, the model's parameters and optimizer state, the activations of one full-batch
-step, the checkpoint schedule) and refuses (BadInput) what exceeds the machine's memory with a
-margin, before anything is allocated.
+task's inputs, the model's parameters and optimizer state, the activations of one step (with
+device=cpu only: elsewhere they live on the accelerator), the checkpoint schedule and the
+evaluation series) and refuses (BadInput) what exceeds 80% of the machine's memory, before
+anything is allocated.
 """
 
 from __future__ import annotations
@@ -277,14 +278,14 @@ def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     per_layer = 4 * cfg.n_heads * cfg.d_head * d_model + 2 * d_model * cfg.d_mlp + 8 * d_model
     n_params = 2 * vocab * d_model + n_ctx * d_model + cfg.n_layers * per_layer
     batch = min(cfg.batch_size or n, n)
-    eval_rows = min(n, 16_384)
-    rows = max(batch, eval_rows)
+    eval_rows = min(n, 16_384)  # evaluation runs without autograd: about two layers live at once
     width = 12 * d_model + 2 * cfg.d_mlp + 3 * cfg.n_heads * n_ctx
     n_ckpt = cfg.steps // max(cfg.checkpoint_every, 1) + 2
     return {
         "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4,
         "parameters and optimizer state": n_params * 4 * 8 * max(cfg.routing_copies, 1),
-        "activations of one step": rows * n_ctx * width * 4 * cfg.n_layers * max(cfg.routing_copies, 1),
+        "activations of one step": max(batch * cfg.n_layers, eval_rows * 2) * n_ctx * width * 4
+        * max(cfg.routing_copies, 1),
         "checkpoint schedule": (n_ckpt + cfg.log_checkpoints) * 128,
         "evaluation series": (cfg.steps // max(cfg.eval_every, 1) + 2) * 8 * 24,
     }
@@ -299,6 +300,8 @@ def check_resources(cfg: "RunConfig", memory: int | None = None) -> None:
     if not memory:
         return
     parts = estimate_memory(cfg)
+    if cfg.device != "cpu":  # activations may live on an accelerator, whose memory is its own
+        parts.pop("activations of one step")
     total = sum(parts.values())
     if total > MEMORY_SHARE * memory:
         part, size = max(parts.items(), key=lambda kv: kv[1])
