@@ -444,6 +444,8 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_result
     if no_results and results_md:
         raise BadInput("give --results FILE or --no-results, not both")
     target = None if no_results else (results_md or E.RESULTS_MD)
+    if target is not None:
+        _check_text_target(Path(target))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=target, progress=not quiet,
                          echo=(lambda _m: None) if as_json else click.echo)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
@@ -463,6 +465,26 @@ def demo(out_dir, scale, force, workers, quiet) -> None:
     from groklens.demo import run_demo
 
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
+
+
+def _check_text_target(path: Path) -> None:
+    """A Markdown file a command will update: an existing writable text file, or a new one in
+    a writable directory."""
+
+    if path.exists():
+        if not path.is_file():
+            raise BadInput(f"{path} is not a regular file")
+        try:
+            text = path.read_bytes()
+            text.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise BadInput(f"{path} is not a UTF-8 text file") from None
+        if b"\0" in text:
+            raise BadInput(f"{path} is not a text file (it holds NUL bytes)")
+        if not os.access(path, os.W_OK):
+            raise BadInput(f"cannot write {path} (permission denied)")
+    elif not path.parent.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot create {path}: its directory is missing or not writable")
 
 
 # ---------------------------------------------------------------------- entry point

@@ -259,6 +259,8 @@ MORE_CASES = [
     ("sweep {grid_huge} -o {newdir} --dry-run", "at most"),
     ("sweep {grid_bomb} -o {newdir} --dry-run", "aliases"),
     ("sweep {grid_deep} -o {newdir} --dry-run", "nested"),
+    ("reproduce bounded-sphere --scale smoke -o {newdir} --results {binary_md}", "not a UTF-8 text file"),
+    ("report {run} -o {csv_is_dir}", "is a directory"),
 ]
 
 BOMB = ("a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
@@ -277,6 +279,10 @@ def more_files(files):
                                   "  lr: {logspace: [0.001, 0.1, 1000]}\n  weight_decay: {logspace: [0.01, 1, 1000]}\n")
     extra["grid_bomb"].write_text(BOMB + "seeds: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n")
     extra["grid_deep"].write_text("base: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
+    extra["binary_md"] = root / "binary.md"
+    extra["binary_md"].write_bytes(bytes(range(256)))
+    extra["csv_is_dir"] = root / "rep"
+    (extra["csv_is_dir"] / "comparison.csv").mkdir(parents=True)
     return root, {**paths, **extra}
 
 

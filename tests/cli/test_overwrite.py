@@ -83,8 +83,28 @@ def test_force_over_a_live_run_is_refused_naming_its_pid(tmp_path):
         assert proc.poll() is None and Trajectory(run).is_live  # the live run goes on, in its file
         assert Trajectory(run).config.steps == 200_000
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.kill()
         proc.wait(timeout=60)
+
+
+def test_ctrl_c_exits_130(tmp_path):
+    run = tmp_path / "int.h5"
+    slow = config_flags(tiny_config(steps=200_000, checkpoint_every=1000, eval_every=1000))
+    proc = subprocess.Popen([sys.executable, "-m", "groklens", "train", "-q", "--out", str(run), *slow],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 300
+        while not _live_with_a_checkpoint(run):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "groklens: interrupted" and "Traceback" not in err
+    assert Trajectory(run).status == "stopped: interrupted"
 
 
 def _live_with_a_checkpoint(run):
@@ -166,3 +186,19 @@ def test_sidecar_of_another_run_is_refused_not_replaced(tmp_path):
     out = groklens("analyze", str(run), "--metric", "norms", "-q", "--recompute")
     assert out.returncode == 2 and "someone-else.h5" in out.stderr, out.stderr
     assert _snapshot(tmp_path) == before
+
+
+def test_report_into_a_full_disk_leaves_nothing_half_written(tmp_path):
+    run = tmp_path / "r.h5"
+    train_tiny(run)
+    old = tmp_path / "old"
+    groklens("report", str(run), "-o", str(old), "-q", check=True)
+    code = "import sys; from groklens.cli import main; main(sys.argv[1:])"
+    for out_dir in (tmp_path / "new", old):  # a new directory, and one holding a previous report
+        before = _snapshot(tmp_path)
+        out = subprocess.run([sys.executable, "-c", code, "report", str(run), "-o", str(out_dir), "-q"],
+                             preexec_fn=_fsize_limit(8_000), capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+        assert out.returncode == 1, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+        assert _snapshot(tmp_path) == before  # no directory, no temporary files, the old report intact
