@@ -39,7 +39,7 @@ import numpy as np
 
 from groklens import __version__
 from groklens.checkpoints import sidecar_path
-from groklens.errors import BadInput
+from groklens.errors import BadInput, RunFailure
 
 SIDECAR_FORMAT = "groklens-analyses"
 SIDECAR_VERSION = 1
@@ -167,8 +167,13 @@ class Sidecar:
                 with open(tmp, "rb+") as fh:
                     os.fsync(fh.fileno())
                 os.replace(tmp, self.path)
-            except BaseException:
+            except BaseException as exc:
                 tmp.unlink(missing_ok=True)
+                if isinstance(exc, (OSError, RuntimeError)) and not isinstance(exc, FileNotFoundError):
+                    full = any(m in str(exc) for m in ("File too large", "No space left", "Disk quota"))
+                    why = "no room left on the disk or under the file-size limit" if full else _first(exc)
+                    raise RunFailure(f"writing {self.path} failed ({why}); the stored results are as they "
+                                     "were") from None
                 raise
             _fsync_dir(self.path.parent)
 
@@ -249,6 +254,10 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def params_from_attrs(attrs: Mapping[str, Any]) -> dict:
