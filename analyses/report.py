@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from groklens.analyses.compare import (
     measure_key,
 )
 
-from groklens.errors import BadInput
+from groklens.errors import BadInput, RunFailure
 
 FORMATS = ("png", "pdf", "svg")
 REPORT_ANALYSES = ("fourier", "attention", "rank", "radial")  # what --analyze computes unless told
@@ -524,6 +526,73 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
     return "\n".join(parts) + "\n"
 
 
+# ---------------------------------------------------------------------- writing, whole or not at all
+FIXED_OUTPUTS = ("index.html", "comparison.csv", "comparison.json")
+
+
+def _check_targets(out: Path, names: Sequence[str], inputs: Sequence[Path]) -> None:
+    """Refuse, before anything is written, an output that is a directory or one of the inputs,
+    and an output directory this process cannot write into."""
+    where = out if out.exists() else out.parent
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot write into {where} (permission denied)")
+    for name in names:
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            raise BadInput(f"{target} is a directory; the report writes a file there")
+        for p in inputs:
+            if target.exists() and p.exists() and os.path.samefile(target, p):
+                raise BadInput(f"{p} is an input of this report and would be overwritten by its {name}; "
+                               "choose another --out")
+
+
+@contextmanager
+def _staging(out: Path):
+    """A temporary directory beside `out` that receives every file; on success its files are
+    moved into `out` (a link in the way is replaced, never written through); on any failure
+    it is removed and `out` is as it was."""
+    import shutil
+    import tempfile
+
+    parent = out if out.exists() else out.parent
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name or 'report'}.report-tmp-", dir=parent))
+    except OSError as exc:
+        raise RunFailure(f"cannot write into {parent}: {exc.strerror or exc}") from None
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(stage, 0o777 & ~mask)  # mkdtemp's 0700 would become the report directory's mode
+    try:
+        yield stage
+        if not out.exists():
+            os.rename(stage, out)  # the whole report appears at once
+            return
+        for item in sorted(stage.iterdir()):
+            os.replace(item, out / item.name)
+    except OSError as exc:
+        raise RunFailure(f"writing the report into {out} failed ({exc.strerror or exc}); nothing was "
+                         "written there") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str):
+    written: list[Path] = []
+    shown: list[tuple[FigureSpec, str, str | None]] = []
+    for spec in specs:
+        main = stage / f"fig_{spec.name}.{fmt}"
+        spec.figure.savefig(main, dpi=DPI, format=fmt)
+        written.append(main)
+        if fmt == "pdf":
+            preview = stage / f"fig_{spec.name}.png"
+            spec.figure.savefig(preview, dpi=DPI, format="png")
+            written.append(preview)
+            shown.append((spec, preview.name, main.name))
+        else:
+            shown.append((spec, main.name, None))
+    return written, shown
+
+
 # ---------------------------------------------------------------------- entry point
 def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | None, every: int | None,
                        progress: bool = False) -> list[str]:
@@ -551,6 +620,8 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
     """Write the figures, comparison.csv/json and index.html into out_dir (see the module docstring)."""
     if fmt not in FORMATS:
         raise BadInput(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if not str(out_dir).strip():
+        raise BadInput("--out is empty; give the report's directory")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise BadInput(f"{out} exists and is not a directory")
@@ -560,29 +631,26 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
         raise BadInput("--metric chooses what --analyze computes; give --analyze too")
     if every is not None and (isinstance(every, bool) or every < 1):
         raise BadInput(f"--every must be a positive integer; got {every!r}")
+    inputs = [Path(p) for p in paths] + ([Path(baseline)] if baseline else [])
+    _check_targets(out, FIXED_OUTPUTS, inputs)  # before any work: nothing half-done to undo
     comp = comparison or compare(paths, baseline=baseline, group_by=group_by, threshold=threshold)  # validates
     notes: list[str] = []
     if analyze:
         run_paths = [r.path for g in comp.groups for r in g.runs]
         notes += analyze_for_report(run_paths, metrics, every, progress=progress)
         comp = compare(paths, baseline=baseline, group_by=group_by, threshold=threshold)
-    specs, missing = make_figures(comp, steps)
-    out.mkdir(exist_ok=True)
-    written: list[Path] = []
-    shown: list[tuple[FigureSpec, str, str | None]] = []
-    for spec in specs:
-        main = out / f"fig_{spec.name}.{fmt}"
-        spec.figure.savefig(main, dpi=DPI, format=fmt)
-        written.append(main)
-        if fmt == "pdf":
-            preview = out / f"fig_{spec.name}.png"
-            spec.figure.savefig(preview, dpi=DPI, format="png")
-            written.append(preview)
-            shown.append((spec, preview.name, main.name))
-        else:
-            shown.append((spec, main.name, None))
-    (out / "comparison.csv").write_text(comp.to_csv())
-    (out / "comparison.json").write_text(json.dumps(comp.to_json(), indent=1))
+    if any(np.any(np.asarray(r.metrics["step"]) > 0) for g in comp.groups for r in g.runs):
+        specs, missing = make_figures(comp, steps)
+    else:  # every axis is a log step axis: a run that has just started has nothing to draw yet
+        specs, missing = [], [("every figure", "no run has an evaluation after step 0 yet")]
+    names = [f"fig_{spec.name}.{fmt}" for spec in specs] + ([f"fig_{spec.name}.png" for spec in specs]
+                                                             if fmt == "pdf" else [])
+    _check_targets(out, names, inputs)
+    with _staging(out) as stage:
+        written, shown = _write_figures(specs, stage, fmt)
+        (stage / "comparison.csv").write_text(comp.to_csv())
+        (stage / "comparison.json").write_text(json.dumps(comp.to_json(), indent=1))
+        (stage / "index.html").write_text(render_html(comp, shown, missing, notes))
+    written = [out / p.name for p in written]
     index = out / "index.html"
-    index.write_text(render_html(comp, shown, missing, notes))
     return ReportResult(out, index, written, missing, comp, notes)

@@ -259,6 +259,8 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
             if store and time.monotonic() - last_commit >= commit_seconds:
                 flush()
                 last_commit = time.monotonic()
+    except BadInput:
+        raise  # a damaged checkpoint is bad input: the command leaves every file as it was
     except BaseException:
         if store:
             try:

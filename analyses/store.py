@@ -39,7 +39,7 @@ import numpy as np
 
 from groklens import __version__
 from groklens.checkpoints import sidecar_path
-from groklens.errors import BadInput
+from groklens.errors import BadInput, RunFailure
 
 SIDECAR_FORMAT = "groklens-analyses"
 SIDECAR_VERSION = 1
@@ -89,8 +89,11 @@ class Sidecar:
             if fmt != SIDECAR_FORMAT:
                 raise BadInput(f"{self.path} exists but is not a groklens analyses file; move it away")
             version = f.attrs.get("format_version")
-            if version is None or int(version) > SIDECAR_VERSION:
-                raise BadInput(f"{self.path}: analyses format version {version} is newer than this groklens reads")
+            if not isinstance(version, (int, np.integer)) or int(version) > SIDECAR_VERSION:
+                raise BadInput(f"{self.path}: analyses format version {version!r} is not one this groklens reads")
+            owner = _text(f.attrs.get("run"))
+            if owner is not None and owner != self.run_path.name:  # another run's results: never mixed
+                raise BadInput(f"{self.path} holds the analyses of {owner}, not of {self.run_path.name}; move it away")
             yield f
         finally:
             f.close()
@@ -101,17 +104,26 @@ class Sidecar:
             pass
 
     def read(self, name: str, variant: str) -> Stored | None:
-        with self._open() as f:
+        with self._open() as f, self._damaged():
             if f is None or f"{ROOT}/{name}/{variant}" not in f:
                 return None
             return _read_group(f[f"{ROOT}/{name}/{variant}"])
 
     def variants(self, name: str) -> list[tuple[str, dict]]:
         """(variant id, attrs) of every stored parameter set of analysis `name`."""
-        with self._open() as f:
+        with self._open() as f, self._damaged():
             if f is None or f"{ROOT}/{name}" not in f:
                 return []
             return [(v, dict(g.attrs)) for v, g in f[f"{ROOT}/{name}"].items()]
+
+    @contextmanager
+    def _damaged(self) -> Iterator[None]:
+        """A read that fails inside HDF5 (bad checksum, ...) names the file as damaged."""
+        try:
+            yield
+        except (OSError, RuntimeError, KeyError, ValueError, IndexError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BadInput(f"{self.path}: damaged analyses file ({msg}); move it away to start afresh") from None
 
     # ------------------------------------------------------------------ writing
     def commit(self, name: str, variant: str, attrs: Mapping[str, Any],
@@ -155,8 +167,13 @@ class Sidecar:
                 with open(tmp, "rb+") as fh:
                     os.fsync(fh.fileno())
                 os.replace(tmp, self.path)
-            except BaseException:
+            except BaseException as exc:
                 tmp.unlink(missing_ok=True)
+                if isinstance(exc, (OSError, RuntimeError)) and not isinstance(exc, FileNotFoundError):
+                    full = any(m in str(exc) for m in ("File too large", "No space left", "Disk quota"))
+                    why = "no room left on the disk or under the file-size limit" if full else _first(exc)
+                    raise RunFailure(f"writing {self.path} failed ({why}); the stored results are as they "
+                                     "were") from None
                 raise
             _fsync_dir(self.path.parent)
 
@@ -237,6 +254,10 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def params_from_attrs(attrs: Mapping[str, Any]) -> dict:

@@ -32,8 +32,13 @@ def sidecar_path(run_path, copy: int = 0):
     from pathlib import Path
 
     run_path = Path(run_path)
-    stem = run_path.name[: -len(".h5")] if run_path.name.endswith(".h5") else run_path.name
-    return run_path.with_name(stem + (f".copy{copy}" if copy else "") + SIDECAR_SUFFIX)
+    return run_path.with_name(_stem(run_path.name) + (f".copy{copy}" if copy else "") + SIDECAR_SUFFIX)
+
+
+def _stem(name: str) -> str:
+    """RUN.h5 -> RUN; a name without .h5 keeps all of it plus '._', so runs `a` and `a.h5`
+    never share a sidecar (each sidecar also records its run's name, checked on open)."""
+    return name[: -len(".h5")] if name.endswith(".h5") else name + "._"
 
 
 def copy_sidecar_paths(run_path) -> list:
@@ -41,6 +46,6 @@ def copy_sidecar_paths(run_path) -> list:
     from pathlib import Path
 
     run_path = Path(run_path)
-    stem = run_path.name[: -len(".h5")] if run_path.name.endswith(".h5") else run_path.name
+    stem = _stem(run_path.name)
     return sorted(p for p in run_path.parent.glob(f"{stem}.copy*{SIDECAR_SUFFIX}")
                   if p.name[len(stem) + 5 : -len(SIDECAR_SUFFIX)].isdigit())

@@ -59,3 +59,39 @@ def writer_alive(path) -> bool:
             return True
     finally:
         os.close(fd)
+
+
+def lock_holder(path) -> int | None:
+    """The pid of the process holding the writer lock on `path`, where /proc tells (Linux):
+    OFD locks report pid -1 to F_GETLK, but /proc/<pid>/fdinfo lists the locks of each open file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fdinfo")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            if f"ino:\t{st.st_ino}\n" in text and any(
+                    ("OFDLCK" in ln or "POSIX" in ln) and "WRITE" in ln and dev in ln
+                    for ln in text.splitlines() if ln.startswith("lock:")):
+                return pid
+    return None
+
+
+def describe_holder(path) -> str:
+    """'pid N' of the live writer of `path`, or 'another process' where it cannot be told."""
+    pid = lock_holder(path)
+    return f"pid {pid}" if pid is not None else "another process"

@@ -7,6 +7,7 @@ n = len(/steps) checkpoints, m = len(metrics/step) evaluations. Opening per call
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from contextlib import contextmanager
@@ -30,8 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
-def open_trajectory_file(path: str | Path) -> h5py.File:
-    """Open a trajectory read-only (SWMR), or raise BadInput saying what is wrong with it."""
+def open_trajectory_file(path: str | Path, validate: bool = True) -> h5py.File:
+    """Open a trajectory read-only (SWMR), or raise BadInput saying what is wrong with it;
+    `validate` also checks it against docs/FORMAT.md (checkpoints/validate.py)."""
     path = Path(path)
     if not path.exists():
         raise BadInput(f"{path}: no such file")
@@ -45,7 +47,7 @@ def open_trajectory_file(path: str | Path) -> h5py.File:
         f = h5py.File(path, "r", locking=False)
     except OSError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
-        if "truncated file" in msg and _writer_flags_set(path):
+        if "truncated file" in msg:  # opened only if everything it refers to is on disk
             f = _open_padded_copy(path)
         elif "already open for write" not in msg and "consistency flags" not in msg:
             raise BadInput(f"{path}: damaged or truncated HDF5 file ({msg})") from None
@@ -56,38 +58,146 @@ def open_trajectory_file(path: str | Path) -> h5py.File:
             f = _open_swmr(path, path)
     try:
         _check_format(path, f)
+        if validate:
+            from groklens.checkpoints.validate import check_file
+
+            check_file(f, path)
     except BaseException:
         f.close()
         raise
     return f
 
 
-def _writer_flags_set(path: Path) -> bool:
-    """Superblock v2/v3 byte 11 holds the 'open for writing' flags a dead writer leaves set."""
-    with open(path, "rb") as fh:
-        sb = fh.read(12)
-    return len(sb) == 12 and sb[8] in (2, 3) and sb[11] != 0
-
-
 def _open_padded_copy(path: Path) -> h5py.File:
     """A writer whose disk write failed (disk full, file-size limit) can leave the superblock's
     end-of-file address beyond the bytes that reached the disk. Everything committed lies before
-    the failed write, so a copy padded with zeros up to that address opens in SWMR mode and
-    shows every committed checkpoint. The copy is unlinked at once (the open handle keeps it)."""
-    import shutil
-    import tempfile
-
+    the failed write, so the file read as if padded with zeros up to that address shows every
+    committed checkpoint. It is read through a view (no copy) whose superblock has its 'open for
+    writing' flags cleared (checksum recomputed), so it opens without SWMR, whose reader would
+    retry damaged metadata for many minutes; then every chunk the file refers to must lie within
+    the bytes on disk, or the file was cut (a truncated copy of a killed run) and is refused
+    rather than read as zeros."""
+    real = path.stat().st_size
     with open(path, "rb") as fh:
-        sb = fh.read(36)
+        sb = bytearray(fh.read(48))
+    if len(sb) < 48 or sb[8] not in (2, 3) or sb[9] != 8:
+        raise BadInput(f"{path}: damaged or truncated HDF5 file (superblock unreadable)")
     stored_eof = int.from_bytes(sb[28:36], "little")
-    fd, tmp = tempfile.mkstemp(suffix=".h5", prefix="groklens-padded-")
-    os.close(fd)
+    sb[11] = 0
+    sb[44:48] = lookup3(bytes(sb[:44])).to_bytes(4, "little")
+    view = _PaddedView(path, bytes(sb), max(stored_eof, real))
     try:
-        shutil.copyfile(path, tmp)
-        os.truncate(tmp, max(stored_eof, os.path.getsize(tmp)))
-        return _open_swmr(Path(tmp), path)
-    finally:
-        os.unlink(tmp)
+        f = h5py.File(view, "r")
+    except OSError as exc:
+        view.close()
+        raise BadInput(f"{path}: truncated HDF5 file ({real} of {stored_eof} bytes; {_first(exc)})") from None
+    try:
+        beyond = _data_beyond(f, real)
+    except (OSError, RuntimeError, KeyError, ValueError):
+        beyond = "its metadata is unreadable"
+    if beyond:
+        f.close()
+        raise BadInput(f"{path}: truncated HDF5 file ({real} of {stored_eof} bytes; {beyond})")
+    return f
+
+
+class _PaddedView(io.RawIOBase):
+    """Read-only file object: `path` with its first bytes replaced by `head`, zeros up to `size`."""
+
+    def __init__(self, path: Path, head: bytes, size: int):
+        self.fh = open(path, "rb")
+        self.head, self.size, self.pos = head, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.pos = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        n = max(0, min(len(buffer), self.size - self.pos))
+        self.fh.seek(self.pos)
+        got = self.fh.readinto(memoryview(buffer)[:n]) or 0
+        buffer[got:n] = bytes(n - got)
+        if self.pos < len(self.head):
+            k = min(n, len(self.head) - self.pos)
+            buffer[:k] = self.head[self.pos:self.pos + k]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
+
+
+def _data_beyond(f: h5py.File, size: int) -> str | None:
+    """Where the file refers to data past its first `size` bytes, or None (chunk metadata only)."""
+    found: list[str] = []
+
+    def visit(name, obj):
+        if found or not isinstance(obj, h5py.Dataset):
+            return
+        dsid = obj.id
+        if obj.chunks is None:
+            offset = dsid.get_offset()
+            if offset is not None and offset + dsid.get_storage_size() > size:
+                found.append(f"/{name} lies beyond the end")
+            return
+        for i in range(dsid.get_num_chunks()):
+            info = dsid.get_chunk_info(i)
+            if info.byte_offset + info.size > size:
+                found.append(f"/{name} chunk {i} lies beyond the end")
+                return
+
+    f.visititems(visit)
+    return found[0] if found else None
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _rot(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
+
+
+def lookup3(data: bytes, initval: int = 0) -> int:
+    """Bob Jenkins' lookup3 hashlittle: the checksum HDF5 keeps in a v2/v3 superblock."""
+    M = 0xFFFFFFFF
+    length = len(data)
+    a = b = c = (0xDEADBEEF + length + initval) & M
+    i = 0
+    while length > 12:
+        a = (a + int.from_bytes(data[i:i + 4], "little")) & M
+        b = (b + int.from_bytes(data[i + 4:i + 8], "little")) & M
+        c = (c + int.from_bytes(data[i + 8:i + 12], "little")) & M
+        a = (a - c) & M; a ^= _rot(c, 4); c = (c + b) & M  # noqa: E702 - the reference's mix()
+        b = (b - a) & M; b ^= _rot(a, 6); a = (a + c) & M  # noqa: E702
+        c = (c - b) & M; c ^= _rot(b, 8); b = (b + a) & M  # noqa: E702
+        a = (a - c) & M; a ^= _rot(c, 16); c = (c + b) & M  # noqa: E702
+        b = (b - a) & M; b ^= _rot(a, 19); a = (a + c) & M  # noqa: E702
+        c = (c - b) & M; c ^= _rot(b, 4); b = (b + a) & M  # noqa: E702
+        length -= 12
+        i += 12
+    if length == 0:
+        return c
+    tail = data[i:] + b"\0" * (12 - length)
+    a = (a + int.from_bytes(tail[0:4], "little")) & M
+    b = (b + int.from_bytes(tail[4:8], "little")) & M
+    c = (c + int.from_bytes(tail[8:12], "little")) & M
+    for x, y, k in (("c", "b", 14), ("a", "c", 11), ("b", "a", 25), ("c", "b", 16), ("a", "c", 4),
+                    ("b", "a", 14), ("c", "b", 24)):  # the reference's final()
+        v = {"a": a, "b": b, "c": c}
+        v[x] = ((v[x] ^ v[y]) - _rot(v[y], k)) & M
+        a, b, c = v["a"], v["b"], v["c"]
+    return c
 
 
 def _open_swmr(file: Path, path: Path) -> h5py.File:
@@ -164,7 +274,7 @@ class Trajectory:
 
     def __init__(self, path: str | Path, copy: int | None = None):
         self.path = Path(path)
-        with self._open() as f:  # validates the file now, not at first use
+        with self._open(validate=True) as f:  # validates the file now, not at first use
             self.n_copies = 1 + (len(f[C.COPIES]) if C.COPIES in f else 0)
         if copy is not None and (isinstance(copy, bool) or not isinstance(copy, (int, np.integer))
                                  or not 0 <= copy < self.n_copies):
@@ -176,8 +286,8 @@ class Trajectory:
         return f[C.COPIES][str(self.copy)] if self.copy else f[C.PARAMS]
 
     @contextmanager
-    def _open(self) -> Iterator[h5py.File]:
-        f = open_trajectory_file(self.path)
+    def _open(self, validate: bool = False) -> Iterator[h5py.File]:
+        f = open_trajectory_file(self.path, validate=validate)
         try:
             yield f
         except (OSError, RuntimeError, KeyError) as exc:
@@ -251,7 +361,11 @@ class Trajectory:
 
         i = self.checkpoint_index(step)
         with self._open() as f:
-            return {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
+            out = {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
+        bad = next((name for name, t in out.items() if not torch.isfinite(t).all()), None)
+        if bad is not None:  # the trainer stops before storing a non-finite step: the file is damaged
+            raise BadInput(f"{self.path}: invalid trajectory: {bad} at step {step} is not finite")
+        return out
 
     def param_trajectory(self, name: str) -> np.ndarray:
         """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""
@@ -268,7 +382,12 @@ class Trajectory:
 
         params = self.params(step)
         model = build_model(self.config, self.dataset())
-        model.load_state_dict(params, strict=True)
+        try:
+            model.load_state_dict(params, strict=True)
+        except RuntimeError as exc:  # names or shapes that are not the configured model's
+            first = " ".join(str(exc).split("\n", 2)[1:2]).strip() or str(exc).splitlines()[0]
+            raise BadInput(f"{self.path}: invalid trajectory: the parameters do not fit the configured model "
+                           f"({first})") from None
         return model.to(device).eval()
 
     def dataset(self) -> "TaskData":

@@ -10,6 +10,8 @@ leaves every committed checkpoint readable; `recover()` copies them into a clean
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -30,9 +32,12 @@ METRIC_CHUNK = 256
 class TrajectoryWriter:
     """Appends checkpoints and evaluation rows to one trajectory file."""
 
-    def __init__(self, f: h5py.File, lock: WriterLock):
+    def __init__(self, f: h5py.File, lock: WriterLock, path: Path | None = None, replaces: Path | None = None):
         self.f = f
         self.lock = lock
+        self.path = Path(path or f.filename)  # where the run lives (changes when a staged run replaces)
+        self.replaces = replaces  # --force: the run this staged file replaces at its first commit
+        self.on_commit = None  # called with the step after each committed checkpoint
         self.n_checkpoints = int(f[C.STEPS].shape[0])
         self.n_evals = int(f[C.METRICS][C.METRICS_STEP].shape[0])
         self.metric_names = [k for k in f[C.METRICS] if k != C.METRICS_STEP]
@@ -51,11 +56,23 @@ class TrajectoryWriter:
         state: Mapping[str, np.ndarray],
         metric_names: list[str],
         copies: Sequence[Mapping[str, np.ndarray]] = (),
+        replace: bool = False,
     ) -> "TrajectoryWriter":
         """Create a new file holding no checkpoint yet; the caller refuses existing paths.
-        `copies`: the parameters of copies 1..M-1 of a routed run (`params` is copy 0)."""
-        path = Path(path)
-        f = h5py.File(path, "w-", libver="latest")
+        `copies`: the parameters of copies 1..M-1 of a routed run (`params` is copy 0).
+        `replace` (train --force): write a staging file beside `path` instead, and move it over
+        `path` (dropping the old run's sidecars) only once its first checkpoint is committed; a
+        run that fails before that leaves the old run as it was."""
+        target = Path(path)
+        path = staging_path(target) if replace else target
+        _check_creatable(path)
+        need = (sum(a.nbytes for a in data.values()) + 2 * sum(a.nbytes for a in state.values())
+                + sum(a.nbytes for p in (params, *copies) for a in p.values()) + (64 << 10))
+        _check_space(path, need, f"creating {target}")
+        try:
+            f = h5py.File(path, "w-", libver="latest")
+        except OSError as exc:
+            raise _room_or(exc, f"cannot create {target}: {_first_line(exc)}", path, resume=False) from None
         try:
             f.attrs[C.ATTR_FORMAT] = C.FORMAT_NAME
             f.attrs[C.ATTR_FORMAT_VERSION] = C.FORMAT_VERSION
@@ -87,11 +104,14 @@ class TrajectoryWriter:
             f.flush()
             f.swmr_mode = True
             lock = WriterLock(path)
-        except BaseException:
-            f.close()
+        except BaseException as exc:
             path.unlink(missing_ok=True)  # never leave a half-made file behind
+            if isinstance(exc, (OSError, RuntimeError)):
+                _abandon(f)
+                raise _room_or(exc, f"cannot create {target}: {_first_line(exc)}", path, resume=False) from None
+            _close_quietly(f)
             raise
-        return cls(f, lock)
+        return cls(f, lock, path, replaces=target if replace else None)
 
     @classmethod
     def reopen(cls, path: str | Path) -> "TrajectoryWriter":
@@ -135,8 +155,27 @@ class TrajectoryWriter:
             self.f.flush()  # commit
         except (OSError, RuntimeError) as exc:
             self.failed = True
-            raise RunFailure(f"writing checkpoint at step {step} failed: {_first_line(exc)}") from None
+            hdf5_write_failed()
+            raise _room_or(exc, f"writing checkpoint at step {step} failed: {_first_line(exc)}", self.path) from None
         self.n_checkpoints = n + 1
+        if self.replaces is not None:
+            self._take_place()
+        if self.on_commit is not None:
+            self.on_commit(step)
+
+    def _take_place(self) -> None:
+        """The staged run has a checkpoint: it replaces the old run now (train --force)."""
+        from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
+        from groklens.checkpoints.locking import describe_holder, writer_alive
+
+        target = self.replaces
+        if writer_alive(target):  # started since the check before training: the live run wins
+            raise BadInput(f"{target} is being written by a live process ({describe_holder(target)}); "
+                           "not replaced")
+        os.replace(self.path, target)
+        self.path, self.replaces = target, None
+        for old in [sidecar_path(target), *copy_sidecar_paths(target)]:
+            drop_sidecar(old, target)  # analyses of the old run would be stale
 
     def write_eval(self, row: Mapping[str, float]) -> None:
         """Append one evaluation row; `row` holds 'step' and every metric name given at creation."""
@@ -154,7 +193,9 @@ class TrajectoryWriter:
             self.f.flush()  # commit
         except (OSError, RuntimeError) as exc:
             self.failed = True
-            raise RunFailure(f"writing evaluation at step {row['step']} failed: {_first_line(exc)}") from None
+            hdf5_write_failed()
+            raise _room_or(exc, f"writing evaluation at step {row['step']} failed: {_first_line(exc)}",
+                           self.path) from None
         self.n_evals = m + 1
 
     def _check_room(self, step: int, nbytes: int) -> None:
@@ -163,7 +204,7 @@ class TrajectoryWriter:
         import resource
         import shutil
 
-        path = Path(self.f.filename)
+        path = self.path
         need = 2 * nbytes + (64 << 10)  # uncompressed worst case, twice, plus metadata slack
         size = path.stat().st_size
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -183,17 +224,19 @@ class TrajectoryWriter:
             self.f[C.STATUS][0] = raw
             self.f.flush()
         except (OSError, RuntimeError):
+            hdf5_write_failed()
             self.failed = True  # the status is advisory; the commit markers are what count
 
     def close(self, status: str | None = None) -> None:
-        if self.f:
+        if self.failed:
+            _abandon(self.f)  # closing would flush into the failed file: leave it as a killed writer does
+        elif self.f:
             if status is not None:
                 self.set_status(status)
-            try:
-                self.f.close()
-            except (OSError, RuntimeError):
-                pass
+            _close_quietly(self.f)
         self.lock.release()
+        if self.replaces is not None:  # never committed: the old run stays, the staging file goes
+            self.path.unlink(missing_ok=True)
 
 
 def _create_params(g: h5py.Group, params: Mapping[str, np.ndarray]) -> None:
@@ -201,6 +244,112 @@ def _create_params(g: h5py.Group, params: Mapping[str, np.ndarray]) -> None:
         g.create_dataset(name, shape=(0, *arr.shape), maxshape=(None, *arr.shape),
                          dtype="float32", chunks=(1, *arr.shape) if arr.shape else (1,),
                          **(PARAM_COMPRESSION if arr.size > 1 else {}))
+
+
+WRITE_FAILED = False  # an HDF5 write failed in this process (the CLI then exits without teardown)
+
+
+def hdf5_write_failed() -> None:
+    """After a failed write HDF5 cannot flush the file's cached metadata, and h5py can crash
+    closing the file at exit: `groklens.cli.main` then exits without interpreter teardown.
+    What is on disk is what a killed writer leaves, which readers and `--resume` handle."""
+    global WRITE_FAILED
+    WRITE_FAILED = True
+
+
+def _failed_write(exc: BaseException | None) -> bool:
+    return isinstance(exc, (RuntimeError, OSError)) and "write failed" in str(exc)
+
+
+def _quiet_unraisable(unraisable, _previous=sys.unraisablehook) -> None:
+    """h5py reports each object it frees after a failed write as an ignored exception, with a
+    traceback (hundreds of lines on a full disk); the one-line error says it all."""
+    if _failed_write(unraisable.exc_value):
+        hdf5_write_failed()
+        return
+    _previous(unraisable)
+
+
+def _quiet_excepthook(kind, value, tb, _previous=sys.excepthook) -> None:
+    if _failed_write(value):  # Cython prints the traceback of an ignored exception through here
+        hdf5_write_failed()
+        return
+    _previous(kind, value, tb)
+
+
+sys.unraisablehook = _quiet_unraisable
+sys.excepthook = _quiet_excepthook
+
+
+def staging_path(target: Path) -> Path:
+    """Where `train --force` writes until its first commit: beside the target, per process."""
+    return target.with_name(f".{target.name}.force-{os.getpid()}.tmp")
+
+
+def drop_sidecar(path: Path, run: Path) -> None:
+    """Delete `path` if it is the analyses sidecar of `run` (never a run or a foreign file that
+    happens to carry the name)."""
+    if path.is_symlink():  # a link is removed, never followed
+        path.unlink()
+        return
+    if not path.is_file():
+        return
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            fmt, owner = f.attrs.get("format"), f.attrs.get("run")
+    except OSError:
+        return
+    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    owner = owner.decode() if isinstance(owner, bytes) else owner
+    if fmt == "groklens-analyses" and owner in (None, run.name):
+        path.unlink(missing_ok=True)
+
+
+def _check_space(path: Path, need: int, what: str) -> None:
+    """RunFailure, before anything is written, when the disk or the file-size limit lacks `need` bytes."""
+    import resource
+    import shutil
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    free = shutil.disk_usage(path.parent).free
+    if need > free or (soft != resource.RLIM_INFINITY and need > soft):
+        where = f"the disk has {free >> 10} KiB free" if need > free else f"the file-size limit is {soft >> 10} KiB"
+        raise RunFailure(f"{what} needs about {need >> 10} KiB; {where}")
+
+
+def _check_creatable(path: Path) -> None:
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot write into {path.parent} (permission denied)")
+
+
+_ABANDONED: list = []  # files whose write failed, kept open until the process exits
+
+
+def _abandon(f: h5py.File) -> None:
+    hdf5_write_failed()
+    _ABANDONED.append(f)
+
+
+def _close_quietly(f: h5py.File) -> None:
+    try:
+        f.close()
+    except Exception:  # noqa: BLE001 - after a failed write HDF5 may refuse to flush on close
+        pass
+
+
+def _room_or(exc: BaseException, message: str, path: Path, resume: bool = True) -> RunFailure:
+    """A one-line RunFailure; a full disk or file-size limit is named as such."""
+    import errno
+
+    hdf5_write_failed()
+    text = str(exc)
+    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(
+        s in text for s in ("No space left", "File too large", "Disk quota", "errno = 27", "errno = 28"))
+    if full:
+        then = "`groklens train --resume` continues the run" if resume else "train again"
+        return RunFailure(f"{path}: no room left on the disk or under the file-size limit ({message}); "
+                          f"free space, then {then}")
+    return RunFailure(message)
 
 
 def _first_line(exc: BaseException) -> str:

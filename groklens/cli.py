@@ -8,6 +8,7 @@ Heavy modules (torch, transformer_lens) are imported inside commands, so `--help
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -92,6 +93,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
     from groklens.trainers import loop
 
     if resume_path is not None:
+        if force:
+            raise BadInput("--resume continues a run and --force starts one afresh; give one of them")
         given = sorted(k for k, v in overrides.items() if v is not None)
         if given or config_file or preset_name or out:
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
@@ -123,8 +126,15 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
 def info(run: str, as_json: bool) -> None:
     """Config, checkpoints, last metrics, memorization and grokking steps of RUN.h5."""
     from groklens.checkpoints import Trajectory
+    from groklens.checkpoints.validate import InvalidTrajectory
 
-    summary = Trajectory(run).summary()
+    try:
+        summary = Trajectory(run).summary()
+    except InvalidTrajectory as exc:
+        if as_json:  # what is wrong, all of it, then exit 2 like any bad input
+            click.echo(strict_json({"path": exc.path, "valid": False, "problems": exc.problems}))
+        raise
+    summary = {**summary, "valid": True, "problems": []}
     if as_json:
         click.echo(strict_json(summary))
         return
@@ -142,8 +152,9 @@ def info(run: str, as_json: bool) -> None:
     last = summary["last"]
     if last:
         click.echo(
-            f"last     step {last['step']}: train loss {last['train_loss']:.4g} acc {last['train_acc']:.4f} | "
-            f"test loss {last['test_loss']:.4g} acc {last['test_acc']:.4f}"
+            f"last     step {last['step']}: train loss {_num(last['train_loss'], '.4g')} acc "
+            f"{_num(last['train_acc'], '.4f')} | test loss {_num(last['test_loss'], '.4g')} acc "
+            f"{_num(last['test_acc'], '.4f')}"
         )
     for key in summary["grokking_step"]:
         click.echo(
@@ -156,6 +167,11 @@ def info(run: str, as_json: bool) -> None:
         click.echo(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
                    f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
                    f"{_censored(routing['ensemble_grokking_step']['0.95'], summary)}")
+
+
+def _num(value, spec: str) -> str:
+    """A stored metric; None where it was not finite (a diverged run)."""
+    return "non-finite" if value is None else format(value, spec)
 
 
 def _censored(step, summary) -> str:
@@ -428,6 +444,8 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_result
     if no_results and results_md:
         raise BadInput("give --results FILE or --no-results, not both")
     target = None if no_results else (results_md or E.RESULTS_MD)
+    if target is not None:
+        _check_text_target(Path(target))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=target, progress=not quiet,
                          echo=(lambda _m: None) if as_json else click.echo)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
@@ -449,6 +467,26 @@ def demo(out_dir, scale, force, workers, quiet) -> None:
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
 
 
+def _check_text_target(path: Path) -> None:
+    """A Markdown file a command will update: an existing writable text file, or a new one in
+    a writable directory."""
+
+    if path.exists():
+        if not path.is_file():
+            raise BadInput(f"{path} is not a regular file")
+        try:
+            text = path.read_bytes()
+            text.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise BadInput(f"{path} is not a UTF-8 text file") from None
+        if b"\0" in text:
+            raise BadInput(f"{path} is not a text file (it holds NUL bytes)")
+        if not os.access(path, os.W_OK):
+            raise BadInput(f"cannot write {path} (permission denied)")
+    elif not path.parent.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot create {path}: its directory is missing or not writable")
+
+
 # ---------------------------------------------------------------------- entry point
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
@@ -458,9 +496,9 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("groklens: aborted", err=True)
-        code = 1
+    except click.exceptions.Abort:  # click's form of Ctrl-C (and of EOF at a prompt)
+        click.echo("groklens: interrupted", err=True)
+        code = 130
     except click.ClickException as exc:  # usage errors: unknown option, bad value, ...
         if debug:
             raise
@@ -479,6 +517,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"groklens: failed: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for details)", err=True)
         code = 1
+    if getattr(sys.modules.get("groklens.checkpoints.writer"), "WRITE_FAILED", False):
+        sys.stdout.flush()  # HDF5 would fail (or crash) closing a file whose write failed:
+        sys.stderr.flush()  # leave it as a killed writer would, which readers handle
+        os._exit(code)
     sys.exit(code)
 
 

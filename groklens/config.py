@@ -159,6 +159,8 @@ class RunConfig:
             _check(getattr(self, name) >= 1, f"{name} must be >= 1; got {getattr(self, name)}")
         for name in ("warmup_steps", "batch_size", "log_checkpoints", "stop_after_grok"):
             _check(getattr(self, name) >= 0, f"{name} must be >= 0; got {getattr(self, name)}")
+        for name in ("seed", "data_seed"):  # torch and numpy take seeds in [0, 2**63)
+            _check(0 <= getattr(self, name) < 2**63, f"{name} must be in 0 <= {name} < 2**63; got {getattr(self, name)}")
         _check(self.checkpoint_every <= self.steps,
                f"checkpoint_every ({self.checkpoint_every}) is larger than the run (steps={self.steps})")
         _check(self.eval_every <= self.steps,
@@ -282,7 +284,9 @@ def _coerce(key: str, annotation: Any, raw: Any) -> Any:
         pass
     else:
         return raw
-    raise BadInput(f"config key {key!r}: {raw!r} is not a valid {ann}")
+    import reprlib  # a value built from YAML aliases can be huge: show its start only
+
+    raise BadInput(f"config key {key!r}: {reprlib.repr(raw)} is not a valid {ann}")
 
 
 # Named starting points; `nanda` is the default. docs/VARIANTS.md says where each comes from.
@@ -322,16 +326,11 @@ def preset(name: str) -> RunConfig:
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (or JSON) config file as data only (safe_load: no code from files)."""
-    import yaml
 
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"config file {path} does not exist or is not a file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"config file {path} is not valid YAML: {first}") from None
+    data = safe_yaml(path)
     if data is None:
         raise BadInput(f"config file {path} is empty")
     if not isinstance(data, dict):
@@ -339,8 +338,53 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+YAML_MAX_DEPTH = 20  # configs and sweeps are two or three levels deep
+YAML_MAX_NODES = 100_000  # nodes after alias expansion: a few aliases must not make gigabytes
+
+
+def safe_yaml(path: Path, what: str = "config file") -> Any:
+    """Data from a YAML file (safe loader: no code), refusing nesting deeper than YAML_MAX_DEPTH
+    and documents whose aliases expand to more than YAML_MAX_NODES nodes, before building them."""
+    import yaml
+
+    try:
+        loader = yaml.SafeLoader(path.read_text())
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _count_nodes(node, path, what)
+                return loader.construct_document(node)
+            return None
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise BadInput(f"{what} {path} is nested too deeply") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"{what} {path} is not valid YAML: {first}") from None
+
+
+def _count_nodes(root, path: Path, what: str) -> None:
+    import yaml
+
+    seen = 0
+    stack = [(root, 1)]
+    while stack:  # iterative: an alias is walked again at each use, as construction would expand it
+        node, depth = stack.pop()
+        seen += 1
+        if depth > YAML_MAX_DEPTH:
+            raise BadInput(f"{what} {path} is nested deeper than {YAML_MAX_DEPTH} levels")
+        if seen > YAML_MAX_NODES:
+            raise BadInput(f"{what} {path} expands to more than {YAML_MAX_NODES} values (nested aliases?)")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.extend(((key, depth + 1), (value, depth + 1)))
+
+
 def field_names() -> list[str]:
     return [f.name for f in fields(RunConfig)]
 
 
-__all__ = ["RunConfig", "PRESETS", "preset", "load_config_file", "field_names", "CHOICES", "parse_freqs"]
+__all__ = ["RunConfig", "PRESETS", "preset", "load_config_file", "safe_yaml", "field_names", "CHOICES", "parse_freqs"]

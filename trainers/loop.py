@@ -25,8 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from groklens.checkpoints import Trajectory, TrajectoryWriter, recover, sidecar_path
-from groklens.checkpoints.constants import copy_sidecar_paths
+from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
 from groklens.checkpoints.writer import config_json
 from groklens.config import RunConfig
 from groklens.errors import BadInput, RunFailure
@@ -134,7 +133,10 @@ class Trainer:
         self.grad_norm = float("nan")
         self._setup()
         self.writer: TrajectoryWriter = writer_factory(self)
-        self.writer_path = Path(self.writer.f.filename)
+
+    @property
+    def writer_path(self) -> Path:
+        return self.writer.path  # a staged --force run moves to its target at its first commit
 
     def _setup(self) -> None:
         """Subclasses (routing.RoutedTrainer) build more state here, before the writer sees it."""
@@ -380,30 +382,42 @@ def _progress_bar(total: int, initial: int, enabled: bool):
 
 
 # ---------------------------------------------------------------------- entry points
-def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True) -> TrainResult:
-    """Train `cfg` from scratch into the trajectory file `out` (refused if it exists, unless force)."""
+def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True,
+          on_commit=None) -> TrainResult:
+    """Train `cfg` from scratch into the trajectory file `out` (refused if it exists, unless force).
+    With force, the new run is staged beside `out` and replaces it at its first committed
+    checkpoint, so a run that fails before that leaves the old one (checkpoints/writer.py).
+    `on_commit(step)` is called after each committed checkpoint."""
+    from groklens.checkpoints.locking import describe_holder, writer_alive
+    from groklens.checkpoints.validate import check_resources
+
     cfg.validate()
     out = Path(out)
     if out.exists() and out.is_dir():
         raise BadInput(f"{out} is a directory; give a file path for --out")
-    if out.exists() and not force:
+    exists = out.exists() or out.is_symlink()
+    if exists and not force:
         raise BadInput(f"{out} already exists; use --force to overwrite it or --resume to continue it")
+    if exists and writer_alive(out):
+        raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
     if not out.parent.exists():
         raise BadInput(f"directory {out.parent} does not exist")
+    check_resources(cfg)  # sizes from the config alone, before any allocation
     data = TASKS.get(cfg.task).build(cfg)
     device = resolve_device(cfg.device)  # fail on a missing GPU before touching any file
     del device
-    if force:
-        out.unlink(missing_ok=True)
-        for old in [sidecar_path(out), *copy_sidecar_paths(out)]:
-            old.unlink(missing_ok=True)  # analyses of the old run would be stale
 
     def make_writer(trainer: Trainer) -> TrajectoryWriter:
-        return create_trajectory(out, cfg, data, trainer.host_params(), trainer.host_state(),
-                                 copies=trainer.host_copies())
+        writer = create_trajectory(out, cfg, data, trainer.host_params(), trainer.host_state(),
+                                   copies=trainer.host_copies(), replace=exists)
+        writer.on_commit = on_commit
+        return writer
 
     trainer = trainer_class(cfg)(cfg, data, make_writer, progress=progress)
-    return trainer.run(0, fresh=True)
+    try:
+        return trainer.run(0, fresh=True)
+    finally:
+        trainer.writer.close()  # idempotent; a staged run that never committed is deleted
 
 
 def trainer_class(cfg: RunConfig) -> type[Trainer]:
@@ -416,7 +430,8 @@ def trainer_class(cfg: RunConfig) -> type[Trainer]:
 
 
 def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[str, np.ndarray],
-                      state: dict[str, np.ndarray], copies: list[dict[str, np.ndarray]] = ()) -> TrajectoryWriter:
+                      state: dict[str, np.ndarray], copies: list[dict[str, np.ndarray]] = (),
+                      replace: bool = False) -> TrajectoryWriter:
     """A new trajectory file for a run of `cfg` on `data` (single runs and ensemble members alike;
     `copies`: copies 1..M-1 of a routed run)."""
     return TrajectoryWriter.create(
@@ -432,6 +447,7 @@ def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[st
         state=state,
         metric_names=metric_names(cfg),
         copies=copies,
+        replace=replace,
     )
 
 

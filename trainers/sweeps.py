@@ -31,6 +31,8 @@ existing cluster), `slurm` submitit job arrays.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import json
 import math
@@ -39,7 +41,8 @@ import re
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,8 @@ MANIFEST = "sweep.json"
 ERROR_SUFFIX = ".error.json"
 EXECUTORS = ("local", "ray", "slurm")
 LOGSPACE_DIGITS = 6  # logspace values are rounded to 6 significant digits (clean names and YAML)
+MAX_RUNS = 10_000  # a grid larger than this is refused up front (exit 2), never materialized
+NAME_MAX = 200  # longer run names get a stable hash (file names: 255 bytes, minus suffixes)
 
 
 # ---------------------------------------------------------------------- the grid
@@ -68,9 +73,15 @@ class Sweep:
     base: dict[str, Any]
     axes: dict[str, list[Any]]  # field -> typed values (logspace expanded)
     seeds: list[int]
+    _runs: list[RunSpec] | None = field(default=None, repr=False, compare=False)
 
     def runs(self) -> list[RunSpec]:
         """The product of the axes and seeds, in grid order (axes as written, seeds innermost)."""
+        if self._runs is None:
+            self._runs = self._product()
+        return list(self._runs)
+
+    def _product(self) -> list[RunSpec]:
         fields_ = list(self.axes)
         out: list[RunSpec] = []
         for values in itertools.product(*(self.axes[f] for f in fields_)):
@@ -91,16 +102,13 @@ class Sweep:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file (yaml.safe_load: data only)."""
-    import yaml
 
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"sweep file {path} does not exist or is not a file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"sweep file {path} is not valid YAML: {first}") from None
+    from groklens.config import safe_yaml
+
+    data = safe_yaml(path, what="sweep file")
     return parse_sweep(data, source=str(path))
 
 
@@ -131,9 +139,14 @@ def parse_sweep(data: Any, source: str = "sweep") -> Sweep:
         seeds_raw = [seeds_raw]
     if (not isinstance(seeds_raw, list) or not seeds_raw
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw)):
-        raise BadInput(f"{source}: 'seeds' must be a non-empty list of integers; got {seeds_raw!r}")
+        raise BadInput(f"{source}: 'seeds' must be a non-empty list of integers; got {_short(seeds_raw)}")
+    if len(seeds_raw) > MAX_RUNS:
+        raise BadInput(f"{source}: 'seeds' has {len(seeds_raw)} values; a sweep holds at most {MAX_RUNS} runs")
     if len(set(seeds_raw)) != len(seeds_raw):
-        raise BadInput(f"{source}: 'seeds' repeats a seed: {seeds_raw}")
+        raise BadInput(f"{source}: 'seeds' repeats a seed: {_short(seeds_raw)}")
+    total = math.prod(len(v) for v in axes.values()) * len(seeds_raw)
+    if total > MAX_RUNS:  # refused before the product is built: --dry-run answers at once
+        raise BadInput(f"{source}: the grid has {total} runs; a sweep holds at most {MAX_RUNS} (split it)")
     sweep = Sweep(base=dict(base), axes=axes, seeds=list(seeds_raw))
     sweep.runs()  # every combination must be a valid config: fail now, not after hours
     return sweep
@@ -151,8 +164,8 @@ def _axis_values(name: str, spec: Any, base: dict, source: str) -> list[Any]:
         except (TypeError, ValueError):
             raise BadInput(f"{source}: axis {name!r}: logspace bounds must be numbers; got {lohi[:2]!r}") from None
         n = lohi[2]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise BadInput(f"{source}: axis {name!r}: logspace count must be an integer >= 1; got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_RUNS:
+            raise BadInput(f"{source}: axis {name!r}: logspace count must be an integer in 1..{MAX_RUNS}; got {n!r}")
         if not (lo > 0 and hi > 0 and math.isfinite(lo) and math.isfinite(hi)):
             raise BadInput(f"{source}: axis {name!r}: logspace bounds must be positive numbers; got {lo}, {hi}")
         raw = [float(f"{v:.{LOGSPACE_DIGITS}g}") for v in np.geomspace(lo, hi, n)]
@@ -162,9 +175,12 @@ def _axis_values(name: str, spec: Any, base: dict, source: str) -> list[Any]:
         elif kind != "float":
             raise BadInput(f"{source}: axis {name!r}: logspace needs a numeric field; {name} is {kind}")
     elif isinstance(spec, list):
+        if len(spec) > MAX_RUNS:
+            raise BadInput(f"{source}: axis {name!r} has {len(spec)} values; a sweep holds at most {MAX_RUNS} runs")
         raw = spec
     else:
-        raise BadInput(f"{source}: axis {name!r} must be a list of values or {{logspace: [lo, hi, n]}}; got {spec!r}")
+        raise BadInput(f"{source}: axis {name!r} must be a list of values or {{logspace: [lo, hi, n]}}; "
+                       f"got {_short(spec)}")
     if not raw:
         raise BadInput(f"{source}: axis {name!r} has no values")
     values = []
@@ -207,7 +223,12 @@ def _format_value(v: Any) -> str:
 def run_name(point: dict[str, Any], seed: int) -> str:
     """`field=value` for each axis in sorted field order, then the seed, joined by '__'."""
     parts = [f"{k}={_format_value(point[k])}" for k in sorted(point)]
-    return "__".join(parts + [f"seed={seed}"])
+    name = "__".join(parts + [f"seed={seed}"])
+    if len(name.encode()) <= NAME_MAX:
+        return name
+    # too long for a file name: a stable prefix and hash (sweep.json keeps the full config)
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{name[: NAME_MAX - 40]}__h{digest}__seed={seed}"
 
 
 # ---------------------------------------------------------------------- state of a run
@@ -224,22 +245,25 @@ def run_state(out_dir: Path, name: str) -> tuple[str, str]:
     from groklens.checkpoints import Trajectory
 
     err = error_path(out_dir, name)
+    path = run_path(out_dir, name)
+    traj = status = None
+    n = 0
+    if path.exists():
+        try:
+            traj = Trajectory(path)
+            status = traj.status
+            n = len(traj.steps)
+        except BadInput as exc:
+            status = f"unreadable file, restarted: {exc}"
+    if traj is not None and status.startswith("completed"):
+        return "done", status  # a finished run wins over an error file left by a racing attempt
     if err.exists():
         try:
             return "failed", json.loads(err.read_text()).get("error", "")
         except (OSError, ValueError):
             return "failed", "(unreadable error file)"
-    path = run_path(out_dir, name)
-    if not path.exists():
-        return "pending", ""
-    try:
-        traj = Trajectory(path)
-        status = traj.status
-        n = len(traj.steps)
-    except BadInput as exc:
-        return "pending", f"unreadable file, restarted: {exc}"
-    if status.startswith("completed"):
-        return "done", status
+    if traj is None:
+        return "pending", status or ""
     if traj.is_live:
         return "running", f"{n} checkpoints"
     if n == 0:
@@ -275,7 +299,52 @@ def execute_task(task: dict) -> list[dict]:
     return [_execute_single(r) for r in runs]
 
 
+LOCK_FILE = ".sweep.lock"  # flock: the manifest; byte-range locks: one claim per run
+
+
+@contextmanager
+def _claim(out_dir: Path, name: str) -> Iterator[bool]:
+    """Yield True while this process holds the run's claim (an OFD lock on one byte of DIR's
+    lock file, at an offset from the name's hash); False when another sweep holds it. A claim
+    dies with its process, so a killed sweep never leaves a run claimed."""
+    import struct
+
+    fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    offset = int.from_bytes(hashlib.sha256(name.encode()).digest()[:6], "little")
+    try:
+        try:
+            cmd = getattr(fcntl, "F_OFD_SETLK", None)
+            if cmd is not None:
+                fcntl.fcntl(fd, cmd, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0) + b"\0" * 4)
+            else:  # pragma: no cover - non-Linux
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+            held = True
+        except OSError:
+            held = False
+        yield held
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _manifest_lock(out_dir: Path) -> Iterator[None]:
+    fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits: manifest updates take milliseconds
+        yield
+    finally:
+        os.close(fd)
+
+
 def _execute_single(run: dict) -> dict:
+    name, path = run["name"], Path(run["path"])
+    with _claim(path.parent, name) as mine:
+        if not mine:
+            return {"name": name, "state": "running", "detail": "trained by another sweep"}
+        return _execute_claimed(run)
+
+
+def _execute_claimed(run: dict) -> dict:
     from groklens.trainers import loop
 
     name, path = run["name"], Path(run["path"])
@@ -302,6 +371,15 @@ def _execute_single(run: dict) -> dict:
 
 
 def _execute_ensemble(runs: list[dict]) -> list[dict]:
+    with ExitStack() as stack:
+        mine = [r for r in runs if stack.enter_context(_claim(Path(r["path"]).parent, r["name"]))]
+        outcomes = {r["name"]: {"name": r["name"], "state": "running", "detail": "trained by another sweep"}
+                    for r in runs if r not in mine}
+        outcomes.update({o["name"]: o for o in _execute_ensemble_claimed(mine)} if mine else {})
+    return [outcomes[r["name"]] for r in runs]
+
+
+def _execute_ensemble_claimed(runs: list[dict]) -> list[dict]:
     from groklens.trainers.ensemble import resume_ensemble, train_ensemble
 
     outcomes: dict[str, dict] = {}
@@ -334,7 +412,7 @@ def _execute_ensemble(runs: list[dict]) -> list[dict]:
         if not group:
             continue
         if len(group) == 1:  # one member: the ordinary loop is the same computation
-            outcomes[group[0]["name"]] = _execute_single(group[0])
+            outcomes[group[0]["name"]] = _execute_claimed(group[0])
             continue
         paths = [Path(r["path"]) for r in group]
         try:
@@ -383,9 +461,22 @@ def _record_failure(path: Path, name: str, exc: BaseException) -> dict:
 
 
 def _write_json(path: Path, data: Any) -> None:
+    """Whole or not at all: a temporary file of this process, renamed; removed on failure."""
+    from groklens.errors import RunFailure
+
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunFailure(f"writing {path} failed ({exc.strerror or exc})") from None
+
+
+def _short(value: Any) -> str:
+    import reprlib
+
+    return reprlib.repr(value)
 
 
 # ---------------------------------------------------------------------- executors
@@ -771,11 +862,14 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
         if isinstance(result, BaseException):  # the task itself broke (worker died, job failed)
             outcomes = []
             for r in task["runs"]:
-                state, detail = run_state(out_dir, r["name"])
-                if state in ("done", "failed"):  # it got that far before the task broke
-                    outcomes.append({"name": r["name"], "state": state, "detail": detail})
-                else:
-                    outcomes.append(_record_failure(Path(r["path"]), r["name"], result))
+                with _claim(out_dir, r["name"]) as free:
+                    state, detail = run_state(out_dir, r["name"])
+                    if state in ("done", "failed"):  # it got that far before the task broke
+                        outcomes.append({"name": r["name"], "state": state, "detail": detail})
+                    elif not free:  # another sweep trains it now: not a failure of this one
+                        outcomes.append({"name": r["name"], "state": "running", "detail": detail})
+                    else:
+                        outcomes.append(_record_failure(Path(r["path"]), r["name"], result))
             result = outcomes
         for outcome in result:
             if outcome["state"] == "done":
@@ -813,7 +907,13 @@ def _make_executor(executor, out_dir, workers, address, gpus_per_run, slurm) -> 
 
 
 def _update_manifest(out_dir: Path, runs: Sequence[RunSpec], sweep: Sweep | None) -> None:
-    """DIR/sweep.json: every run this directory was asked for; a name never changes config."""
+    """DIR/sweep.json: every run this directory was asked for; a name never changes config.
+    Concurrent sweeps on one directory take turns (an flock), so neither drops the other's runs."""
+    with _manifest_lock(out_dir):
+        _update_manifest_locked(out_dir, runs, sweep)
+
+
+def _update_manifest_locked(out_dir: Path, runs: Sequence[RunSpec], sweep: Sweep | None) -> None:
     path = out_dir / MANIFEST
     manifest: dict[str, Any] = {"format": "groklens-sweep", "runs": {}}
     if path.exists():

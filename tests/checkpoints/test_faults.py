@@ -128,3 +128,27 @@ def test_no_pickle_or_unsafe_loads_in_the_package():
                 if pattern.search(line) and "weights_only=True" not in line:
                     offenders.append(f"{py.relative_to(root)}:{i}: {line.strip()}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("case", ["create", "sidecar", "train-preflight-off"])
+def test_every_writer_stops_with_one_line_on_a_full_disk(tmp_path, case):
+    """Issue 17: no segfault, no h5py traceback, no temporary file; the message names the cause."""
+    run = tmp_path / "r.h5"
+    if case == "sidecar":
+        train_tiny(run)
+    before = {p.name for p in tmp_path.iterdir()}
+    code = "import sys; from groklens.cli import main; main(sys.argv[1:])"
+    if case == "train-preflight-off":
+        code = ("from groklens.checkpoints.writer import TrajectoryWriter as W; W._check_room = lambda *a: None; "
+                + code)
+    args = {"create": ["train", "-q", "--out", str(run), *config_flags(tiny_config(**FAULT_CFG))],
+            "train-preflight-off": ["train", "-q", "--out", str(run), *config_flags(tiny_config(**FAULT_CFG))],
+            "sidecar": ["analyze", str(run), "--metric", "norms", "-q"]}[case]
+    limit = {"create": 20_000, "sidecar": 3_000, "train-preflight-off": 300_000}[case]
+    out = subprocess.run([sys.executable, "-c", code, *args], preexec_fn=_limit_file_size(limit),
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert out.returncode == 1, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "KiB" in out.stderr or "no room" in out.stderr, out.stderr
+    after = {p.name for p in tmp_path.iterdir()}
+    assert after - before <= ({"r.h5"} if case == "train-preflight-off" else set())  # nothing stray

@@ -1,7 +1,10 @@
 """Bad input, everywhere: every case exits 2 with one line naming the problem, no traceback,
 and creates or modifies no file (issue: reliability)."""
 
+import json
+
 import h5py
+import numpy as np
 import pytest
 
 from tests.helpers import groklens, train_tiny
@@ -133,3 +136,166 @@ def test_at_least_forty_cases():
     assert len(CASES) >= 40
     assert {c.split()[0] for c, _ in CASES} >= {"train", "info", "analyze", "probe", "compare", "report",
                                               "sweep", "scaling-law", "demo"}
+
+
+# --- crafted or damaged trajectories (issue 17): every reader names the file and its first problem
+def _craft(good, path, edit):
+    path.write_bytes(good.read_bytes())
+    with h5py.File(path, "r+") as f:
+        edit(f)
+
+
+def _replace(f, name, data):
+    del f[name]
+    f.create_dataset(name, data=data)
+
+
+def _set_attr(name, value):
+    return lambda f: f.attrs.__setitem__(name, value)
+
+
+CRAFTED = {
+    "cfg_list": (_set_attr("config", "[1, 2, 3]"), "not a mapping"),
+    "cfg_deep": (_set_attr("config", "[" * 10_000 + "]" * 10_000), "config"),
+    "cfg_notask": (lambda f: f.attrs.__setitem__("config", json.dumps(
+        {k: v for k, v in json.loads(f.attrs["config"]).items() if k != "task"})), "task"),
+    "version_str": (_set_attr("format_version", "1"), "format_version"),
+    "steps_2d": (lambda f: _replace(f, "steps", f["steps"][:].reshape(-1, 1)), "/steps"),
+    "steps_dup": (lambda f: _replace(f, "steps", np.repeat(f["steps"][:1], len(f["steps"]))), "/steps"),
+    "steps_order": (lambda f: _replace(f, "steps", f["steps"][:][::-1]), "/steps"),
+    "steps_float": (lambda f: _replace(f, "steps", f["steps"][:].astype(float)), "/steps"),
+    "metric_short": (lambda f: _replace(f, "metrics/test_acc", f["metrics/test_acc"][:2]), "test_acc"),
+    "labels_range": (lambda f: _replace(f, "data/labels", f["data/labels"][:] + 1000), "labels"),
+    "inputs_range": (lambda f: _replace(f, "data/inputs", -f["data/inputs"][:] - 1), "inputs"),
+    "idx_range": (lambda f: _replace(f, "data/train_idx", f["data/train_idx"][:] + 10_000), "train_idx"),
+}
+LOADERS = {  # found when the parameters are loaded (against the model the config builds)
+    "param_missing": (lambda f: f.__delitem__("params/embed.W_E"), "embed.W_E"),
+    "param_extra": (lambda f: f.create_dataset("params/extra.W", data=np.zeros((len(f["steps"]), 3), "f4")),
+                    "extra.W"),
+    "param_shape": (lambda f: _replace(f, "params/embed.W_E", f["params/embed.W_E"][:, :3]), "embed.W_E"),
+    "param_nan": (lambda f: f["params/embed.W_E"].__setitem__(1, np.nan), "not finite"),
+}
+
+
+@pytest.fixture(scope="module")
+def crafted(files):
+    root, paths = files
+    out = root / "crafted"
+    out.mkdir()
+    made = {}
+    for name, (edit, needle) in {**CRAFTED, **LOADERS}.items():
+        made[name] = (out / f"{name}.h5", needle)
+        _craft(paths["run"], made[name][0], edit)
+        if name in LOADERS:  # an unfinished run, so that --resume loads its parameters
+            _craft(made[name][0], made[name][0], lambda f: _replace(f, "steps", f["steps"][:2]))
+    blob = paths["run"].read_bytes()
+    (out / "trunc95.h5").write_bytes(blob[: int(len(blob) * 0.95)])
+    made["trunc95"] = (out / "trunc95.h5", "truncated")
+    return out, made
+
+
+def _refused(root, args, needle):
+    before = _snapshot(root)
+    out = groklens(*args, cwd=root, timeout=120)
+    assert out.returncode == 2, f"{args}: exit {out.returncode}: {out.stderr}{out.stdout[-300:]}"
+    err = out.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err and args[1] in err, err
+    assert _snapshot(root) == before  # nothing created, nothing modified (no sidecar either)
+
+
+@pytest.mark.parametrize("name", [*CRAFTED, "trunc95"])
+def test_crafted_trajectory_is_refused_by_every_reader(crafted, name):
+    root, made = crafted
+    path, needle = made[name]
+    for args in (["info", str(path)], ["analyze", str(path), "--metric", "norms", "-q"],
+                 ["train", "-q", "--resume", str(path)]):
+        _refused(root, args, needle)
+
+
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_parameters_that_do_not_fit_the_model_are_refused(crafted, name):
+    root, made = crafted
+    path, needle = made[name]
+    for args in (["analyze", str(path), "--metric", "norms", "-q"], ["train", "-q", "--resume", str(path)]):
+        _refused(root, args, needle)
+
+
+def test_info_json_lists_the_problems(crafted):
+    root, made = crafted
+    out = groklens("info", str(made["steps_order"][0]), "--json")
+    assert out.returncode == 2
+    info = json.loads(out.stdout)
+    assert info["valid"] is False and any("/steps" in p for p in info["problems"])
+    good = json.loads(groklens("info", str(root.parent / "run.h5"), "--json", check=True).stdout)
+    assert good["valid"] is True and good["problems"] == []
+
+
+def test_a_corrupt_sidecar_is_named(tmp_path):
+    run = tmp_path / "r.h5"
+    train_tiny(run)
+    groklens("analyze", str(run), "--metric", "norms", "-q", check=True)
+    side = tmp_path / "r.analyses.h5"
+    blob = bytearray(side.read_bytes())
+    for i in range(600, len(blob) - 200, 97):  # metadata past the superblock: checksums fail
+        blob[i] ^= 0xFF
+    side.write_bytes(bytes(blob))
+    _refused(tmp_path, ["analyze", str(run), "--metric", "norms", "-q"], "r.analyses.h5")
+
+
+MORE_CASES = [
+    ("train --out {new} --seed -1", "seed"),
+    ("train --out {new} --seed 18446744073709551616", "seed"),
+    ("train --out {new} --p 50000", "memory"),
+    ("train --out {new} --d-model 100000000", "memory"),
+    ("train --out {new} --n-heads 100000000", "memory"),
+    ("train --out {new} --steps 1000000000000", "memory"),
+    ("train --out {new} --log-checkpoints 1000000000", "log_checkpoints"),
+    ("train --out {new} --config {bomb_yaml}", "aliases"),
+    ("train --out {new} --config {deep_yaml}", "nested"),
+    ("train --resume {run} --force", "--force"),
+    ("report {run} -o ''", "--out is empty"),
+    ("sweep {grid_huge} -o {newdir} --dry-run", "at most"),
+    ("sweep {grid_bomb} -o {newdir} --dry-run", "aliases"),
+    ("sweep {grid_deep} -o {newdir} --dry-run", "nested"),
+    ("reproduce bounded-sphere --scale smoke -o {newdir} --results {binary_md}", "not a UTF-8 text file"),
+    ("report {run} -o {csv_is_dir}", "is a directory"),
+]
+
+BOMB = ("a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+        "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+        "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n")
+
+
+@pytest.fixture(scope="module")
+def more_files(files):
+    root, paths = files
+    extra = {"bomb_yaml": root / "bomb.yaml", "deep_yaml": root / "deep.yaml", "grid_huge": root / "huge.yaml",
+             "grid_bomb": root / "gbomb.yaml", "grid_deep": root / "gdeep.yaml"}
+    extra["bomb_yaml"].write_text(BOMB + "p: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n")
+    extra["deep_yaml"].write_text("p: " + "[" * 5000 + "]" * 5000 + "\n")
+    extra["grid_huge"].write_text("base: {p: 7, steps: 10, checkpoint_every: 5, eval_every: 5}\naxes:\n"
+                                  "  lr: {logspace: [0.001, 0.1, 1000]}\n  weight_decay: {logspace: [0.01, 1, 1000]}\n")
+    extra["grid_bomb"].write_text(BOMB + "seeds: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n")
+    extra["grid_deep"].write_text("base: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
+    extra["binary_md"] = root / "binary.md"
+    extra["binary_md"].write_bytes(bytes(range(256)))
+    extra["csv_is_dir"] = root / "rep"
+    (extra["csv_is_dir"] / "comparison.csv").mkdir(parents=True)
+    return root, {**paths, **extra}
+
+
+@pytest.mark.parametrize("command,needle", MORE_CASES, ids=[c for c, _ in MORE_CASES])
+def test_more_bad_input(more_files, command, needle):
+    import shlex
+
+    root, paths = more_files
+    names = {k: str(v) for k, v in paths.items()}
+    before = _snapshot(root)
+    out = groklens(*shlex.split(command.format(**names)), cwd=root, timeout=120)
+    assert out.returncode == 2, f"exit {out.returncode}: {out.stderr}{out.stdout[-300:]}"
+    err = out.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err, err
+    assert _snapshot(root) == before
