@@ -30,6 +30,7 @@ from groklens.checkpoints.writer import config_json
 from groklens.config import RunConfig
 from groklens.errors import BadInput, RunFailure
 from groklens.trainers.models import build_model
+from groklens.trainers.optim import AdamW
 from groklens.trainers.regularizers import LOSSES, Batch, build_regularizers, regularizer_metric_names
 from groklens.trainers.tasks import TASKS, TaskData
 
@@ -101,7 +102,7 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.model = build_model(cfg, data).to(self.device)
         self.params = dict(self.model.named_parameters())
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = AdamW(  # torch.optim.AdamW minus its torch._dynamo import (trainers/optim.py)
             self.params.values(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
         self.loss_fn = LOSSES.get(cfg.loss)

@@ -40,6 +40,7 @@ import torch
 from groklens.config import RunConfig
 from groklens.trainers.loop import NonFiniteStep, Trainer, warmup_factor
 from groklens.trainers.models import build_model
+from groklens.trainers.optim import AdamW
 
 ENSEMBLE_METRICS = ("train_loss", "test_loss", "train_acc", "test_acc")
 COPY_EXCLUDED = ("lr",)  # metrics shared by every copy, logged once
@@ -135,7 +136,7 @@ class RoutedTrainer(Trainer):
                                       for m in range(1, n)]
         self.copy_params = [dict(model.named_parameters()) for model in self.models]
         self.optimizers = [self.optimizer] + [
-            torch.optim.AdamW(p.values(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+            AdamW(p.values(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
             for p in self.copy_params[1:]]
         # slot r's mini-batches: the generator an independent run with seed+r would use
         self.batch_gens = [self.batch_gen] + [torch.Generator().manual_seed(cfg.seed + m + 1) for m in range(1, n)]

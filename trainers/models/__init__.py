@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from groklens._tl import defer_package_inits
 from groklens.errors import BadInput
 from groklens.registry import Registry
+
+# The models import TransformerLens' hook machinery only, not its eager package __init__
+# (transformers, datasets, pandas): groklens/_tl.py says how and why.
+defer_package_inits()
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
