@@ -7,6 +7,9 @@ For each configuration (the canonical p=113 model, `RunConfig()`; the bounded sp
 `sphere`) it times, in the same process and alternating blocks of `--block` steps:
   groklens.step   `groklens.trainers.loop.Trainer.train_step` (hooks, regularizer plumbing,
                   float64 loss, grad-norm check, as `groklens train` runs it);
+  groklens.step.explicit  the same step with the model's explicit forward path forced (what runs
+                  when a hook is attached; the forward pass of groklens before the fused fast
+                  path, bit-identical): the "before" of issue 18;
   groklens.train  `groklens.trainers.loop.train` end to end (evaluation every `eval_every`
                   steps on all p^2 inputs and checkpoints every `checkpoint_every` steps, as
                   configured), per step, from a separate short run;
@@ -255,7 +258,10 @@ def bench(name: str, cfg: RunConfig, block: int, repeats: int, e2e_steps: int) -
     plain = PlainLoop(cfg, tr, readout_only=False)
     ro = PlainLoop(cfg, tr, readout_only=True)
     sdpa = PlainLoop(cfg, tr, readout_only=False, sdpa=True)
-    runners = {"groklens.step": tr.train_step, "plain.sdpa": sdpa.step, "plain": plain.step, "plain.readout": ro.step}
+    explicit = groklens_trainer(cfg)
+    explicit.model.hooks_attached = lambda: True  # as if a hook were attached: the explicit path
+    runners = {"groklens.step": tr.train_step, "groklens.step.explicit": explicit.train_step,
+               "plain.sdpa": sdpa.step, "plain": plain.step, "plain.readout": ro.step}
     for fn in runners.values():  # warm-up (allocator, first AdamW step)
         time_block(fn, 0, 3)
     rates: dict[str, list[float]] = {k: [] for k in runners}
@@ -273,6 +279,8 @@ def bench(name: str, cfg: RunConfig, block: int, repeats: int, e2e_steps: int) -
         # step-time ratios (time = 1 / rate): the reference of issue 18 and the old one
         "time_groklens_step_over_plain_sdpa": med["plain.sdpa"] / med["groklens.step"],
         "time_groklens_step_over_plain": med["plain"] / med["groklens.step"],
+        "time_explicit_step_over_plain_sdpa": med["plain.sdpa"] / med["groklens.step.explicit"],
+        "time_explicit_step_over_plain": med["plain"] / med["groklens.step.explicit"],
         "ratio_groklens_step_to_plain": med["groklens.step"] / med["plain"],
         "ratio_groklens_train_to_plain": med["groklens.train"] / med["plain"],
         "ratio_plain_readout_to_plain": med["plain.readout"] / med["plain"],
@@ -313,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: n_train={r['n_train']}  " + "  ".join(f"{k} {v:.2f} steps/s" for k, v in sp.items()))
         print(f"  step time, groklens.step / plain.sdpa = {r['time_groklens_step_over_plain_sdpa']:.3f} (reference);  "
               f"groklens.step / plain = {r['time_groklens_step_over_plain']:.3f} (old reference)")
+        print(f"  explicit path (before the fast path): / plain.sdpa = {r['time_explicit_step_over_plain_sdpa']:.3f};  "
+              f"/ plain = {r['time_explicit_step_over_plain']:.3f}")
         print(f"  rates: groklens.step / plain = {r['ratio_groklens_step_to_plain']:.3f};  groklens.train / plain = "
               f"{r['ratio_groklens_train_to_plain']:.3f};  plain.readout / plain = {r['ratio_plain_readout_to_plain']:.3f}")
         print(f"  loop.train over {args.e2e_steps} steps, seconds: "

@@ -169,26 +169,23 @@ class Attention(nn.Module):
         return torch.einsum("bqhe,hed->bqd", z, self.W_O)
 
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
-        """The same output from [b, p, d] inputs, with no hook inside."""
-        b, n, d = x.shape
-        h, e = self.cfg.n_heads, self.cfg.d_head
+        """The same output from [b, p, d] inputs, with no hook inside. The projections are the
+        explicit path's einsums (one matmul each; under torch.func.vmap, as in the ensemble, they
+        give the single run's numbers bit for bit); the softmax attention is torch's fused kernel."""
+        n = x.shape[1]
         mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
-        nq = mask.shape[0]
+        v = torch.einsum("bpd,hde->bhpe", x, self.W_V)
         if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
-            v = x @ self.W_V.permute(1, 0, 2).reshape(d, h * e)  # [b, n, h e]
-            allowed = mask.to(x.dtype) if self.cfg.causal else torch.ones(nq, n, dtype=x.dtype, device=x.device)
-            z = (allowed / allowed.sum(-1, keepdim=True)) @ v  # [b, nq, h e]
+            allowed = mask.to(x.dtype) if self.cfg.causal else torch.ones(mask.shape, dtype=x.dtype, device=x.device)
+            z = (allowed / allowed.sum(-1, keepdim=True)) @ v  # [b, h, q, e]
         else:
-            if query is None:  # one matmul for q, k and v
-                w = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).reshape(d, 3 * h * e)
-                q, k, v = (x @ w).view(b, n, 3, h, e).permute(2, 0, 3, 1, 4)
-            else:  # keys and values at every position, queries at the readout only
-                w = torch.cat([self.W_K, self.W_V]).permute(1, 0, 2).reshape(d, 2 * h * e)
-                k, v = (x @ w).view(b, n, 2, h, e).permute(2, 0, 3, 1, 4)
-                q = (x[:, query] @ self.W_Q.permute(1, 0, 2).reshape(d, h * e)).view(b, nq, h, e).transpose(1, 2)
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if self.cfg.causal else None)
-            z = z.transpose(1, 2).reshape(b, nq, h * e)
-        return z @ self.W_O.reshape(h * e, d)
+            xq = x if query is None else x[:, query]
+            q = torch.einsum("bpd,hde->bhpe", xq, self.W_Q)
+            k = torch.einsum("bpd,hde->bhpe", x, self.W_K)
+            if not self.cfg.causal or (query is not None and query.start == n - 1):
+                mask = None  # every query sees every key (bidirectional, or the last position only)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+        return torch.einsum("bhqe,hed->bqd", z, self.W_O)
 
 
 class MLP(nn.Module):
