@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 from transformer_lens import ActivationCache, HookedRootModule
-from transformer_lens.utilities import Slice
 
 from groklens.errors import BadInput
 
@@ -263,5 +262,7 @@ class GroklensCache(ActivationCache):
         if layer not in (None, -1, self.model.cfg.n_layers) or mlp_input:
             self._stream(f"apply_ln_to_stack at layer {layer}")
         if has_batch_dim:  # what TL does before normalizing: the batch slice
+            from transformer_lens.utilities import Slice
+
             residual_stack = Slice.unwrap(batch_slice).apply(residual_stack, dim=1)
         return residual_stack

@@ -15,6 +15,8 @@ With norm_placement=post (norm ln | rms) a LayerNorm/RMSNorm N takes those place
 sphere paper's baselines: ln_embed after the embedding, blocks.{l}.ln1 after the attention sum,
 blocks.{l}.ln2 after the MLP sum, no ln_final (LayerNorm eps 1e-5, RMSNorm eps 1e-8).
 Shapes: b batch, p position, d d_model, h head, e d_head, m d_mlp, v vocab.
+The HookedTransformer-style surface (stacked W_Q ... W_U, QK/OV, return_type, ...) and the fast
+path taken when no hook is attached are described in docs/TRANSFORMERLENS.md.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from groklens.trainers.models.hooked import HookedModel, ModelConfig, TLUnsupported
@@ -385,16 +386,20 @@ class Transformer(HookedModel):
         return self.unembed.W_U.new_zeros(self.cfg.d_vocab_out)
 
     @property
-    def QK(self) -> FactoredMatrix:
-        """W_Q W_K^T per layer and head, [l, h, d, d] factored."""
+    def QK(self):
+        """W_Q W_K^T per layer and head, [l, h, d, d] factored (a TransformerLens FactoredMatrix)."""
+        from transformer_lens import FactoredMatrix
+
         if self.cfg.attention == "uniform":
             raise TLUnsupported("QK: with attention=uniform the scores are replaced by zeros, so W_Q W_K^T "
                                 "does not act; the pattern is 1 / (allowed positions); use OV")
         return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
 
     @property
-    def OV(self) -> FactoredMatrix:
-        """W_V W_O per layer and head, [l, h, d, d] factored."""
+    def OV(self):
+        """W_V W_O per layer and head, [l, h, d, d] factored (a TransformerLens FactoredMatrix)."""
+        from transformer_lens import FactoredMatrix
+
         return FactoredMatrix(self.W_V, self.W_O)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
