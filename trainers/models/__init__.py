@@ -21,11 +21,22 @@ if TYPE_CHECKING:  # pragma: no cover
 MODELS: Registry[Callable[["RunConfig", "TaskData"], "nn.Module"]] = Registry("model")
 
 
+def _attach_task(model, cfg: "RunConfig", data: "TaskData"):
+    """What return_type='loss' and to_tokens need: the run's labels, its loss, the token names
+    (digits_add: the characters 0-9 + =; every other task: the ids, and '=' for the last)."""
+    if cfg.task == "digits_add":
+        names, chars = [str(i) for i in range(10)] + ["+", "="], True
+    else:
+        names, chars = [str(i) for i in range(data.d_vocab - 1)] + ["="], False
+    model.attach_task(data, cfg.loss, names, char_tokens=chars)
+    return model
+
+
 @MODELS.register("transformer")
 def _build_transformer(cfg: "RunConfig", data: "TaskData"):
     from groklens.trainers.models.transformer import Transformer, TransformerConfig
 
-    return Transformer(
+    return _attach_task(Transformer(
         TransformerConfig(
             d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.d_head, n_layers=cfg.n_layers,
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
@@ -35,7 +46,7 @@ def _build_transformer(cfg: "RunConfig", data: "TaskData"):
             fourier_freqs=cfg.fourier_frequencies() if cfg.init == "fourier" else (),
             fourier_p=cfg.p if cfg.init == "fourier" else 0,
         )
-    )
+    ), cfg, data)
 
 
 @MODELS.register("mlp")
@@ -46,13 +57,13 @@ def _build_mlp(cfg: "RunConfig", data: "TaskData"):
         raise BadInput(f"model=mlp needs a single-target task read out at its last position; "
                        f"task {cfg.task!r} is not one")
     onehot = cfg.mlp_embed == "onehot"
-    return MLP(
+    return _attach_task(MLP(
         MLPConfig(
             d_model=data.d_vocab if onehot else cfg.d_model, n_heads=0, d_head=0, n_layers=cfg.n_layers,
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
             act_fn=cfg.act_fn, mlp_bias=cfg.mlp_bias, embed=cfg.mlp_embed,
         )
-    )
+    ), cfg, data)
 
 
 def build_model(cfg: "RunConfig", data: "TaskData", seed: int | None = None) -> "nn.Module":

@@ -105,11 +105,26 @@ class MLP(HookedModel):
             if b is not None:
                 nn.init.uniform_(b, -bound, bound)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, n_ctx] -> [b, n_ctx, v]
+    def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
+                loss_per_token: bool = False):
+        """[b, n_ctx] -> logits [b, n_ctx, v] (or TL's return_type loss | both | None)."""
+        tokens = self._as_tokens(tokens)
         e = self.hook_embed(self.embed(tokens[:, :-1]))
         x = self.hook_input(e.reshape(e.shape[0], -1))
         for layer in self.layers:
             x = layer(x)
         logits = self.hook_logits(self.unembed(x))
         zeros = logits.new_zeros(logits.shape[0], tokens.shape[1] - 1, logits.shape[-1])
-        return torch.cat([zeros, logits[:, None]], dim=1)
+        return self.output(torch.cat([zeros, logits[:, None]], dim=1), tokens, return_type, loss_per_token)
+
+    @property
+    def W_E(self) -> torch.Tensor:  # [d_vocab, d_model]
+        return self.embed.W_E
+
+    @property
+    def W_U(self) -> torch.Tensor:  # [d_mlp, d_vocab_out]: reads the last hidden layer
+        return self.unembed.W_U
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        return self.unembed.b_U if self.unembed.b_U is not None else self.W_U.new_zeros(self.cfg.d_vocab_out)

@@ -1,0 +1,68 @@
+"""The training fast path (no hook attached: fused projections, scaled_dot_product_attention, the
+readout-only last block) gives the loss and gradients of the explicit full forward pass (a hook
+attached: every HookPoint fires, all positions), for every variant."""
+
+import pytest
+import torch
+
+from groklens.trainers.models import build_model
+from groklens.trainers.regularizers import LOSSES
+from groklens.trainers.tasks import TASKS
+from tests.helpers import tiny_config
+
+VARIANTS = {
+    "none": dict(norm="none"),
+    "ln": dict(norm="ln", mlp_bias=True),
+    "ln_post": dict(norm="ln", norm_placement="post"),
+    "rms": dict(norm="rms"),
+    "rms_post": dict(norm="rms", norm_placement="post", causal=False),
+    "sphere": dict(norm="sphere", unembed="bounded", causal=False, mlp_bias=True, init_scheme="torch"),
+    "uniform": dict(norm="ln", attention="uniform"),
+    "uniform_bidir": dict(norm="sphere", attention="uniform", causal=False),
+    "digits": dict(task="digits_add", n_digits=1, norm="ln"),
+}
+# float32 sums in a different order (fused matmuls, SDPA's kernel): agreement to rounding
+ATOL, RTOL = 1e-6, 1e-4
+
+
+def _loss_and_grads(model, x, y, sl, hooked: bool):
+    model.zero_grad(set_to_none=True)
+    if hooked:  # any attached hook forces the explicit path; run the full forward pass
+        with model.hooks(fwd_hooks=[("hook_embed", lambda t, hook: None)]):
+            assert model.hooks_attached()
+            logits = model(x)[:, sl]
+    else:
+        assert not model.hooks_attached()
+        logits = model(x, readout=sl)
+    v = logits.shape[-1]
+    loss = LOSSES.get("ce")(logits.reshape(-1, v), y.reshape(-1))
+    loss.backward()
+    return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fast_path_equals_full_forward(variant):
+    cfg = tiny_config(n_layers=2, **VARIANTS[variant])
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    pos = data.readout_positions
+    sl = slice(pos[0], pos[-1] + 1)
+    x, y = data.inputs[data.train_idx][:64], data.labels[data.train_idx][:64]
+    fast_loss, fast = _loss_and_grads(model, x, y, sl, hooked=False)
+    full_loss, full = _loss_and_grads(model, x, y, sl, hooked=True)
+    assert torch.allclose(fast_loss, full_loss, atol=ATOL, rtol=RTOL)
+    for name in full:
+        if full[name] is None:  # uniform attention: W_Q, W_K get no gradient on either path
+            assert fast[name] is None, name
+            continue
+        assert torch.allclose(fast[name], full[name], atol=ATOL, rtol=RTOL), (name, float((fast[name] - full[name]).abs().max()))
+
+
+def test_hooks_see_the_explicit_path():
+    """With a cache attached every attention hook fires (the fast path would skip them)."""
+    cfg = tiny_config(n_layers=1)
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    _, cache = model.run_with_cache(data.inputs[:4])
+    assert {"blocks.0.attn.hook_q", "blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z"} <= set(cache.keys())
+    assert not model.hooks_attached()  # and nothing is left behind
