@@ -49,7 +49,7 @@ def test_run_with_cache_gives_a_real_activation_cache_whose_helpers_work():
         "from transformer_lens.hook_points import HookPoint\n"
         "ok = {'cache_is_tl': isinstance(cache, ActivationCache), 'model_is_tl': isinstance(model, HookedRootModule),\n"
         "      'hookpoints': sum(isinstance(m, HookPoint) for m in model.modules()) == len(model.hook_dict) > 0,\n"
-        "      'logits': torch.equal(logits, model(x))}\n"
+        "      'logits': torch.allclose(logits, model(x), atol=1e-5)}\n"  # no hook: the fused-attention path
         "acc, labels = cache.accumulated_resid(incl_mid=True, return_labels=True)\n"
         "expect = [cache[f'blocks.{l}.hook_resid_{k}'] for l in range(2) for k in ('pre', 'mid')]\n"
         "expect.append(cache['blocks.1.hook_resid_post'])\n"
@@ -89,9 +89,9 @@ def test_a_moved_leaf_falls_back_to_the_full_import():
         "from groklens.trainers.tasks import TASKS\n"
         f"cfg = RunConfig.from_dict({TINY!r})\n"
         "model = build_model(cfg, TASKS.get(cfg.task).build(cfg))\n"
-        "from transformer_lens import HookedRootModule\n"
+        "from transformer_lens import ActivationCache, HookedRootModule\n"
         "_, cache = model.run_with_cache(TASKS.get(cfg.task).build(cfg).inputs[:3])\n"
         "print(json.dumps({'tl': isinstance(model, HookedRootModule), 'full': 'transformers' in sys.modules,\n"
-        "                  'cache': type(cache).__name__}))\n"
+        "                  'cache': isinstance(cache, ActivationCache)}))\n"
     )
-    assert _python(code) == {"tl": True, "full": True, "cache": "ActivationCache"}
+    assert _python(code) == {"tl": True, "full": True, "cache": True}
