@@ -1,33 +1,37 @@
-"""`groklens reproduce`: the published results of `../shared/REFERENCES.md`, one command each.
+"""`groklens reproduce`: the published results of docs/RESULTS.md, one command each.
 
 An experiment is a named plan of runs at three scales, and a reading of those runs:
     smoke  a tiny end-to-end check for the test suite (p 5-7, widths 8-32, tens of steps, one
            seed): it proves the pipeline, never the result;
     quick  fits a 2-core CPU (minutes to under an hour): smaller p and model than the paper,
-           said in each experiment's `quick_note`, in `--list` and in docs/RESULTS.md;
-    paper  the published configuration, meant for a GPU.
+           said in each experiment's note, in `--list` and in docs/RESULTS.md;
+    paper  the published configuration (`--list` says whether it fits this CPU).
 
-`reproduce(name, scale, out_dir, seeds)` does, in `out_dir`:
-    1. train every run of the plan into `runs/` through `groklens.trainers.sweeps.run_sweep`
-       (`groklens.trainers.loop.train`, or batched ensembles of runs that share an
-       architecture): runs already complete are skipped, interrupted ones resumed exactly;
-    2. analyze them through `groklens.analyses.runner.compute_many` (results in the sidecars);
-    3. compare them (`groklens.analyses.compare.compare`, grouped by variant, the experiment's
-       baseline first) into `comparison.txt` / `comparison.csv`;
-    4. write the report figures and page (`groklens.analyses.report.build_report`) into `report/`;
-    5. read the rows: each published number (value and source, from REFERENCES.md) beside ours
-       and their ratio ours / published, and what differs in our setup; into `results.json`
-       and, unless disabled, docs/RESULTS.md (a rerun of the same command replaces its rows).
+`reproduce(name, scale, out_dir, seeds, ledger_dir=..., results_md=...)`:
+    1. looks every run of seeds 1..N up in the results ledger (`ledger.py`: LEDGER/NAME.SCALE.json,
+       default OUT/ledger; the committed one is docs/results/) by arm, seed and config hash;
+    2. trains, into OUT/runs through `groklens.trainers.sweeps.run_sweep`, only the runs that
+       neither the ledger nor a finished file of the same config hash in OUT/runs holds
+       (interrupted ones are resumed exactly);
+    3. computes the analyses the experiment reads on the new runs and records each of them in the
+       ledger (grokking steps at each threshold, censoring, final metrics, measures at the phases);
+    4. compares the run files present in OUT/runs (`comparison.txt` / `.csv`, `report/`);
+    5. reads the rows from the ledger: every recorded seed of each arm whose config hash is the
+       current one (entries of another config are listed apart, never mixed in), each published
+       number (value and source) beside ours and their ratio; into OUT/results.json and, with
+       `results_md`, the reproduce table of that markdown file (a rerun replaces its rows).
 
-Where the source states a claim without a number, the row's published value is None, the
-claim is quoted, and `verdict` says whether ours agrees; ratios are then not defined.
-Results that disagree with the paper are reported as they are. A grokking time that was not
-reached is right-censored: the mean then counts the censoring step and is a lower bound
-(shown `> N`), never dropped.
+Where the source states a claim without a number, the row's published value is None, the claim
+is quoted, and `verdict` says whether ours agrees, by the rules of `verdicts.py`. Results that
+disagree with the paper are reported as they are. A grokking time that was not reached is
+right-censored: the mean then counts the censoring step and is a lower bound (shown `> N` or
+`>= N`), never dropped. Speed-ups everywhere (rows, comparison.txt) are compare.speedup's: the
+ratio of geometric means with the Welch interval on log times. Every value states its n.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -425,7 +429,9 @@ def _read_fve(ctx: Context) -> list[Row]:
 def _plan_actnorm(sc: Scale, scale: str) -> Plan:
     lam = sc.extra["lambda"]
     mlp = {**sc.extra["mlp"]}
-    tf = {"norm": "none"}  # Nanda's canonical no-norm transformer: the residual's scale reaches the logits
+    # Nanda's canonical no-norm transformer: the residual's scale reaches the logits (behind a
+    # scale-invariant norm, rho and the Hessian would mostly measure the norm's eps)
+    tf = {"norm": "none", **sc.extra.get("tf", {})}
     return Plan({"tf_base": tf, "tf_actnorm": {**tf, "act_norm_lambda": lam},
                  "mlp_base": mlp, "mlp_actnorm": {**mlp, "act_norm_lambda": lam}}, "tf_base", sc.base)
 
@@ -795,10 +801,13 @@ _register(Experiment(
     {
         "smoke": _scale({**_SMOKE}, _SMOKE_NOTE, **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
         "quick": _scale({**_QUICK, "steps": 6000, "stop_after_grok": 2},
-                        _QUICK_NOTE + "; MLP: 2 hidden layers of 256, embeddings 64 wide, lr 1e-2 (it grokked at step 1200 "
-                        "with it, at 5800 with 3e-3: one seed); censored at 6000 steps",
-                        **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True, "norm": "none",
-                                                  "lr": 1e-2}}),
+                        _QUICK_NOTE.replace("pre-LayerNorm", "no norm (Nanda's architecture)")
+                        + "; the transformer censored at 20,000 steps (without a norm it grokked after 12,700 steps or "
+                        "not within 15,000 at lr 1e-3, not within 8,000 at lr 3e-3: docs/CLI.md); MLP: 2 hidden layers "
+                        "of 256, embeddings 64 wide, lr 1e-2 (it grokked at step 1200 with it, at 5800 with 3e-3: one "
+                        "seed), censored at 6000 steps",
+                        **{"lambda": 1.0, "tf": {"steps": 20_000},
+                           "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True, "norm": "none", "lr": 1e-2}}),
         "paper": _scale(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=1000),
                         "Nanda's canonical p=113 setup; the MLP is preset `mlp` (widths ours: the paper's are not in "
                         "REFERENCES.md)",
@@ -927,32 +936,32 @@ def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str,
     return out
 
 
-def _n_inputs(cfg) -> tuple[int, int]:
-    """(all inputs, sequence length) of cfg's task, without building it."""
-    t = cfg.task
-    if t == "s5":
-        return 120 * 120, 3
-    if t == "digits_add":
-        return 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2
-    if t.startswith("seq_"):
-        return min(cfg.p ** cfg.n_informative, 2_000_000), cfg.seq_len + 1
-    n = cfg.p * (cfg.p - 1) if t == "div" else cfg.p * cfg.p
-    return n, 3
+@functools.lru_cache(maxsize=512)
+def _task_shape(cfg_json: str) -> tuple[int, int, int]:
+    """(all inputs, sequence length, output vocabulary) of a config's task, from the task registry
+    (the task's own grid and vocabulary: no task sizes are hard-coded here)."""
+    from groklens.config import RunConfig
+    from groklens.trainers.tasks import TASKS
+
+    cfg = RunConfig.from_dict(json.loads(cfg_json))
+    task = TASKS.get(cfg.task)
+    inputs, labels, *_ = task.grid(cfg)
+    return int(len(labels)), int(inputs.shape[1]), int(task.vocab(cfg)[1])
 
 
 def step_flops(cfg) -> tuple[float, float]:
     """(FLOPs of one training step, FLOPs of one evaluation) of cfg: 6 x (multiply-add weights
     per token) x tokens for training (forward + backward), 2 x for the evaluation forward pass."""
-    n_all, ctx = _n_inputs(cfg)
+    data = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "lr", "weight_decay", "steps")}
+    n_all, ctx, vocab_out = _task_shape(json.dumps(data, sort_keys=True))
     n_train = max(1, round(cfg.train_frac * n_all))
     batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n_train else n_train
     if cfg.model == "mlp":
         d_in = (ctx - 1) * cfg.d_model
-        per = d_in * cfg.d_mlp + (cfg.n_layers - 1) * cfg.d_mlp ** 2 + cfg.d_mlp * cfg.p
+        per = d_in * cfg.d_mlp + (cfg.n_layers - 1) * cfg.d_mlp ** 2 + cfg.d_mlp * vocab_out
         tokens_train, tokens_eval = batch, n_all
     else:
         h = cfg.n_heads * cfg.d_head
-        vocab_out = 120 if cfg.task == "s5" else 10 if cfg.task == "digits_add" else cfg.p
         per = cfg.n_layers * (4 * cfg.d_model * h + 2 * cfg.d_model * cfg.d_mlp + 2 * ctx * h) + cfg.d_model * vocab_out
         tokens_train, tokens_eval = batch * ctx, n_all * ctx
     return 6.0 * per * tokens_train, 2.0 * per * tokens_eval
@@ -1018,7 +1027,7 @@ def listing(ledger_dir: str | Path | None = None) -> list[dict[str, Any]]:
 
 def format_listing(items: list[dict[str, Any]]) -> str:
     cores = os.cpu_count() or 1
-    lines = [f"experiment             scale  runs  fits this CPU ({cores} cores)?  measured per run (ledger)      "
+    lines = [f"experiment             scale  runs  {f'fits this CPU ({cores} cores)?':<27}  {'measured per run (ledger)':<30}  "
              "estimate (CPU-core time, every run to its step limit)"]
     for it in items:
         for scale in SCALES:

@@ -361,3 +361,26 @@ def test_groks_verdict_needs_a_cap_far_beyond_the_reference():
     mixed = [_R(500, 6000), _R(None, 6000)]
     assert groks_verdict(mixed, should_grok=True, reference=far, reference_what="t") == "undetermined (1 of 2 seeds grokked)"
     assert groks_verdict([_R(500, 600)] * 2, should_grok=True, reference=None, reference_what="t") == "agrees"
+
+
+# ---------------------------------------------------------------------- the GPU script
+@pytest.mark.slow
+def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
+    """benchmarks/gpu_paper_scale.sh --dry-run on CPU: trains, interrupts and resumes a tiny model
+    for real (ending equal to the uninterrupted run), then lists the paper-scale commands it would
+    run, one seed at a time, without training any of them."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_paper_scale.sh"
+    proc = subprocess.run(["bash", str(script), "--dry-run", "--work", str(tmp_path / "w"), "--ledger",
+                           str(tmp_path / "led"), "--seeds", "2", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resume: ok" in proc.stdout and "max |param diff| 0," in proc.stdout
+    would = [ln.split("would run: ", 1)[1] for ln in proc.stdout.splitlines() if "would run: " in ln]
+    assert len(would) == 2 * len(NAMES)
+    for name in NAMES:
+        for k in (1, 2):
+            assert any(f" reproduce {name} --scale paper --seeds {k} " in f" {c} " for c in would), (name, k)
+    assert not (tmp_path / "led").exists()  # nothing trained, nothing recorded
