@@ -273,7 +273,8 @@ _QUICK_NOTE = ("p=23, 50% of pairs, 1 layer, d_model 64, 2 heads, d_mlp 256, pre
 _SPHERE_QUICK = {**_QUICK, **_SPHERE_TRAIN}
 _QUICK_SPHERE_NOTE = ("p=23, 50% of pairs, d_model 64, 2 heads, d_mlp 256 (the paper: p=113, 30%, d_model 128, "
                       "4 heads, d_mlp 512); lr 3e-3 compared with the paper's lr 6e-4 row (5x larger: at 6e-4 "
-                      "these runs need ~10k steps); evaluation every 50 steps (paper: 200)")
+                      "these runs need ~10k steps); evaluation every 50 steps (paper: 200); post-norm "
+                      "LayerNorm/RMSNorm baselines and PyTorch's init, as the paper's code")
 ARCH: dict[str, dict[str, Any]] = {  # the architectures of the sphere paper's table (its baselines are post-norm)
     "ln": {"norm": "ln", "norm_placement": "post", "weight_decay": 1.0},
     "rms": {"norm": "rms", "norm_placement": "post", "weight_decay": 1.0},

@@ -384,3 +384,38 @@ def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
         for k in (1, 2):
             assert any(f" reproduce {name} --scale paper --seeds {k} " in f" {c} " for c in would), (name, k)
     assert not (tmp_path / "led").exists()  # nothing trained, nothing recorded
+
+
+def test_exponent_with_censored_runs_is_tobit_beside_ols():
+    """The weight-decay exponent with censored runs: ours is the Tobit estimate, checked against a
+    right-censored normal likelihood maximized here independently (Nelder-Mead), with OLS on the
+    grokked runs beside it."""
+    from scipy import optimize, stats
+
+    from groklens.analyses.scaling import GrokRecord
+
+    rng = np.random.default_rng(0)
+    wds = np.repeat([0.1, 0.3, 1.0, 3.0], 5)
+    logt = 7.0 - 1.0 * np.log(wds) + rng.normal(0, 0.4, len(wds))
+    cap = np.log(3000.0)
+    recs = [GrokRecord(f"r{i}", {"weight_decay": float(w)}, None if lt > cap else int(round(math.exp(lt))), 3000)
+            for i, (w, lt) in enumerate(zip(wds, logt))]
+    n_cens = sum(r.grok_step is None for r in recs)
+    assert 0 < n_cens < len(recs) - 3
+    ours, text = E._fit_text(recs, ["weight_decay"])["weight_decay"]
+    assert text.startswith("Tobit ") and "; OLS " in text and f"{n_cens} censored" in text
+
+    x = np.log([r.values["weight_decay"] for r in recs])
+    y = np.log([r.grok_step if r.grok_step is not None else r.last_step for r in recs])
+    c = np.array([r.grok_step is None for r in recs])
+
+    def nll(theta):
+        a, b, log_s = theta
+        z = (y - a - b * x) / math.exp(log_s)
+        return -(np.sum(stats.norm.logpdf(z[~c]) - log_s) + np.sum(stats.norm.logsf(z[c])))
+
+    best = optimize.minimize(nll, [7.0, -0.5, 0.0], method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-10,
+                                                                                    "maxiter": 20_000})
+    assert ours == pytest.approx(best.x[1], abs=1e-3)
+    ols = np.polyfit(x[~c], y[~c], 1)[0]
+    assert f"OLS {ols:.2f}" in text
