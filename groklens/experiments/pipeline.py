@@ -385,14 +385,16 @@ def result_lines(result: Result) -> list[str]:
 
 def update_results_md(path: str | Path, result: Result) -> Path:
     """Put `result`'s rows in the reproduce table of `path`, replacing earlier rows of the same
-    command; create the file (or the table section) when missing."""
+    experiment and scale; create the file (or the table section) when missing."""
     path = Path(path)
     text = path.read_text() if path.exists() else "# Reproductions\n"
     if RESULTS_BEGIN not in text:
         text = text.rstrip("\n") + f"\n\n{RESULTS_BEGIN}\n{_HEAD}\n{_RULE}\n{RESULTS_END}\n"
     head, rest = text.split(RESULTS_BEGIN, 1)
     body, tail = rest.split(RESULTS_END, 1) if RESULTS_END in rest else (rest, "\n")
-    key = f"| `{result.command}` |"
+    # rows come from the ledger (every recorded seed): a rerun with any --seeds replaces the
+    # experiment's rows at that scale
+    key = f"| `{command_text(result.name, result.scale, 0).rsplit(' --seeds', 1)[0]} --seeds "
     kept = [ln for ln in body.strip("\n").splitlines() if ln.strip() and not ln.startswith(key)
             and ln not in (_HEAD, _RULE)]
     lines = [_HEAD, _RULE] + kept + result_lines(result)

@@ -203,25 +203,26 @@ def test_interrupted_run_is_resumed_exactly(tmp_path):
     assert res.rows
 
 
-def test_results_md_replaces_rows_of_the_same_command(tmp_path):
+def test_results_md_replaces_rows_of_the_same_experiment_and_scale(tmp_path):
     md = tmp_path / "RESULTS.md"
     md.write_text("# Title\n\nintro kept\n")
 
-    def result(cmd_seeds: int, ours: float) -> E.Result:
+    def result(name: str, cmd_seeds: int, ours: float, run_wall: str = "") -> E.Result:
         row = E.Row("m", E.Published(2.0, "2", "src"), ours, f"{ours}", "diff")
-        return E.Result("x", "quick", cmd_seeds, tmp_path, [row], 65.0, E.command_text("x", "quick", cmd_seeds),
-                        [], None)
+        return E.Result(name, "quick", cmd_seeds, tmp_path, [row], 65.0, E.command_text(name, "quick", cmd_seeds),
+                        [], None, run_wall=run_wall)
 
-    E.update_results_md(md, result(1, 1.0))
-    E.update_results_md(md, result(2, 3.0))
-    E.update_results_md(md, result(1, 4.0))  # replaces the first command's row
+    E.update_results_md(md, result("x", 1, 1.0))
+    E.update_results_md(md, result("y", 2, 3.0))
+    E.update_results_md(md, result("x", 3, 4.0, "2 min per run (mean of 3, max 3 min; cpu)"))  # replaces x's row
     text = md.read_text()
     assert text.startswith("# Title\n\nintro kept\n")
     rows = [ln for ln in text.splitlines() if ln.startswith("| `groklens reproduce")]
     assert len(rows) == 2
-    assert "--seeds 2` | quick | m | 2 (src) | 3.0 | 1.5 |" in rows[0]
-    assert "--seeds 1` | quick | m | 2 (src) | 4.0 | 2 |" in rows[1]
-    assert "65 s (whole command)" in rows[1]
+    assert "reproduce y --scale quick --seeds 2` | quick | m | 2 (src) | 3.0 | 1.5 |" in rows[0]
+    assert "65 s (whole command)" in rows[0]
+    assert "reproduce x --scale quick --seeds 3` | quick | m | 2 (src) | 4.0 | 2 |" in rows[1]
+    assert "2 min per run (mean of 3, max 3 min; cpu)" in rows[1]
 
 
 def test_cli_runs_one_experiment_and_writes_its_rows(tmp_path):
