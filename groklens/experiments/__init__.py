@@ -19,7 +19,8 @@ An experiment is a named plan of runs at three scales, and a reading of those ru
     5. reads the rows from the ledger: every recorded seed of each arm whose config hash is the
        current one (entries of another config are listed apart, never mixed in), each published
        number (value and source) beside ours and their ratio; into OUT/results.json and, with
-       `results_md`, the reproduce table of that markdown file (a rerun replaces its rows).
+       `results_md`, the reproduce table of that markdown file (a rerun for the same experiment
+       and scale replaces its rows).
 
 Where the source states a claim without a number, the row's published value is None, the claim
 is quoted, and `verdict` says whether ours agrees, by the rules of `verdicts.py`. Results that
