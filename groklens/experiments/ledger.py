@@ -37,6 +37,17 @@ GROK_THRESHOLD = 0.95  # the threshold the rows read
 # Fields added after the first ledger entries, with the value that reproduces the behaviour from
 # before they existed. A field at this value is left out of the hash.
 LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl"}
+# The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
+# must get its legacy value in LEGACY_DEFAULTS (tests/cli/test_reproduce.py checks it); until
+# then it is hashed whatever its value, so old entries are kept apart, never wrongly mixed in.
+FIELDS_V1 = frozenset((
+    "task", "p", "train_frac", "data_seed", "seed", "model", "n_layers", "d_model", "n_heads", "d_head", "d_mlp",
+    "act_fn", "norm", "norm_placement", "attention", "unembed", "init", "init_scheme", "causal", "mlp_bias", "radius",
+    "tau", "fourier_freqs", "mlp_embed", "n_digits", "seq_len", "n_informative", "informative_layout",
+    "distractor_vocab", "loss", "act_norm_lambda", "act_norm_sites", "geomdr_lambda", "geomdr_target", "geomdr_start",
+    "geomdr_end", "geomdr_site", "kl_attn_beta", "kl_attn_layer", "grokfast_alpha", "grokfast_lambda", "perp_grad",
+    "routing_copies", "routing_width", "routing_unit", "lr", "weight_decay", "betas", "warmup_steps", "batch_size",
+    "steps", "eval_every", "checkpoint_every", "log_checkpoints", "grok_threshold", "stop_after_grok", "device"))
 NOT_HASHED = ("device",)  # where the run ran (recorded as the entry's `device`), not what it computed
 SEED_FIELDS = ("seed", "data_seed")
 

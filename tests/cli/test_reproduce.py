@@ -302,6 +302,17 @@ def test_config_hash_ignores_new_fields_at_their_legacy_default():
     assert config_hash({**cfg, "seed": 2}) != config_hash(cfg) and arm_hash({**cfg, "seed": 2}) == arm_hash(cfg)
 
 
+def test_every_config_field_is_known_to_the_ledger_hash():
+    """A config field added after the ledger began needs its legacy value (the one that reproduces
+    the behaviour from before it existed) in ledger.LEGACY_DEFAULTS, or old entries no longer
+    match: add it there when this fails."""
+    from groklens.config import field_names
+    from groklens.experiments.ledger import FIELDS_V1, LEGACY_DEFAULTS
+
+    new = set(field_names()) - FIELDS_V1 - set(LEGACY_DEFAULTS)
+    assert not new, f"add the legacy value of {sorted(new)} to groklens/experiments/ledger.py LEGACY_DEFAULTS"
+
+
 def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     from groklens.experiments.ledger import LEDGER_FORMAT
 
