@@ -478,6 +478,7 @@ class Comparison:
                 "speedup": None,
                 "analyses": {},
                 "phase_steps": [r.phase_steps for r in g.runs],
+                "phase_notes": [r.phase_notes for r in g.runs],  # why a phase has no checkpoint
                 "last_step": [r.last_step for r in g.runs],
                 "status": [r.status for r in g.runs],
             }
