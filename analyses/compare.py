@@ -19,10 +19,15 @@ Definitions (REFERENCES.md, definition 7):
   >= 2 seeds on both sides and no censored seed; otherwise the interval is "n/a" with the
   reason. A censored baseline seed makes the point estimate a lower bound (shown `>=`), a
   censored seed of the row an upper bound (`<=`); both together leave it undetermined.
-- analyses at memorization / grokking / end: the stored value at the run's checkpoint nearest
-  to the memorization step, the grokking step and the last checkpoint. A value is shown only
-  when the sidecar holds it at exactly that checkpoint (`--analyze` computes what is missing);
-  otherwise it is shown as missing, never interpolated. Groups show mean +- std over seeds.
+- analyses at memorization / grokking / end: the stored value at the run's checkpoint at the
+  memorization step, the grokking step and the last checkpoint. "At" a phase means less than one
+  evaluation interval (`eval_every`) from the step: the trainer's phase checkpoints are exactly
+  there; in a file without them only a periodic checkpoint that happens to fall there counts, and
+  otherwise the value is `—` with the reason (e.g. "nearest checkpoint 200 steps from
+  memorization at 50"), never the value of a distant checkpoint. A value is shown only when the
+  sidecar holds it at that checkpoint (`--analyze` computes what is missing); never
+  interpolated. Groups show mean +- std over seeds and, when fewer seeds have a value than the
+  group has, how many (k/n).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ MEASURES: tuple[Measure, ...] = (
     Measure("eff_rank", "rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)"),
     Measure("radius", "radial", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
     Measure("rho", "radial", "rho@{site}", "radial gradient energy rho"),
+    Measure("rho_baseline", "radial", "rho_baseline@{site}", "isotropic baseline of rho (1/d)"),
 )
 ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 
@@ -86,6 +92,7 @@ class RunSummary:
     grokking: int | None
     last_step: int | None  # last evaluated step: where a censored run is censored
     phase_steps: dict[str, int | None] = field(default_factory=dict)  # phase -> checkpoint step
+    phase_notes: dict[str, str] = field(default_factory=dict)  # phase -> why it has no checkpoint
     values: dict[str, dict[str, float | None]] = field(default_factory=dict)  # measure -> phase -> value
     value_keys: dict[str, str] = field(default_factory=dict)  # measure -> stored value name used
     analysis_state: dict[str, str] = field(default_factory=dict)  # analysis -> what the sidecar holds
@@ -137,13 +144,29 @@ def load_run(path: str | Path, threshold: float = 0.95) -> RunSummary:
     run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status, checkpoints=checkpoints,
                      steps=steps, metrics=metrics, memorization=mem, grokking=grok,
                      last_step=int(steps[-1]) if len(steps) else None)
-    run.phase_steps = {
-        "memorization": nearest_checkpoint(checkpoints, mem),
-        "grokking": nearest_checkpoint(checkpoints, grok),
-        "end": checkpoints[-1] if checkpoints else None,
-    }
+    interval = int(run.config.get("eval_every") or 1)
+    for phase, step in (("memorization", mem), ("grokking", grok)):
+        run.phase_steps[phase], note = phase_checkpoint(checkpoints, step, interval, phase)
+        if note:
+            run.phase_notes[phase] = note
+    run.phase_steps["end"] = checkpoints[-1] if checkpoints else None
     read_measures(run)
     return run
+
+
+def phase_checkpoint(checkpoints: Sequence[int], step: int | None, interval: int,
+                     phase: str) -> tuple[int | None, str]:
+    """The checkpoint that stands for `phase` at `step`: the nearest one, if it is less than one
+    evaluation interval away; else (None, the reason)."""
+    if step is None:
+        return None, f"never reached {phase}"
+    cp = nearest_checkpoint(checkpoints, step)
+    if cp is None:
+        return None, "no checkpoints"
+    if abs(cp - step) >= interval:
+        return None, (f"no checkpoint at {phase} (step {step}): the nearest, step {cp}, is {abs(cp - step)} "
+                      f"steps away, not within one evaluation interval ({interval})")
+    return cp, ""
 
 
 def stored_analysis(run_path: Path, config: dict, name: str):
@@ -455,6 +478,7 @@ class Comparison:
                 "speedup": None,
                 "analyses": {},
                 "phase_steps": [r.phase_steps for r in g.runs],
+                "phase_notes": [r.phase_notes for r in g.runs],  # why a phase has no checkpoint
                 "last_step": [r.last_step for r in g.runs],
                 "status": [r.status for r in g.runs],
             }
@@ -542,9 +566,14 @@ class Comparison:
         head, body = self.analysis_cells()
         if body:
             lines.append("")
-            lines.append("stored analyses at the checkpoint nearest memorization / grokking, and at the last "
-                         "checkpoint (— = not stored there; n/a = never grokked)")
+            lines.append("stored analyses at memorization / grokking (a checkpoint less than one evaluation "
+                         "interval from the step) and at the last checkpoint (— = no such checkpoint or not "
+                         "stored there, reasons below; n/a = never reached; (k/n) = k of the n seeds have it)")
             lines += text_table(head, body)
+        far = sorted({f"{r.name}: {note}" for g in self.groups for r in g.runs for ph, note in r.phase_notes.items()
+                      if not note.startswith("never")})
+        if far and body:
+            lines += [f"no phase value: {n}" for n in far]
         missing = self.missing_measures()
         if missing:
             lines.append("")
@@ -599,6 +628,9 @@ def _missing_reason(runs: Sequence[RunSummary], m: Measure, phase: str) -> str |
         return "never grokked"
     if phase == "memorization" and all(r.mem_censored for r in runs):
         return "never memorized"
+    far = [r.phase_notes[phase] for r in runs if r.values[m.key][phase] is None and phase in r.phase_notes]
+    if far:
+        return far[0] + (f" (and {len(far) - 1} more run(s))" if len(far) > 1 else "")
     if all(r.analysis_state.get(m.analysis) == "not stored" for r in runs):
         return "not stored"
     return "not stored at this checkpoint"

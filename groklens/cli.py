@@ -414,26 +414,30 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 
 @cli.command()
 @click.argument("name", required=False)
-@click.option("--list", "list_", is_flag=True, help="List the experiments with their estimated cost at each scale.")
+@click.option("--list", "list_", is_flag=True, help="List the experiments: runs, estimated and measured (ledger) time per run, fits this CPU?")
 @click.option("--scale", default="quick", show_default=True, metavar="smoke|quick|paper",
               help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup (GPU).")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for runs/, report/ and results (default ./reproduce-NAME-SCALE); rerun to resume.")
 @click.option("--seeds", type=int, default=None, help="Seeds per variant (default: smoke 1, quick 2, paper 10).")
 @click.option("--workers", type=int, default=None, help="Training processes (default: the CPU cores; smoke: 1).")
-@click.option("--results", "results_md", type=click.Path(dir_okay=False), default=None,
-              help="Markdown file whose reproduce table gets the rows (default: docs/RESULTS.md of this checkout).")
-@click.option("--no-results", is_flag=True, help="Do not write the rows to any RESULTS.md.")
+@click.option("--results-md", "results_md", type=click.Path(dir_okay=False), default=None,
+              help="Markdown file whose reproduce table gets the rows (e.g. docs/RESULTS.md); none by default.")
+@click.option("--ledger", "ledger_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default OUT/ledger).")
+@click.option("--results", "old_results", default=None, hidden=True)
+@click.option("--no-results", is_flag=True, hidden=True)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
-def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_results, quiet, as_json) -> None:
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, old_results, no_results, quiet,
+              as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     from groklens import experiments as E
 
     if list_:
         if name is not None:
             raise BadInput("--list takes no experiment NAME")
-        items = E.listing()
+        items = E.listing(ledger_dir)
         click.echo(strict_json(items) if as_json else E.format_listing(items))
         return
     if name is None:
@@ -441,13 +445,14 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, no_result
     E.get_experiment(name)
     if scale not in E.SCALES:
         raise BadInput(f"--scale must be one of {', '.join(E.SCALES)}; got {scale!r}")
-    if no_results and results_md:
-        raise BadInput("give --results FILE or --no-results, not both")
-    target = None if no_results else (results_md or E.RESULTS_MD)
-    if target is not None:
-        _check_text_target(Path(target))  # before hours of training, not after
-    result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=target, progress=not quiet,
-                         echo=(lambda _m: None) if as_json else click.echo)
+    if old_results is not None:
+        raise BadInput("--results is now --results-md FILE (rows are written only where asked)")
+    if no_results:
+        raise BadInput("--no-results is gone: rows go to a markdown file only with --results-md FILE")
+    if results_md is not None:
+        _check_text_target(Path(results_md))  # before hours of training, not after
+    result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
+                         progress=not quiet, echo=(lambda _m: None) if as_json else click.echo)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

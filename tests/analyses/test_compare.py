@@ -214,19 +214,54 @@ def test_stored_analyses_at_memorization_grokking_end_and_analyze(runs, tmp_path
     cell = comp.rows()[0]["analyses"]["attn_mass"]
     direct = attention_mass(traj.model(cps[-1]), traj.dataset())["mass"].mean()  # independent of the sidecar
     assert cell["end"]["mean"] == pytest.approx(direct)
-    mem_cp = comp.rows()[0]["phase_steps"][0]["memorization"]
-    if mem_cp != cps[-1]:
-        assert cell["memorization"]["mean"] is None  # never interpolated from other checkpoints
-        assert cell["memorization"]["missing"] == "not stored at this checkpoint"
     comp = compare([path], threshold=t, analyze=True, metrics=["attention"])
     cell = comp.rows()[0]["analyses"]["attn_mass"]
     phases = comp.rows()[0]["phase_steps"][0]
-    for ph in ("memorization", "grokking", "end"):
+    cps_raw, interval = raw_checkpoints(path)
+    for ph, key in (("memorization", "train_acc"), ("grokking", "test_acc"), ("end", None)):
+        s = cps_raw[-1] if key is None else first_step(path, key, t)
+        near = [c for c in cps_raw if abs(c - s) < interval]
+        if not near:  # no checkpoint within one evaluation interval: refused, never a farther one
+            assert phases[ph] is None and cell[ph]["mean"] is None
+            continue
+        assert phases[ph] == min(near, key=lambda c: (abs(c - s), -c))
         want = attention_mass(traj.model(phases[ph]), traj.dataset())["mass"].mean()
         assert cell[ph]["mean"] == pytest.approx(want)
-    # the checkpoint used is the one nearest the event
-    g = first_step(path, "test_acc", t)
-    assert abs(phases["grokking"] - g) == min(abs(c - g) for c in cps)
+
+
+def raw_checkpoints(path: Path) -> tuple[list[int], int]:
+    """Checkpoint steps and the evaluation interval, straight from the HDF5 file."""
+    with h5py.File(path, "r", locking=False) as f:
+        return [int(s) for s in f["steps"][:]], int(json.loads(f.attrs["config"])["eval_every"])
+
+
+def test_phase_value_from_a_distant_checkpoint_is_refused(runs, tmp_path):
+    """A memorization step with no checkpoint within one evaluation interval shows `—` and the
+    reason, even when the sidecar holds the value at the nearest checkpoint (old files without
+    phase checkpoints; or a threshold the trainer did not checkpoint)."""
+    import shutil
+
+    from groklens.analyses import compute
+
+    path = tmp_path / "run.h5"
+    shutil.copy(runs["ln_s1"], path)
+    cps, interval = raw_checkpoints(path)
+    m = raw_metrics(path)
+    t = s = None
+    for step, acc in zip(m["step"], m["train_acc"]):  # a memorization threshold crossed between checkpoints
+        if first_step(path, "train_acc", float(acc)) == step and all(abs(c - step) >= interval for c in cps):
+            t, s = float(acc), int(step)
+            break
+    assert t is not None, "every new train-accuracy maximum fell on a checkpoint"
+    compute(path, "attention", steps=cps)  # a value at every checkpoint, the nearest included
+    comp = compare([path], threshold=t)
+    row = comp.rows()[0]
+    assert row["memorization_step"]["values"] == [s]
+    cell = row["analyses"]["attn_mass"]["memorization"]
+    assert cell["mean"] is None and "not within one evaluation interval" in cell["missing"]
+    assert row["analyses"]["attn_mass"]["end"]["mean"] is not None
+    table = comp.format("table")
+    assert f"no checkpoint at memorization (step {s})" in table
 
 
 # ---------------------------------------------------------------------- formats

@@ -260,7 +260,7 @@ MORE_CASES = [
     ("sweep {grid_huge} -o {newdir} --dry-run", "at most"),
     ("sweep {grid_bomb} -o {newdir} --dry-run", "aliases"),
     ("sweep {grid_deep} -o {newdir} --dry-run", "nested"),
-    ("reproduce bounded-sphere --scale smoke -o {newdir} --results {binary_md}", "not a UTF-8 text file"),
+    ("reproduce bounded-sphere --scale smoke -o {newdir} --results-md {binary_md}", "not a UTF-8 text file"),
     ("report {run} -o {csv_is_dir}", "is a directory"),
 ]
 

@@ -1,5 +1,6 @@
 """`groklens reproduce`: every experiment end to end at smoke scale, the listing, bad input,
-resuming, and the rows kept in RESULTS.md."""
+resuming, the results ledger (only missing seeds trained, a changed config not mixed in), the
+verdict rules on censored cases, and the rows kept in a RESULTS.md."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ ISSUE_NAMES = ["bounded-sphere", "uniform-attention", "s5-control", "fourier-fve
 
 
 def test_registry_has_every_experiment_of_the_issue():
-    assert NAMES == ISSUE_NAMES
-    for e in E.EXPERIMENTS.values():
+    assert NAMES == sorted(ISSUE_NAMES)
+    for e in map(E.EXPERIMENTS.get, E.EXPERIMENTS):
         assert set(e.scales) == set(E.SCALES)
         for scale in E.SCALES:
             assert e.scales[scale].note  # every scale says what differs from the paper
@@ -33,8 +34,34 @@ def test_paper_scale_is_the_published_sphere_setup():
     assert (c.p, c.train_frac, c.d_model, c.n_heads, c.d_mlp) == (113, 0.3, 128, 4, 512)
     assert (c.norm, c.unembed, c.tau, c.radius, c.causal, tuple(c.betas), c.weight_decay, c.lr) == (
         "sphere", "bounded", 10.0, 1.0, False, (0.9, 0.999), 0.0, 6e-4)
-    assert {v for v in cfgs} >= {"ln_lr1e-4", "sphere_fourier_wd0_lr1e-4"}  # both learning rates of the table
+    assert c.init_scheme == "torch" and c.eval_every == 200
+    # the paper's five arms (post-norm baselines) at lr 6e-4, and our TL-init arm beside them
+    assert set(cfgs) == {f"{a}_lr6e-4" for a in ("ln", "rms", "sphere_wd1", "sphere_wd0", "sphere_fourier_wd0",
+                                                  "sphere_wd0_tlinit")}
+    assert (cfgs["ln_lr6e-4"].norm_placement, cfgs["rms_lr6e-4"].norm_placement) == ("post", "post")
+    assert cfgs["sphere_wd0_tlinit_lr6e-4"].init_scheme == "tl"
     assert E.DEFAULT_SEEDS["paper"] == 10
+
+
+def test_fourier_fve_paper_rows_come_from_the_bounded_sphere_runs():
+    sphere = {n: c.to_dict() for _, n, c in E.run_configs(E.get_experiment("bounded-sphere"), "paper", 3)}
+    fve = {n: c.to_dict() for _, n, c in E.run_configs(E.get_experiment("fourier-fve"), "paper", 3)}
+    assert set(fve) == {f"{a}_lr6e-4_s{s}" for a in ("ln", "sphere_wd1") for s in (1, 2, 3)}
+    assert all(fve[n] == sphere[n] for n in fve)  # same names, same configs: the same files
+
+
+@pytest.mark.parametrize("name", ["bounded-sphere", "uniform-attention", "s5-control", "fourier-fve"])
+def test_sphere_paper_baselines_are_post_norm(name):
+    for scale in E.SCALES:
+        for _, _, c in E.run_configs(E.get_experiment(name), scale, 1):
+            assert c.norm not in ("ln", "rms") or c.norm_placement == "post", (name, scale)
+
+
+def test_activation_norm_runs_on_the_no_norm_transformer_and_the_mlp():
+    for scale in E.SCALES:
+        for variant, _, c in E.run_configs(E.get_experiment("activation-norm"), scale, 1):
+            assert c.norm == "none", (scale, variant)
+            assert c.model == ("mlp" if variant.startswith("mlp") else "transformer")
 
 
 def test_published_numbers_are_those_of_references():
@@ -77,9 +104,11 @@ def test_list_prints_every_experiment_with_costs():
     (["fourier-fve", "--seeds", "0"], "--seeds must be a positive integer"),
     ([], "missing experiment NAME"),
     (["fourier-fve", "--list"], "--list takes no experiment NAME"),
+    (["fourier-fve", "--results-md", "/no/such/dir/R.md"], "does not exist"),
+    (["fourier-fve", "--results", "R.md"], "--results is now --results-md"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
-    proc = groklens("reproduce", *args, "-o", str(tmp_path / "out"), "--no-results")
+    proc = groklens("reproduce", *args, "-o", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -101,8 +130,9 @@ def _grok_time_from_file(path: Path, threshold: float = 0.95) -> tuple[float, bo
 def test_every_experiment_runs_end_to_end_at_smoke_scale(name, tmp_path):
     md = tmp_path / "RESULTS.md"
     out = tmp_path / name
-    res = E.reproduce(name, "smoke", out, results_md=md, progress=False, echo=lambda _m: None)
-    # trajectories, comparison, report, results
+    res = E.reproduce(name, "smoke", out, results_md=md, ledger_dir=tmp_path / "ledger", progress=False,
+                      echo=lambda _m: None)
+    # trajectories, comparison, report, results, ledger
     assert res.runs and all(p.exists() for p in res.runs)
     with h5py.File(res.runs[0], "r", locking=False) as f:
         assert len(f["steps"]) >= 2
@@ -111,6 +141,8 @@ def test_every_experiment_runs_end_to_end_at_smoke_scale(name, tmp_path):
     assert list((out / "report").glob("fig_*.png"))
     saved = json.loads((out / "results.json").read_text())
     assert saved["experiment"] == name and saved["scale"] == "smoke" and saved["rows"]
+    ledger = json.loads((tmp_path / "ledger" / f"{name}.smoke.json").read_text())
+    assert len(ledger["runs"]) == len(res.runs)
     # every row: a published number or a quoted claim with its source; a ratio only with a number
     for row in res.rows:
         assert row.published.source and row.published.text
@@ -171,30 +203,31 @@ def test_interrupted_run_is_resumed_exactly(tmp_path):
     assert res.rows
 
 
-def test_results_md_replaces_rows_of_the_same_command(tmp_path):
+def test_results_md_replaces_rows_of_the_same_experiment_and_scale(tmp_path):
     md = tmp_path / "RESULTS.md"
     md.write_text("# Title\n\nintro kept\n")
 
-    def result(cmd_seeds: int, ours: float) -> E.Result:
+    def result(name: str, cmd_seeds: int, ours: float, run_wall: str = "") -> E.Result:
         row = E.Row("m", E.Published(2.0, "2", "src"), ours, f"{ours}", "diff")
-        return E.Result("x", "quick", cmd_seeds, tmp_path, [row], 65.0, E.command_text("x", "quick", cmd_seeds),
-                        [], None)
+        return E.Result(name, "quick", cmd_seeds, tmp_path, [row], 65.0, E.command_text(name, "quick", cmd_seeds),
+                        [], None, run_wall=run_wall)
 
-    E.update_results_md(md, result(1, 1.0))
-    E.update_results_md(md, result(2, 3.0))
-    E.update_results_md(md, result(1, 4.0))  # replaces the first command's row
+    E.update_results_md(md, result("x", 1, 1.0))
+    E.update_results_md(md, result("y", 2, 3.0))
+    E.update_results_md(md, result("x", 3, 4.0, "2 min per run (mean of 3, max 3 min; cpu)"))  # replaces x's row
     text = md.read_text()
     assert text.startswith("# Title\n\nintro kept\n")
     rows = [ln for ln in text.splitlines() if ln.startswith("| `groklens reproduce")]
     assert len(rows) == 2
-    assert "--seeds 2` | quick | m | 2 (src) | 3.0 | 1.5 |" in rows[0]
-    assert "--seeds 1` | quick | m | 2 (src) | 4.0 | 2 |" in rows[1]
-    assert "65 s (whole command)" in rows[1]
+    assert "reproduce y --scale quick --seeds 2` | quick | m | 2 (src) | 3.0 | 1.5 |" in rows[0]
+    assert "65 s (whole command)" in rows[0]
+    assert "reproduce x --scale quick --seeds 3` | quick | m | 2 (src) | 4.0 | 2 |" in rows[1]
+    assert "2 min per run (mean of 3, max 3 min; cpu)" in rows[1]
 
 
 def test_cli_runs_one_experiment_and_writes_its_rows(tmp_path):
     md = tmp_path / "RESULTS.md"
-    proc = groklens("reproduce", "grokfast", "--scale", "smoke", "-o", str(tmp_path / "gf"), "--results", str(md), "-q")
+    proc = groklens("reproduce", "grokfast", "--scale", "smoke", "-o", str(tmp_path / "gf"), "--results-md", str(md), "-q")
     assert proc.returncode == 0, proc.stderr
     assert "published" in proc.stdout and "iterations to 95% validation accuracy" in proc.stdout
     assert "39890" in proc.stdout.replace(",", "")
@@ -204,3 +237,197 @@ def test_cli_runs_one_experiment_and_writes_its_rows(tmp_path):
     derived = res["rows"][2]
     assert derived["published"]["value"] == pytest.approx(39_890 / 910)
     assert all(math.isfinite(r["ours"]) for r in res["rows"] if r["ours"] is not None)
+
+
+# ---------------------------------------------------------------------- the results ledger
+def _quiet(name, out, seeds, ledger, **kw):
+    return E.reproduce(name, "smoke", out, seeds, ledger_dir=ledger, progress=False, echo=lambda _m: None, **kw)
+
+
+@pytest.mark.slow
+def test_ledger_rerun_with_more_seeds_trains_only_the_missing_ones(tmp_path):
+    ledger = tmp_path / "ledger"
+    res1 = _quiet("grokfast", tmp_path / "a", 1, ledger)
+    assert res1.trained == 2  # base and grokfast, seed 1
+    doc = json.loads((ledger / "grokfast.smoke.json").read_text())
+    assert sorted((e["arm"], e["seed"]) for e in doc["runs"]) == [("base", 1), ("grokfast", 1)]
+    entry = next(e for e in doc["runs"] if e["arm"] == "base")
+    t, censored = _grok_time_from_file(tmp_path / "a" / "runs" / "base_s1.h5")
+    assert entry["censored"] == censored and entry["last_step"] == 30
+    assert entry["grokking_step"]["0.95"] == (None if censored else t)
+    assert entry["config"]["seed"] == 1 and len(entry["config_hash"]) == 16 and entry["wall_s"] >= 0
+    assert entry["device"].startswith("cpu") and entry["groklens_version"]
+    # another output directory, the same ledger, two seeds: only seed 2 is trained; rows hold n=2
+    res2 = _quiet("grokfast", tmp_path / "b", 2, ledger)
+    assert res2.trained == 2
+    assert sorted(p.name for p in (tmp_path / "b" / "runs").glob("*_s*.h5") if "analyses" not in p.name) == [
+        "base_s2.h5", "grokfast_s2.h5"]
+    assert all("(n=2" in r.ours_text for r in res2.rows if r.measure.startswith("iterations"))
+    doc = json.loads((ledger / "grokfast.smoke.json").read_text())
+    assert len(doc["runs"]) == 4
+    # a rerun trains nothing
+    assert _quiet("grokfast", tmp_path / "b", 2, ledger).trained == 0
+
+
+@pytest.mark.slow
+def test_ledger_keeps_a_changed_config_apart(tmp_path, monkeypatch):
+    ledger = tmp_path / "ledger"
+    _quiet("grokfast", tmp_path / "a", 1, ledger)
+    base = E.get_experiment("grokfast").scales["smoke"].base
+    monkeypatch.setitem(base, "lr", base.get("lr", 1e-3) * 2)  # "a changed default"
+    res = _quiet("grokfast", tmp_path / "b", 1, ledger)
+    assert res.trained == 2  # retrained, not taken from the ledger
+    doc = json.loads((ledger / "grokfast.smoke.json").read_text())
+    assert len(doc["runs"]) == 4 and len({e["arm_hash"] for e in doc["runs"]}) == 4
+    assert all("(n=1" in r.ours_text for r in res.rows if r.measure.startswith("iterations"))
+    assert any("recorded with another config (differs in lr)" in n for n in res.notes)
+    # a finished file of the old config in OUT/runs is refused, not mixed in
+    import shutil
+
+    (tmp_path / "c" / "runs").mkdir(parents=True)
+    shutil.copy(tmp_path / "a" / "runs" / "base_s1.h5", tmp_path / "c" / "runs" / "base_s1.h5")
+    with pytest.raises(E.GroklensError, match="different config"):
+        _quiet("grokfast", tmp_path / "c", 1, tmp_path / "ledger2")
+
+
+def test_config_hash_ignores_new_fields_at_their_legacy_default():
+    from groklens.experiments.ledger import LEGACY_DEFAULTS, arm_hash, config_hash
+
+    cfg = {n: c for _, n, c in E.run_configs(E.get_experiment("grokfast"), "smoke", 1)}["base_s1"].to_dict()
+    assert cfg["norm_placement"] == "pre" and cfg["init_scheme"] == "tl"
+    old = {k: v for k, v in cfg.items() if k not in LEGACY_DEFAULTS}  # a config from before the fields existed
+    assert config_hash(old) == config_hash(cfg)
+    assert config_hash({**cfg, "init_scheme": "torch"}) != config_hash(cfg)  # a changed default
+    assert config_hash({**cfg, "device": "cuda"}) == config_hash(cfg)  # where, not what
+    assert config_hash({**cfg, "seed": 2}) != config_hash(cfg) and arm_hash({**cfg, "seed": 2}) == arm_hash(cfg)
+
+
+def test_every_config_field_is_known_to_the_ledger_hash():
+    """A config field added after the ledger began needs its legacy value (the one that reproduces
+    the behaviour from before it existed) in ledger.LEGACY_DEFAULTS, or old entries no longer
+    match: add it there when this fails."""
+    from groklens.config import field_names
+    from groklens.experiments.ledger import FIELDS_V1, LEGACY_DEFAULTS
+
+    new = set(field_names()) - FIELDS_V1 - set(LEGACY_DEFAULTS)
+    assert not new, f"add the legacy value of {sorted(new)} to groklens/experiments/ledger.py LEGACY_DEFAULTS"
+
+
+def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
+    from groklens.experiments.ledger import LEDGER_FORMAT
+
+    led = tmp_path / "led"
+    led.mkdir()
+    entries = [{"arm": "base", "seed": s, "config_hash": str(s), "arm_hash": "x", "wall_s": w, "device": "cpu (x86_64, 2 cores)"}
+               for s, w in ((1, 100.0), (2, 300.0))]
+    (led / "grokfast.quick.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
+                                                          "scale": "quick", "runs": entries}))
+    items = json.loads(groklens("reproduce", "--list", "--json", "--ledger", str(led), check=True).stdout)
+    q = next(i for i in items if i["name"] == "grokfast")["scales"]["quick"]
+    assert q["measured"]["n"] == 2 and q["measured"]["mean_s"] == pytest.approx(200.0)
+    assert q["fits_basis"] == "measured" and q["fits_cpu"] is True
+    text = groklens("reproduce", "--list", "--ledger", str(led), check=True).stdout
+    assert "fits this CPU" in text and "3 min mean, 5 min max (n=2, cpu)" in text
+
+
+# ---------------------------------------------------------------------- verdicts on censored cases
+class _R:
+    def __init__(self, grok, last):
+        self.grokking, self.last_step = grok, last
+
+    @property
+    def grok_censored(self):
+        return self.grokking is None
+
+    def grok_time(self):
+        return float(self.grokking if self.grokking is not None else self.last_step)
+
+
+def test_speedup_verdict_only_where_the_bound_decides():
+    from groklens.analyses.compare import speedup
+    from groklens.experiments.verdicts import speedup_verdict
+
+    crossed = speedup([_R(800, 900), _R(1000, 1100)], [_R(100, 200), _R(200, 300)])
+    assert speedup_verdict(crossed) == "agrees"
+    assert speedup_verdict(crossed, above=1.05, claim_faster=False) == "disagrees"
+    # censored baseline: a lower bound; 3000 / sqrt(100*200) > 1 decides "faster", 100 / 1000 does not
+    assert speedup_verdict(speedup([_R(None, 3000)] * 2, [_R(100, 200), _R(200, 300)])) == "agrees"
+    assert speedup_verdict(speedup([_R(None, 100)] * 2, [_R(1000, 1100)] * 2)).startswith("undetermined (censored")
+    # censored variant: an upper bound; <= 1 decides "not faster", > 1 does not
+    assert speedup_verdict(speedup([_R(100, 200)] * 2, [_R(None, 1000)] * 2)) == "disagrees"
+    assert speedup_verdict(speedup([_R(5000, 5100)] * 2, [_R(None, 1000)] * 2)).startswith("undetermined")
+    assert speedup_verdict(speedup([_R(None, 100)], [_R(None, 100)])).startswith("undetermined")
+
+
+def test_groks_verdict_needs_a_cap_far_beyond_the_reference():
+    from groklens.experiments.verdicts import FAR, groks_verdict
+
+    never = [_R(None, 6000)] * 3
+    # the published / baseline time 1000: a cap of 6000 is not FAR x beyond it
+    assert groks_verdict(never, should_grok=True, reference=1000, reference_what="t").startswith("undetermined")
+    assert groks_verdict(never, should_grok=False, reference=1000, reference_what="t").startswith("undetermined")
+    assert groks_verdict(never, should_grok=True, reference=None, reference_what="t").startswith("undetermined")
+    far = 6000 / FAR
+    assert groks_verdict(never, should_grok=True, reference=far, reference_what="t").startswith("disagrees")
+    assert groks_verdict(never, should_grok=False, reference=far, reference_what="t").startswith("agrees")
+    mixed = [_R(500, 6000), _R(None, 6000)]
+    assert groks_verdict(mixed, should_grok=True, reference=far, reference_what="t") == "undetermined (1 of 2 seeds grokked)"
+    assert groks_verdict([_R(500, 600)] * 2, should_grok=True, reference=None, reference_what="t") == "agrees"
+
+
+# ---------------------------------------------------------------------- the GPU script
+@pytest.mark.slow
+def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
+    """benchmarks/gpu_paper_scale.sh --dry-run on CPU: trains, interrupts and resumes a tiny model
+    for real (ending equal to the uninterrupted run), then lists the paper-scale commands it would
+    run, one seed at a time, without training any of them."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_paper_scale.sh"
+    proc = subprocess.run(["bash", str(script), "--dry-run", "--work", str(tmp_path / "w"), "--ledger",
+                           str(tmp_path / "led"), "--seeds", "2", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resume: ok" in proc.stdout and "max |param diff| 0," in proc.stdout
+    would = [ln.split("would run: ", 1)[1] for ln in proc.stdout.splitlines() if "would run: " in ln]
+    assert len(would) == 2 * len(NAMES)
+    for name in NAMES:
+        for k in (1, 2):
+            assert any(f" reproduce {name} --scale paper --seeds {k} " in f" {c} " for c in would), (name, k)
+    assert not (tmp_path / "led").exists()  # nothing trained, nothing recorded
+
+
+def test_exponent_with_censored_runs_is_tobit_beside_ols():
+    """The weight-decay exponent with censored runs: ours is the Tobit estimate, checked against a
+    right-censored normal likelihood maximized here independently (Nelder-Mead), with OLS on the
+    grokked runs beside it."""
+    from scipy import optimize, stats
+
+    from groklens.analyses.scaling import GrokRecord
+
+    rng = np.random.default_rng(0)
+    wds = np.repeat([0.1, 0.3, 1.0, 3.0], 5)
+    logt = 7.0 - 1.0 * np.log(wds) + rng.normal(0, 0.4, len(wds))
+    cap = np.log(3000.0)
+    recs = [GrokRecord(f"r{i}", {"weight_decay": float(w)}, None if lt > cap else int(round(math.exp(lt))), 3000)
+            for i, (w, lt) in enumerate(zip(wds, logt))]
+    n_cens = sum(r.grok_step is None for r in recs)
+    assert 0 < n_cens < len(recs) - 3
+    ours, text = E._fit_text(recs, ["weight_decay"])["weight_decay"]
+    assert text.startswith("Tobit ") and "; OLS " in text and f"{n_cens} censored" in text
+
+    x = np.log([r.values["weight_decay"] for r in recs])
+    y = np.log([r.grok_step if r.grok_step is not None else r.last_step for r in recs])
+    c = np.array([r.grok_step is None for r in recs])
+
+    def nll(theta):
+        a, b, log_s = theta
+        z = (y - a - b * x) / math.exp(log_s)
+        return -(np.sum(stats.norm.logpdf(z[~c]) - log_s) + np.sum(stats.norm.logsf(z[c])))
+
+    best = optimize.minimize(nll, [7.0, -0.5, 0.0], method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-10,
+                                                                                    "maxiter": 20_000})
+    assert ours == pytest.approx(best.x[1], abs=1e-3)
+    ols = np.polyfit(x[~c], y[~c], 1)[0]
+    assert f"OLS {ols:.2f}" in text

@@ -1,0 +1,381 @@
+"""What every experiment shares: the scales, the published sources, the data types (Row, Context,
+Experiment, Result), the shared setups and the experiments registry (groklens.registry)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from groklens.errors import BadInput
+from groklens.registry import Registry
+from groklens.experiments.verdicts import mean_flag, speedup_verdict
+
+SCALES = ("smoke", "quick", "paper")
+SPEEDUP_DEFINITION = ("T_baseline / T_variant: ratio of the geometric means of the grokking steps over seeds, 95% CI "
+                      "from Welch's t-interval on the mean log steps (groklens.analyses.compare.speedup)")
+DEFAULT_SEEDS = {"smoke": 1, "quick": 2, "paper": 10}
+REPO_DOCS = Path(__file__).resolve().parents[2] / "docs"  # a source checkout's docs/ (absent in a wheel)
+RESULTS_MD = REPO_DOCS / "RESULTS.md"
+LEDGER_DIR = REPO_DOCS / "results"
+RESULTS_BEGIN = "<!-- reproduce rows: written by `groklens reproduce`; a rerun of a command replaces its rows -->"
+RESULTS_END = "<!-- end of reproduce rows -->"
+
+YILDIRIM = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md table)"
+ACTNORM = "Activation-norm penalty ('radial inflation', 2026; REFERENCES.md)"
+GEOMDR = "GeomDR (2026; REFERENCES.md)"
+STRUCT = "Structural (Bayesian) attention account (2026; REFERENCES.md)"
+SCALING = "Grokking scaling law (2026; REFERENCES.md)"
+GROKFAST = "Lee et al. 2024, Grokfast (REFERENCES.md)"
+PRIETO = "Prieto et al. 2025, 'Grokking at the edge of numerical stability' (REFERENCES.md)"
+
+# Step-time model of the cost estimates (`--list`): seconds per training step =
+# STEP_OVERHEAD_S + FLOPs / CPU_FLOPS, evaluation forward passes included. Calibrated with
+# benchmarks/train_throughput.py and tiny runs on the 2-core development machine while it was
+# shared with other jobs (OMP_NUM_THREADS=1); estimates, not promises.
+# Measured 2026-11-30 with two training processes on the 2 cores (load average ~3): the
+# canonical p=113 step took 0.41 s (14.6 GFLOP by this model, which ignores that the trainer
+# computes the last block at the readout position only), a p=23 d_model-64 step (0.24 GFLOP)
+# ~25 ms in `reproduce bounded-sphere --scale quick`. With --workers W the wall time is about
+# the estimate / W.
+CPU_FLOPS = 3.0e10  # sustained float32 FLOP/s of one shared core
+STEP_OVERHEAD_S = 1.5e-2  # per-step overhead (Python, autograd, optimizer, time slicing) of a small model
+
+
+# ---------------------------------------------------------------------- data types
+@dataclass(frozen=True)
+class Published:
+    value: float | None  # None: the source states the claim without a number
+    text: str  # the claim or number as the source states it
+    source: str
+
+
+@dataclass
+class Row:
+    measure: str
+    published: Published
+    ours: float | None
+    ours_text: str
+    differs: str = ""
+    verdict: str = ""  # for claims without a number: agrees | disagrees | undetermined (why)
+    bound: str = ""  # "lower" / "upper": ours (hence the ratio) is a bound, from censored runs
+
+    def ratio_text(self) -> str:
+        r = self.ratio
+        if r is None:
+            return "n/a"
+        return {"lower": ">= ", "upper": "<= "}.get(self.bound, "") + f"{r:.3g}"
+
+    @property
+    def ratio(self) -> float | None:
+        p, o = self.published.value, self.ours
+        if p is None or o is None or p == 0 or not math.isfinite(o):
+            return None
+        return o / p
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratio"] = self.ratio
+        d["ratio_text"] = self.ratio_text()
+        return d
+
+
+@dataclass
+class Scale:
+    base: dict[str, Any]  # config fields shared by every run of the experiment at this scale
+    note: str  # what differs from the published setup at this scale
+    extra: dict[str, Any] = field(default_factory=dict)  # experiment-specific knobs
+
+
+@dataclass
+class Plan:
+    """The runs of one experiment at one scale: variant -> config overrides (on `base`)."""
+
+    variants: dict[str, dict[str, Any]]
+    baseline: str | None
+    base: dict[str, Any]
+
+
+@dataclass
+class Arm:
+    runs: list[Any]  # ledger.LedgerRun, by seed
+
+
+@dataclass
+class Context:
+    """What an experiment's reading gets: its runs from the ledger (every recorded seed of each
+    variant whose config hash is the current one), the scale, the output directory."""
+
+    name: str
+    scale: str
+    sc: Scale
+    plan: Plan
+    arms: dict[str, list[Any]]  # variant -> ledger.LedgerRun
+    out_dir: Path
+
+    def group(self, variant: str) -> Arm:
+        return Arm(self.arms.get(variant, []))
+
+    def grok(self, variant: str) -> tuple[float | None, str, bool]:
+        """Mean grokking step over seeds (a censored seed counts its last step: the mean is then a
+        lower bound), its text (mean ± std [min-max] (n)), censored?"""
+        runs = self.group(variant).runs
+        times = [r.grok_time() for r in runs]
+        if not runs or any(t is None for t in times):
+            return None, "no evaluation" if runs else "no runs", True
+        n = len(times)
+        mean = sum(times) / n
+        cens = sum(r.grok_censored for r in runs)
+        sd = (sum((t - mean) ** 2 for t in times) / (n - 1)) ** 0.5 if n > 1 else None
+        if cens == n:
+            return mean, f"> {min(times):,.0f} (n={n}, all censored)", True
+        text = f"{mean:,.0f}" + (f" ± {sd:,.0f} [{min(times):,.0f}-{max(times):,.0f}]" if sd is not None else "")
+        text = (">= " if cens else "") + text
+        text += f" (n={n}" + (f", {cens} censored: a lower bound)" if cens else ")")
+        return mean, text, cens > 0
+
+    def speedup(self, base: str, variant: str) -> tuple[float | None, str, dict[str, Any]]:
+        """T_base / T_variant: compare.speedup's definition (ratio of geometric means of the grokking
+        steps, Welch t-interval on the log steps), the one `comparison.txt` uses too."""
+        from groklens.analyses.compare import fmt_speedup, speedup
+
+        rb, rv = self.group(base).runs, self.group(variant).runs
+        if not rb or not rv:
+            return None, "n/a (no runs)", {"value": None, "bound": None, "ci_note": "no runs"}
+        sp = speedup(rb, rv)
+        text = fmt_speedup(sp) + f" (n={len(rb)} / {len(rv)})"
+        return sp["value"], text, sp
+
+    def measure(self, variant: str, key: str, phase: str) -> tuple[float | None, str]:
+        """A measure at a phase, mean over the seeds that have it; the text states n (flagged when
+        fewer seeds than the variant has) or why none has it."""
+        from groklens.analyses.compare import fmt_number
+
+        runs = self.group(variant).runs
+        vals = [r.value(key, phase) for r in runs]
+        have = [v for v in vals if v is not None]
+        if not have:
+            return None, f"— ({self.missing_why(variant, phase)})"
+        mean = sum(have) / len(have)
+        sd = (sum((v - mean) ** 2 for v in have) / (len(have) - 1)) ** 0.5 if len(have) > 1 else None
+        text = fmt_number(mean) + (f" ± {fmt_number(sd)}" if sd is not None else "")
+        return mean, f"{text} {mean_flag(len(have), len(runs))}"
+
+    def missing_why(self, variant: str, phase: str) -> str:
+        runs = self.group(variant).runs
+        notes = [r.phase_notes.get(phase) for r in runs if r.phase_notes.get(phase)]
+        if not runs:
+            return "no runs"
+        return notes[0] if notes else "not stored"
+
+    def phase_ratio(self, variant: str, key: str, num: str, den: str) -> tuple[float | None, str]:
+        """Mean over seeds of measure(num phase) / measure(den phase), over the seeds with both."""
+        from groklens.analyses.compare import fmt_number
+
+        runs = self.group(variant).runs
+        pairs = [(r.value(key, num), r.value(key, den)) for r in runs]
+        ratios = [a / b for a, b in pairs if a is not None and b not in (None, 0)]
+        if not ratios:
+            return None, f"at {num}: {self.measure(variant, key, num)[1]}; at {den}: {self.measure(variant, key, den)[1]}"
+        mean = sum(ratios) / len(ratios)
+        _, tn = self.measure(variant, key, num)
+        _, td = self.measure(variant, key, den)
+        return mean, f"{fmt_number(mean)} {mean_flag(len(ratios), len(runs))} ({tn} / {td})"
+
+
+@dataclass
+class Experiment:
+    name: str
+    summary: str
+    scales: dict[str, Scale]
+    plan: Callable[[Scale, str], Plan]
+    read: Callable[[Context], list[Row]]
+    analyses: Callable[[Scale, str], list[tuple[str, dict[str, Any], str]]]  # (name, params, where: end|phases|every)
+
+    def seeds_default(self, scale: str) -> int:
+        return DEFAULT_SEEDS[scale]
+
+
+@dataclass
+class Result:
+    name: str
+    scale: str
+    seeds: int
+    out_dir: Path
+    rows: list[Row]
+    wall_s: float  # this command's wall time
+    command: str
+    runs: list[Path]  # the run files present in OUT/runs (the rows may also hold seeds of the ledger only)
+    report: Path | None
+    notes: list[str] = field(default_factory=list)
+    ledger: Path | None = None
+    run_wall: str = ""  # measured wall time per run, from the ledger
+    trained: int = 0  # runs trained (or resumed) by this command
+
+    def to_json(self) -> dict[str, Any]:
+        return {"experiment": self.name, "scale": self.scale, "seeds": self.seeds, "out_dir": str(self.out_dir),
+                "command": self.command, "wall_s": self.wall_s, "rows": [r.to_dict() for r in self.rows],
+                "runs": [str(p) for p in self.runs], "report": str(self.report) if self.report else None,
+                "ledger": str(self.ledger) if self.ledger else None, "run_wall": self.run_wall,
+                "trained": self.trained, "speedup_method": SPEEDUP_DEFINITION, "notes": self.notes}
+
+
+# ---------------------------------------------------------------------- shared setups
+_SMOKE = dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, steps=30, eval_every=10,
+              checkpoint_every=10, device="cpu")
+# the sphere paper's training setup (preset `sphere`): bidirectional, MLP biases, betas (0.9, 0.999), no warm-up
+# and PyTorch's default init, as its code (init_scheme=torch)
+_SPHERE_TRAIN = dict(causal=False, mlp_bias=True, betas=[0.9, 0.999], warmup_steps=0, init_scheme="torch")
+_SPHERE_PAPER = dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512,
+                     eval_every=200, checkpoint_every=1000, device="auto", **_SPHERE_TRAIN)
+# Quick scale: one small modular-addition transformer where a pre-LayerNorm model groks in ~2,000
+# steps at lr 3e-3 (measured: docs/VARIANTS.md, config B), so baselines grok within a few minutes
+# on a 2-core CPU. lr 3e-3 is 5x the sphere paper's 6e-4 (at 6e-4 the LayerNorm baseline needs
+# ~10k steps here): absolute grokking times are not comparable, speed-ups and claims are.
+_QUICK = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, norm="ln", lr=3e-3,
+              weight_decay=1.0, eval_every=50, checkpoint_every=250, device="cpu")
+_QUICK_NOTE = ("p=23, 50% of pairs, 1 layer, d_model 64, 2 heads, d_mlp 256, pre-LayerNorm, lr 3e-3 (Nanda: p=113, "
+               "30%, d_model 128, 4 heads, d_mlp 512, no norm, lr 1e-3)")
+_SPHERE_QUICK = {**_QUICK, **_SPHERE_TRAIN}
+_QUICK_SPHERE_NOTE = ("p=23, 50% of pairs, d_model 64, 2 heads, d_mlp 256 (the paper: p=113, 30%, d_model 128, "
+                      "4 heads, d_mlp 512); lr 3e-3 compared with the paper's lr 6e-4 row (5x larger: at 6e-4 "
+                      "these runs need ~10k steps); evaluation every 50 steps (paper: 200); post-norm "
+                      "LayerNorm/RMSNorm baselines and PyTorch's init, as the paper's code")
+ARCH: dict[str, dict[str, Any]] = {  # the architectures of the sphere paper's table (its baselines are post-norm)
+    "ln": {"norm": "ln", "norm_placement": "post", "weight_decay": 1.0},
+    "rms": {"norm": "rms", "norm_placement": "post", "weight_decay": 1.0},
+    "sphere_wd1": {"norm": "sphere", "unembed": "bounded", "weight_decay": 1.0},
+    "sphere_wd0": {"norm": "sphere", "unembed": "bounded", "weight_decay": 0.0},
+    "sphere_fourier_wd0": {"norm": "sphere", "unembed": "bounded", "init": "fourier", "weight_decay": 0.0},
+}
+ARCH_LABEL = {"ln": "LayerNorm", "rms": "RMSNorm", "sphere_wd1": "bounded sphere, wd 1.0",
+              "sphere_wd0": "bounded sphere, wd 0", "sphere_fourier_wd0": "bounded sphere + Fourier init, wd 0"}
+# Yildirim 2026 table: (lr, arch) -> mean grok epoch
+SPHERE_TABLE = {
+    (1e-4, "ln"): 54_160, (1e-4, "rms"): 51_240, (6e-4, "ln"): 7_800, (6e-4, "rms"): 7_300,
+    (1e-4, "sphere_wd1"): 2_400, (1e-4, "sphere_wd0"): 2_480, (1e-4, "sphere_fourier_wd0"): 2_100,
+    (6e-4, "sphere_wd1"): 1_560, (6e-4, "sphere_wd0"): 820, (6e-4, "sphere_fourier_wd0"): 711,
+}
+
+
+def grok_row(ctx: Context, measure: str, published: Published, variant: str, differs: str) -> Row:
+    """A grokking-time row: mean over seeds; a censored seed makes ours a lower bound."""
+    ours, text, cens = ctx.grok(variant)
+    return Row(measure, published, ours, text, differs, bound="lower" if cens and ours is not None else "")
+
+
+def speedup_row(ctx: Context, measure: str, published: Published, base: str, variant: str, differs: str,
+                verdict: bool = False) -> Row:
+    """A speed-up row (ratio of geometric means, Welch interval); `verdict`: the claim "faster"."""
+    ours, text, sp = ctx.speedup(base, variant)
+    return Row(measure, published, ours, text, differs, speedup_verdict(sp) if verdict else "", sp.get("bound") or "")
+
+
+def _lr_tag(lr: float) -> str:
+    """6e-4 -> '6e-4', 1.5e-3 -> '1.5e-3' (run names)."""
+    mant, exp = f"{lr:e}".split("e")
+    return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
+
+
+# ---------------------------------------------------------------------- analyses per experiment
+def _an_none(sc: Scale, scale: str):
+    return []
+
+
+def _an_fve(sc: Scale, scale: str):
+    return [("fourier", {}, "end")]
+
+
+def _an_actnorm(sc: Scale, scale: str):
+    small = scale == "smoke"
+    return [("radial", {}, "phases"),
+            ("sharpness", {"top_k": 1, "trace_samples": 2 if small else 10, "maxiter": 50 if small else None}, "end")]
+
+
+def _an_rank(sc: Scale, scale: str):
+    return [("rank", {"weights": []}, "every")]
+
+
+def _an_attention(sc: Scale, scale: str):
+    return [("attention", {}, "every")]
+
+
+# ---------------------------------------------------------------------- the registry
+def _scale(base: dict, note: str, **extra) -> Scale:
+    return Scale(base, note, extra)
+
+
+_SMOKE_NOTE = "smoke: a tiny pipeline check, not a reproduction (p=7, d_model 16, 30 steps)"
+_PAPER_SPHERE_NOTE = "the published setup (post-norm baselines, PyTorch's default init as the paper's code)"
+
+EXPERIMENTS: Registry[Experiment] = Registry("experiment")
+
+
+def _register(e: Experiment) -> None:
+    EXPERIMENTS.register(e.name)(e)
+
+
+
+def _fit_exponent(ctx: Context, variants: list[str], var: str, delay: bool) -> tuple[float | None, str]:
+    """Exponent of log T (or log of the delay T - memorization) on log `var` over the runs of
+    `variants`: OLS on the runs that grokked and, when some are censored, the Tobit fit on all
+    (analyses.scaling); ours is Tobit's estimate then, OLS's otherwise."""
+    from groklens.analyses.scaling import GrokRecord
+
+    recs = []
+    for v in variants:
+        for r in ctx.group(v).runs:
+            t, last = r.grokking, r.last_step
+            if delay and r.memorization is not None:
+                t = None if t is None else max(t - r.memorization, 1)
+                last = max(last - r.memorization, 1)
+            elif delay:
+                continue  # never memorized: no delay
+            recs.append(GrokRecord(r.name, {var: float(r.config[var])}, t, last))
+    return _fit_text(recs, [var])[var]
+
+
+def _fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str]]:
+    """var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)')."""
+    from groklens.analyses.scaling import fit_scaling_law
+
+    try:
+        fit = fit_scaling_law(recs, variables)
+    except BadInput as exc:
+        return {v: (None, f"no fit: {exc}") for v in variables}
+    n_c = fit["n_censored"]
+    tobit, terr = None, ""
+    if n_c:
+        try:
+            tobit = fit_scaling_law(recs, variables, censored=True)["tobit"]
+        except BadInput as exc:
+            terr = str(exc)
+    out = {}
+    for v in variables:
+        e = fit["ols"]["exponents"][v]
+        text = (f"OLS {e['estimate']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}] (R^2 {fit['ols']['r2']:.2f}, "
+                f"n={fit['n_grokked']} grokked" + (f", {n_c} censored left out)" if n_c else ")"))
+        ours = e["estimate"]
+        if tobit is not None:
+            t = tobit["exponents"][v]
+            text = (f"Tobit {t['estimate']:.2f} [{t['ci95'][0]:.2f}, {t['ci95'][1]:.2f}] (n={tobit['n']}, "
+                    f"{tobit['n_censored']} censored); " + text)
+            ours = t["estimate"]
+        elif n_c:
+            text += f"; Tobit n/a ({terr}): OLS on the grokked runs only is biased"
+            ours = None
+        out[v] = (ours, text)
+    return out
+
+
+def _fmt_duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.0f} days"
+

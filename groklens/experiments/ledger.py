@@ -1,0 +1,272 @@
+"""The results ledger: one small JSON file per experiment and scale that keeps every finished run.
+
+`groklens reproduce NAME --scale S --ledger DIR` keeps `DIR/NAME.S.json` (the repository's
+committed ledger is `docs/results/`; without `--ledger` it is `OUT/ledger/`). Each entry is one
+finished run: experiment, arm (variant), seed, run name, the full config and its hash,
+memorization and grokking steps at each threshold of `THRESHOLDS`, censoring, the final metrics,
+the measures the experiment reads (with the checkpoint each was read at), the groklens version
+that trained it, its wall time and the device. Rows of docs/RESULTS.md are computed from these
+entries, so a later `--seeds N` trains only the seeds the ledger lacks. Trajectory files are
+never part of the ledger.
+
+Config hash (`config_hash`): sha256 of the config as sorted JSON, with two kinds of fields left
+out: `NOT_HASHED` (where a run ran, not what it computed) and every field of `LEGACY_DEFAULTS`
+whose value equals its legacy default, i.e. the value that reproduces the behaviour from before
+the field existed. So adding a config field whose default keeps the old behaviour leaves old
+entries valid (add it to LEGACY_DEFAULTS in the same commit), while a changed default, or any
+other changed value, changes the hash: such entries are not mixed into the rows (they are
+listed apart) and the run is retrained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from groklens.errors import BadInput
+
+LEDGER_FORMAT = 1
+THRESHOLDS = (0.5, 0.9, 0.95, 0.99)  # accuracy >= threshold (the sphere paper's rule is >; docs/RESULTS.md)
+GROK_THRESHOLD = 0.95  # the threshold the rows read
+# Fields added after the first ledger entries, with the value that reproduces the behaviour from
+# before they existed. A field at this value is left out of the hash.
+LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl"}
+# The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
+# must get its legacy value in LEGACY_DEFAULTS (tests/cli/test_reproduce.py checks it); until
+# then it is hashed whatever its value, so old entries are kept apart, never wrongly mixed in.
+FIELDS_V1 = frozenset((
+    "task", "p", "train_frac", "data_seed", "seed", "model", "n_layers", "d_model", "n_heads", "d_head", "d_mlp",
+    "act_fn", "norm", "norm_placement", "attention", "unembed", "init", "init_scheme", "causal", "mlp_bias", "radius",
+    "tau", "fourier_freqs", "mlp_embed", "n_digits", "seq_len", "n_informative", "informative_layout",
+    "distractor_vocab", "loss", "act_norm_lambda", "act_norm_sites", "geomdr_lambda", "geomdr_target", "geomdr_start",
+    "geomdr_end", "geomdr_site", "kl_attn_beta", "kl_attn_layer", "grokfast_alpha", "grokfast_lambda", "perp_grad",
+    "routing_copies", "routing_width", "routing_unit", "lr", "weight_decay", "betas", "warmup_steps", "batch_size",
+    "steps", "eval_every", "checkpoint_every", "log_checkpoints", "grok_threshold", "stop_after_grok", "device"))
+NOT_HASHED = ("device",)  # where the run ran (recorded as the entry's `device`), not what it computed
+SEED_FIELDS = ("seed", "data_seed")
+
+
+def hashed_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config the hash covers (see the module docstring)."""
+    return {k: v for k, v in cfg.items()
+            if k not in NOT_HASHED and not (k in LEGACY_DEFAULTS and v == LEGACY_DEFAULTS[k])}
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    text = json.dumps(hashed_config(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def arm_hash(cfg: dict[str, Any]) -> str:
+    """The hash of the config without the seed fields: equal for every seed of one arm."""
+    return config_hash({k: v for k, v in cfg.items() if k not in SEED_FIELDS})
+
+
+def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Hashed fields whose values differ between two configs (for saying why an entry is apart)."""
+    ha, hb = hashed_config(a), hashed_config(b)
+    return sorted(k for k in set(ha) | set(hb) if k not in SEED_FIELDS and ha.get(k) != hb.get(k))
+
+
+def ledger_path(directory: str | Path, name: str, scale: str) -> Path:
+    return Path(directory) / f"{name}.{scale}.json"
+
+
+@dataclass
+class Ledger:
+    path: Path
+    experiment: str
+    scale: str
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | Path, experiment: str, scale: str) -> "Ledger":
+        path = Path(path)
+        if not path.exists():
+            return cls(path, experiment, scale)
+        try:
+            data = json.loads(path.read_text())
+            entries = list(data["runs"])
+            ok = data.get("format") == LEDGER_FORMAT and all(isinstance(e, dict) for e in entries)
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise BadInput(f"{path} is not a groklens results ledger (format {LEDGER_FORMAT})")
+        if (data.get("experiment"), data.get("scale")) != (experiment, scale):
+            raise BadInput(f"{path} is the ledger of {data.get('experiment')} at {data.get('scale')}, "
+                           f"not of {experiment} at {scale}")
+        return cls(path, experiment, scale, entries)
+
+    def find(self, arm: str, seed: int, chash: str) -> dict[str, Any] | None:
+        return next((e for e in self.entries if (e["arm"], e["seed"], e["config_hash"]) == (arm, seed, chash)), None)
+
+    def current(self, arm: str, ahash: str) -> list[dict[str, Any]]:
+        """Entries of `arm` whose config, seed aside, hashes to `ahash` (arm_hash), by seed."""
+        return sorted((e for e in self.entries if e["arm"] == arm and e["arm_hash"] == ahash),
+                      key=lambda e: e["seed"])
+
+    def apart(self, arm: str, ahash: str) -> list[dict[str, Any]]:
+        """Entries of `arm` recorded with another config (a changed default or value): not mixed in."""
+        return [e for e in self.entries if e["arm"] == arm and e["arm_hash"] != ahash]
+
+    def add(self, entry: dict[str, Any]) -> None:
+        old = self.find(entry["arm"], entry["seed"], entry["config_hash"])
+        if old is not None:
+            self.entries.remove(old)
+        self.entries.append(entry)
+        self.entries.sort(key=lambda e: (e["arm"], e["seed"], e["config_hash"]))
+
+    def save(self) -> Path:
+        """Write atomically (a reader never sees half a ledger)."""
+        data = {"format": LEDGER_FORMAT, "experiment": self.experiment, "scale": self.scale,
+                "hash": "sha256 of the sorted-JSON config without " + ", ".join(NOT_HASHED)
+                        + " and without fields at their legacy default " + json.dumps(LEGACY_DEFAULTS),
+                "thresholds": list(THRESHOLDS), "runs": self.entries}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=_plain) + "\n")
+        os.replace(tmp, self.path)
+        return self.path
+
+
+def _plain(x: Any) -> Any:
+    try:
+        return x.item()
+    except AttributeError:
+        return str(x)
+
+
+def _finite(x: Any) -> Any:
+    import math
+
+    x = _plain(x) if hasattr(x, "item") else x
+    return x if not isinstance(x, float) or math.isfinite(x) else str(x)
+
+
+def wall_seconds(path: Path) -> float | None:
+    """Seconds from the file's creation (its `created` attribute) to its last write: the run's wall
+    time when it was trained in one go (resumed runs also count the pause)."""
+    from groklens.checkpoints.constants import ATTR_CREATED
+    from groklens.checkpoints.reader import open_trajectory_file
+
+    with open_trajectory_file(path) as f:
+        created = f.attrs.get(ATTR_CREATED)
+    if created is None:
+        return None
+    created = created.decode() if isinstance(created, bytes) else str(created)
+    try:
+        t0 = time.mktime(time.strptime(created[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+    return round(max(0.0, path.stat().st_mtime - t0), 1)
+
+
+def device_of(cfg: dict[str, Any]) -> str:
+    """Where a run with this config ran here: 'cpu' or the CUDA device's name."""
+    dev = str(cfg.get("device", "cpu"))
+    if dev == "cpu":
+        return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+    import torch
+
+    if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
+        return "cuda: " + torch.cuda.get_device_name(0)
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str]) -> dict[str, Any]:
+    """The ledger entry of one finished run (see the module docstring)."""
+    import groklens
+    from groklens.analyses.compare import load_run
+    from groklens.analyses.grokking import grokking_times
+    from groklens.checkpoints import Trajectory
+
+    traj = Trajectory(path)
+    cfg = traj.config_dict
+    metrics = traj.metrics
+    times = grokking_times(metrics, THRESHOLDS)
+    run = load_run(path, GROK_THRESHOLD)
+    with_values = {k: {ph: _finite(v) for ph, v in run.values[k].items()} for k in measures if k in run.values}
+    from groklens.checkpoints.constants import ATTR_GROKLENS_VERSION
+    from groklens.checkpoints.reader import open_trajectory_file
+
+    with open_trajectory_file(path) as f:
+        trained_by = f.attrs.get(ATTR_GROKLENS_VERSION, "")
+    trained_by = trained_by.decode() if isinstance(trained_by, bytes) else str(trained_by)
+    grok = times["grokking_step"][f"{GROK_THRESHOLD:g}"]
+    return {
+        "experiment": experiment, "arm": arm, "seed": seed, "run": path.name.removesuffix(".h5"),
+        "config_hash": config_hash(cfg), "arm_hash": arm_hash(cfg), "config": cfg,
+        "memorization_step": times["memorization_step"], "grokking_step": times["grokking_step"],
+        "threshold_rule": "first evaluation with accuracy >= threshold",
+        "last_step": times["last_step"], "censored": grok is None,
+        "status": traj.status,
+        "final": {k: _finite(v[-1]) for k, v in metrics.items() if len(v) and k != "step"},
+        "measures": with_values,
+        "phase_checkpoints": {ph: s for ph, s in run.phase_steps.items()},
+        "phase_notes": dict(run.phase_notes),
+        "groklens_version": trained_by or groklens.__version__,
+        "recorded_by": groklens.__version__,
+        "wall_s": wall_seconds(path), "wall_source": "file created -> last write",
+        "device": device_of(cfg),
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+class LedgerRun:
+    """A ledger entry with the attributes the experiments' readings use (as compare.RunSummary)."""
+
+    def __init__(self, entry: dict[str, Any], threshold: float = GROK_THRESHOLD):
+        key = f"{threshold:g}"
+        self.entry = entry
+        self.name = entry["run"]
+        self.config = entry["config"]
+        self.seed = entry["seed"]
+        self.memorization = entry["memorization_step"].get(key)
+        self.grokking = entry["grokking_step"].get(key)
+        self.last_step = entry["last_step"]
+        self.values = entry.get("measures", {})
+        self.phase_notes = entry.get("phase_notes", {})
+        self.wall_s = entry.get("wall_s")
+
+    @property
+    def grok_censored(self) -> bool:
+        return self.grokking is None
+
+    @property
+    def mem_censored(self) -> bool:
+        return self.memorization is None
+
+    def grok_time(self) -> float | None:
+        if self.grokking is not None:
+            return float(self.grokking)
+        return None if self.last_step is None else float(self.last_step)
+
+    def value(self, key: str, phase: str) -> float | None:
+        v = self.values.get(key, {}).get(phase)
+        return v if isinstance(v, (int, float)) else None
+
+
+def measured_wall(directories: list[Path], name: str, scale: str) -> dict[str, Any] | None:
+    """Mean and count of the recorded wall times per run of NAME at SCALE in these ledgers."""
+    walls, devices = [], set()
+    for d in directories:
+        p = ledger_path(d, name, scale)
+        if not p.exists():
+            continue
+        try:
+            led = Ledger.load(p, name, scale)
+        except BadInput:
+            continue
+        for e in led.entries:
+            if isinstance(e.get("wall_s"), (int, float)):
+                walls.append(float(e["wall_s"]))
+                devices.add(str(e.get("device", "?")).split(" (")[0])
+    if not walls:
+        return None
+    return {"mean_s": sum(walls) / len(walls), "max_s": max(walls), "n": len(walls), "devices": sorted(devices)}

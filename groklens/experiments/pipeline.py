@@ -1,0 +1,418 @@
+"""The reproduce pipeline: configs and cost, `--list`, training what the ledger lacks, the rows, RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from groklens.errors import BadInput, GroklensError
+from groklens.experiments.core import (
+    CPU_FLOPS, Context, DEFAULT_SEEDS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END,
+    Result, SCALES, STEP_OVERHEAD_S, Scale, _fmt_duration
+)
+
+
+# ---------------------------------------------------------------------- configs and cost
+def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str, Any]]:
+    """(variant, run name, RunConfig) of every run of `exp` at `scale` with seeds 1..seeds."""
+    from groklens.config import PRESETS, RunConfig
+
+    sc = exp.scales[scale]
+    plan = exp.plan(sc, scale)
+    base = dict(sc.base)
+    preset_name = base.pop("preset", None)
+    start = dict(PRESETS[preset_name]) if preset_name else {}
+    out = []
+    for variant, over in plan.variants.items():
+        for seed in range(1, seeds + 1):
+            cfg = RunConfig.from_dict({**start, **base, **over, "seed": seed})
+            out.append((variant, f"{variant}_s{seed}", cfg))
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def _task_shape(cfg_json: str) -> tuple[int, int, int]:
+    """(all inputs, sequence length, output vocabulary) of a config's task, from the task registry
+    (the task's own grid and vocabulary: no task sizes are hard-coded here)."""
+    from groklens.config import RunConfig
+    from groklens.trainers.tasks import TASKS
+
+    cfg = RunConfig.from_dict(json.loads(cfg_json))
+    task = TASKS.get(cfg.task)
+    inputs, labels, *_ = task.grid(cfg)
+    return int(len(labels)), int(inputs.shape[1]), int(task.vocab(cfg)[1])
+
+
+def step_flops(cfg) -> tuple[float, float]:
+    """(FLOPs of one training step, FLOPs of one evaluation) of cfg: 6 x (multiply-add weights
+    per token) x tokens for training (forward + backward), 2 x for the evaluation forward pass."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "lr", "weight_decay", "steps")}
+    n_all, ctx, vocab_out = _task_shape(json.dumps(data, sort_keys=True))
+    n_train = max(1, round(cfg.train_frac * n_all))
+    batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n_train else n_train
+    if cfg.model == "mlp":
+        d_in = (ctx - 1) * cfg.d_model
+        per = d_in * cfg.d_mlp + (cfg.n_layers - 1) * cfg.d_mlp ** 2 + cfg.d_mlp * vocab_out
+        tokens_train, tokens_eval = batch, n_all
+    else:
+        h = cfg.n_heads * cfg.d_head
+        per = cfg.n_layers * (4 * cfg.d_model * h + 2 * cfg.d_model * cfg.d_mlp + 2 * ctx * h) + cfg.d_model * vocab_out
+        tokens_train, tokens_eval = batch * ctx, n_all * ctx
+    return 6.0 * per * tokens_train, 2.0 * per * tokens_eval
+
+
+def estimate_seconds(cfgs: list[Any]) -> float:
+    """CPU seconds of training `cfgs` (every run to its step limit: an upper bound when runs stop
+    after grokking), from the step-time model above."""
+    total = 0.0
+    for cfg in cfgs:
+        train_f, eval_f = step_flops(cfg)
+        n_eval = cfg.steps // cfg.eval_every + 1
+        total += cfg.steps * (STEP_OVERHEAD_S + train_f / CPU_FLOPS) + n_eval * (STEP_OVERHEAD_S + eval_f / CPU_FLOPS)
+    return total
+
+
+
+FITS_RUN_S = 4 * 3600  # a scale fits this CPU when no run takes longer on one core ...
+FITS_TOTAL_S = 72 * 3600  # ... and all its runs (default seeds) take at most this wall time on this CPU's cores
+
+
+def _ledger_dirs(extra: str | Path | None = None) -> list[Path]:
+    dirs = [LEDGER_DIR] if LEDGER_DIR.is_dir() else []
+    return dirs + ([Path(extra)] if extra is not None else [])
+
+
+def listing(ledger_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every experiment with its runs, its estimated cost, the wall time per run measured where one
+    ran (the ledgers: docs/results/ of a checkout, and `ledger_dir`), and whether it fits this CPU."""
+    from groklens.experiments.ledger import measured_wall
+
+    dirs = _ledger_dirs(ledger_dir)
+    cores = os.cpu_count() or 1
+    out = []
+    for name in EXPERIMENTS:
+        e = EXPERIMENTS.get(name)
+        item = {"name": e.name, "summary": e.summary, "scales": {}}
+        for scale in SCALES:
+            n = DEFAULT_SEEDS[scale]
+            cfgs = [c for _, _, c in run_configs(e, scale, n)]
+            secs = estimate_seconds(cfgs)
+            measured = measured_wall(dirs, e.name, scale)
+            cpu_measured = measured is not None and all(d.startswith("cpu") for d in measured["devices"])
+            per_run = measured["max_s"] if cpu_measured else max(estimate_seconds([c]) for c in cfgs)
+            total = measured["mean_s"] * len(cfgs) if cpu_measured else secs
+            item["scales"][scale] = {
+                "runs": len(cfgs), "seeds": n, "max_steps": max(c.steps for c in cfgs),
+                "cpu_seconds_estimate": secs, "measured": measured,
+                "fits_cpu": per_run <= FITS_RUN_S and total / cores <= FITS_TOTAL_S,
+                "fits_basis": "measured" if cpu_measured else "estimate", "note": e.scales[scale].note}
+        out.append(item)
+    return out
+
+
+def format_listing(items: list[dict[str, Any]]) -> str:
+    cores = os.cpu_count() or 1
+    lines = [f"experiment             scale  runs  {f'fits this CPU ({cores} cores)?':<27}  {'measured per run (ledger)':<30}  "
+             "estimate (CPU-core time, every run to its step limit)"]
+    for it in items:
+        for scale in SCALES:
+            s = it["scales"][scale]
+            m = s["measured"]
+            meas = (f"{_fmt_duration(m['mean_s'])} mean, {_fmt_duration(m['max_s'])} max (n={m['n']}, "
+                    f"{'/'.join(m['devices'])})") if m else "not run yet"
+            fits = ("yes" if s["fits_cpu"] else "no") + f" ({s['fits_basis']})"
+            lines.append(f"{it['name'] if scale == 'smoke' else '':<22} {scale:<6} {s['runs']:>4}  {fits:<27}  "
+                         f"{meas:<30}  {_fmt_duration(s['cpu_seconds_estimate'])}")
+        lines.append(f"{'':<22} {it['summary']}")
+        lines.append(f"{'':<22} quick: {it['scales']['quick']['note']}")
+    lines.append(f"Fits this CPU: no run over {FITS_RUN_S / 3600:g} h on one core and all runs (default seeds) within "
+                 f"{FITS_TOTAL_S / 3600:g} h on the {cores} cores; from the ledger's measured wall times where runs "
+                 "were recorded on a CPU, else from the estimate (an upper bound for runs that stop after grokking).")
+    lines.append(f"Estimates: seconds/step = {STEP_OVERHEAD_S:.0e} s + FLOPs / {CPU_FLOPS:.0e} FLOP/s, calibrated on the "
+                 "shared 2-core development machine (benchmarks/train_throughput.py).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the pipeline
+def get_experiment(name: str) -> Experiment:
+    return EXPERIMENTS.get(name)
+
+
+def command_text(name: str, scale: str, seeds: int) -> str:
+    return f"groklens reproduce {name} --scale {scale} --seeds {seeds}"
+
+
+@dataclass
+class PlannedRun:
+    variant: str
+    name: str
+    cfg: Any
+    seed: int
+    chash: str
+    path: Path
+
+
+def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int | None, out_dir,
+                results_md) -> tuple[int, Path]:
+    if scale not in SCALES:
+        raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
+    seeds = exp.seeds_default(scale) if seeds is None else seeds
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise BadInput(f"--seeds must be a positive integer; got {seeds!r}")
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be >= 1; got {workers}")
+    out = Path(out_dir if out_dir is not None else f"reproduce-{name}-{scale}")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{out} exists and is not a directory")
+    if not out.exists() and not out.parent.is_dir():
+        raise BadInput(f"directory {out.parent} does not exist")
+    if results_md is not None and not Path(results_md).parent.is_dir():
+        raise BadInput(f"--results-md {results_md}: directory {Path(results_md).parent} does not exist")
+    return seeds, out
+
+
+def _plan_runs(exp: Experiment, scale: str, seeds: int, runs_dir: Path, led) -> tuple[list[PlannedRun], list[PlannedRun],
+                                                                                       list[PlannedRun]]:
+    """(runs the ledger holds, finished files to record, runs to train) of seeds 1..seeds."""
+    from groklens.checkpoints import Trajectory
+    from groklens.experiments.ledger import config_hash
+    from groklens.trainers.sweeps import run_path, run_state
+
+    held, ready, todo = [], [], []
+    for variant, run_name, cfg in run_configs(exp, scale, seeds):
+        pr = PlannedRun(variant, run_name, cfg, cfg.seed, config_hash(cfg.to_dict()), run_path(runs_dir, run_name))
+        if led.find(variant, pr.seed, pr.chash) is not None:
+            held.append(pr)
+        elif runs_dir.is_dir() and run_state(runs_dir, run_name)[0] == "done" and \
+                config_hash(Trajectory(pr.path).config_dict) == pr.chash:
+            ready.append(pr)  # finished here (or by an earlier version with the same hash): record it
+        else:
+            todo.append(pr)
+    return held, ready, todo
+
+
+def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool) -> None:
+    from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
+
+    if not todo:
+        return
+    specs = [RunSpec(r.name, r.cfg) for r in todo]
+    executor = InlineExecutor() if workers == 1 else "local"
+    rep = run_sweep(specs, runs_dir, executor=executor, workers=workers, ensemble=True, progress=progress)
+    if rep.counts["failed"]:
+        first = next(iter(rep.failed.items()))
+        raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
+    if rep.counts["running"]:
+        raise GroklensError(f"{rep.counts['running']} run(s) in {runs_dir} are being written by another process; "
+                            "wait for it or use another -o")
+
+
+def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
+    from groklens.analyses.compare import MEASURES
+
+    names = {n for n, _, _ in exp.analyses(sc, scale)}
+    return [m.key for m in MEASURES if m.analysis in names]
+
+
+def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
+              workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
+              progress: bool = True, echo: Callable[[str], None] = print) -> Result:
+    """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
+    docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
+    markdown file whose reproduce table gets the rows (none by default)."""
+    from groklens.experiments.ledger import Ledger, LedgerRun, arm_hash, ledger_path, summarize_run
+
+    t0 = time.perf_counter()
+    exp = get_experiment(name)
+    seeds, out = _check_args(exp, name, scale, seeds, workers, out_dir, results_md)
+    ldir = Path(ledger_dir) if ledger_dir is not None else out / "ledger"
+    if ldir.exists() and not ldir.is_dir():
+        raise BadInput(f"--ledger {ldir} is not a directory")
+    if not ldir.exists() and not ldir.parent.is_dir() and ledger_dir is not None:
+        raise BadInput(f"--ledger {ldir}: directory {ldir.parent} does not exist")
+    led = Ledger.load(ledger_path(ldir, name, scale), name, scale)
+    sc = exp.scales[scale]
+    plan = exp.plan(sc, scale)
+    out.mkdir(exist_ok=True)
+    runs_dir = out / "runs"
+    held, ready, todo = _plan_runs(exp, scale, seeds, runs_dir, led)
+    cmd = command_text(name, scale, seeds)
+    n_workers = workers or (1 if scale == "smoke" else max(1, min(len(todo) or 1, os.cpu_count() or 1)))
+    echo(f"{cmd}: {len(held) + len(ready) + len(todo)} runs ({len(plan.variants)} variants x {seeds} seed(s)); "
+         f"{len(held)} in the ledger {led.path}, {len(ready)} finished in {runs_dir}, {len(todo)} to train")
+
+    # 1. train what neither the ledger nor OUT/runs holds (interrupted runs resumed)
+    _train(todo, runs_dir, name, n_workers, progress)
+    t_train = time.perf_counter() - t0
+
+    # 2. analyze the new runs and record them in the ledger
+    new = ready + todo
+    notes = _analyze(exp, sc, scale, [r.path for r in new], progress)
+    keys = _measure_keys(exp, sc, scale)
+    for r in new:
+        led.add(summarize_run(r.path, name, r.variant, r.seed, keys))
+    if new:
+        led.save()
+    t_an = time.perf_counter() - t0 - t_train
+
+    # 3. compare and report the files present here (the ledger may hold more seeds than OUT/runs)
+    present = {r.variant: [] for r in held + new}
+    for r in held + new:
+        if r.path.exists():
+            present[r.variant].append(r.path)
+    all_paths = [p for ps in present.values() for p in ps]
+    report = _compare_and_report(out, all_paths, present.get(plan.baseline or "", []), notes)
+
+    # 4. rows from the ledger: every recorded seed of each variant with the current config
+    arms, apart = {}, []
+    for variant, cfg in {r.variant: r.cfg for r in held + new}.items():
+        ah = arm_hash(cfg.to_dict())
+        arms[variant] = [LedgerRun(e) for e in led.current(variant, ah)]
+        apart += _apart_note(led, variant, ah, cfg.to_dict())
+    ctx = Context(name, scale, sc, plan, arms, out)
+    rows = exp.read(ctx)
+    wall = time.perf_counter() - t0
+    notes += apart
+    notes.append(f"time: training {t_train:.0f} s, analyses {t_an:.0f} s, total {wall:.0f} s; "
+                 f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
+    result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, notes, led.path,
+                    _run_wall(arms), len(todo))
+    (out / "results.json").write_text(json.dumps(result.to_json(), indent=1, default=_json_default))
+    if results_md is not None:
+        update_results_md(results_md, result)
+    return result
+
+
+def _compare_and_report(out: Path, paths: list[Path], baseline: list[Path], notes: list[str]) -> Path | None:
+    from groklens.analyses.compare import compare
+    from groklens.analyses.report import build_report
+
+    if not paths:
+        notes.append(f"no run files in {out / 'runs'}: every run came from the ledger; no comparison.txt or report")
+        return None
+    comp = compare(paths, baseline=baseline[0] if baseline else None, group_by="variant")
+    (out / "comparison.txt").write_text(comp.format_table() + "\n")
+    (out / "comparison.csv").write_text(comp.to_csv())
+    rep = build_report(paths, out / "report", comparison=comp)
+    notes += [f"not in the report: {t} ({w})" for t, w in rep.missing if not w.startswith("no run has")]
+    return rep.index
+
+
+def _apart_note(led, variant: str, ah: str, cfg: dict[str, Any]) -> list[str]:
+    from groklens.experiments.ledger import config_diff
+
+    other = led.apart(variant, ah)
+    if not other:
+        return []
+    fields = sorted({f for e in other for f in config_diff(e["config"], cfg)})
+    return [f"{variant}: {len(other)} ledger entr{'y' if len(other) == 1 else 'ies'} (seeds "
+            f"{', '.join(str(e['seed']) for e in other)}) recorded with another config (differs in "
+            f"{', '.join(fields) or 'hashed fields'}): not in these rows"]
+
+
+def _run_wall(arms: dict[str, list[Any]]) -> str:
+    walls = [r.wall_s for runs in arms.values() for r in runs if isinstance(r.wall_s, (int, float))]
+    devices = sorted({str(r.entry.get("device", "?")).split(" (")[0] for runs in arms.values() for r in runs})
+    if not walls:
+        return ""
+    return (f"{_fmt_duration(sum(walls) / len(walls))} per run (mean of {len(walls)}, max "
+            f"{_fmt_duration(max(walls))}; {'/'.join(devices)})")
+
+
+def _analyze(exp: Experiment, sc: Scale, scale: str, paths: list[Path], progress: bool) -> list[str]:
+    from groklens.analyses.compare import load_run
+    from groklens.analyses.runner import compute_many, select_steps
+    from groklens.checkpoints import Trajectory
+
+    requests = exp.analyses(sc, scale)
+    notes: list[str] = []
+    if not requests:
+        return notes
+    for p in paths:
+        traj = Trajectory(p)
+        run = load_run(p)
+        phases = sorted({s for s in run.phase_steps.values() if s is not None})
+        end = [int(traj.steps[-1])]
+        for name, params, where in requests:
+            if where == "end":
+                steps = end
+            elif where == "phases":
+                steps = phases
+            else:  # "every": about 20 checkpoints along the run, plus the phases
+                every = max(1, len(traj.steps) // 20)
+                steps = sorted(set(select_steps(traj.steps, every=every)) | set(phases))
+            skipped: list[str] = []
+            compute_many(traj, [(name, params)], steps=steps, progress=progress, notes=skipped)
+            notes += [f"{p.name}: {s}" for s in skipped]
+    return notes
+
+
+def _json_default(x):
+    if isinstance(x, Path):
+        return str(x)
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+# ---------------------------------------------------------------------- docs/RESULTS.md
+_HEAD = ("| command | scale | measure | published (source) | ours | ratio ours/published | verdict | what differs | "
+         "wall time |")
+_RULE = "|---|---|---|---|---|---|---|---|---|"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def result_lines(result: Result) -> list[str]:
+    lines = []
+    for r in result.rows:
+        ratio = r.ratio_text()
+        pub = f"{r.published.text} ({r.published.source})"
+        lines.append("| " + " | ".join(_cell(c) for c in (
+            f"`{result.command}`", result.scale, r.measure, pub, r.ours_text, ratio, r.verdict or "—", r.differs,
+            result.run_wall or f"{_fmt_duration(result.wall_s)} (whole command)")) + " |")
+    return lines
+
+
+def update_results_md(path: str | Path, result: Result) -> Path:
+    """Put `result`'s rows in the reproduce table of `path`, replacing earlier rows of the same
+    experiment and scale; create the file (or the table section) when missing."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else "# Reproductions\n"
+    if RESULTS_BEGIN not in text:
+        text = text.rstrip("\n") + f"\n\n{RESULTS_BEGIN}\n{_HEAD}\n{_RULE}\n{RESULTS_END}\n"
+    head, rest = text.split(RESULTS_BEGIN, 1)
+    body, tail = rest.split(RESULTS_END, 1) if RESULTS_END in rest else (rest, "\n")
+    # rows come from the ledger (every recorded seed): a rerun with any --seeds replaces the
+    # experiment's rows at that scale
+    key = f"| `{command_text(result.name, result.scale, 0).rsplit(' --seeds', 1)[0]} --seeds "
+    kept = [ln for ln in body.strip("\n").splitlines() if ln.strip() and not ln.startswith(key)
+            and ln not in (_HEAD, _RULE)]
+    lines = [_HEAD, _RULE] + kept + result_lines(result)
+    path.write_text(f"{head}{RESULTS_BEGIN}\n" + "\n".join(lines) + f"\n{RESULTS_END}{tail}")
+    return path
+
+
+def format_result(result: Result) -> str:
+    lines = [f"{result.command}  ({result.scale}; {_fmt_duration(result.wall_s)}; runs and report in {result.out_dir})"]
+    w = max(len(r.measure) for r in result.rows) if result.rows else 10
+    w = min(w, 90)
+    lines.append(f"{'measure':<{w}}  {'published':<28}  {'ours':<36}  {'ratio':<9}  verdict")
+    for r in result.rows:
+        pub = f"{r.published.value:g}" if r.published.value is not None else "(claim) " + r.published.text[:20]
+        lines.append(f"{r.measure[:w]:<{w}}  {pub[:28]:<28}  {r.ours_text[:36]:<36}  {r.ratio_text():<9}  {r.verdict}")
+    lines.append(f"setup: {result.rows[0].differs if result.rows else ''}")
+    if result.run_wall:
+        lines.append(f"wall time: {result.run_wall} (measured, from the ledger {result.ledger})")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
