@@ -488,8 +488,10 @@ def _check_text_target(path: Path) -> None:
             raise BadInput(f"{path} is not a text file (it holds NUL bytes)")
         if not os.access(path, os.W_OK):
             raise BadInput(f"cannot write {path} (permission denied)")
-    elif not path.parent.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
-        raise BadInput(f"cannot create {path}: its directory is missing or not writable")
+    elif not path.parent.is_dir():
+        raise BadInput(f"cannot create {path}: directory {path.parent} does not exist")
+    elif not os.access(path.parent, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot create {path}: directory {path.parent} is not writable")
 
 
 # ---------------------------------------------------------------------- entry point

@@ -45,6 +45,7 @@ def test_fast_path_equals_full_forward(variant):
     cfg = tiny_config(n_layers=2, **VARIANTS[variant])
     data = TASKS.get(cfg.task).build(cfg)
     model = build_model(cfg, data)
+    model.fused_attention = True  # the CUDA default, forced on the CPU
     pos = data.readout_positions
     sl = slice(pos[0], pos[-1] + 1)
     x, y = data.inputs[data.train_idx][:64], data.labels[data.train_idx][:64]
@@ -66,3 +67,14 @@ def test_hooks_see_the_explicit_path():
     _, cache = model.run_with_cache(data.inputs[:4])
     assert {"blocks.0.attn.hook_q", "blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z"} <= set(cache.keys())
     assert not model.hooks_attached()  # and nothing is left behind
+
+
+def test_the_cpu_default_is_the_explicit_path():
+    """On CPU the fused path is off by default: a run's numbers do not depend on whether a hook
+    was attached."""
+    cfg = tiny_config(n_layers=2, norm="ln")
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    x = data.inputs[:16]
+    logits, _ = model.run_with_cache(x)
+    assert torch.equal(model(x), logits)

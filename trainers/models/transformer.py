@@ -329,6 +329,12 @@ class Transformer(HookedModel):
                 self.embed.W_E[:p, 2 * i + 1] = torch.sin(angle).to(self.embed.W_E.dtype)
 
     supports_readout = True  # forward(tokens, readout=slice): see below
+    # The fused attention path (Attention._fast) when no hook is attached: None = on CUDA only.
+    # On CPU it measured no gain for 3-token sequences (benchmarks/train_throughput.py, 0.502 vs
+    # 0.503 of the SDPA plain loop), while costing the bit-identity of CPU trajectories with the
+    # explicit path, a per-member loop under vmap (no batching rule for CPU SDPA) and double
+    # backward (CPU flash attention has none). True / False force it either way.
+    fused_attention: bool | None = None
 
     def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
                 loss_per_token: bool = False, readout: slice | None = None):
@@ -339,7 +345,9 @@ class Transformer(HookedModel):
         [a, b, =]; its hooks then see only those positions)."""
         tokens = self._as_tokens(tokens)
         cfg = self.cfg
-        fast = not (cfg.use_attn_result or cfg.use_split_qkv_input or cfg.use_attn_in or self.hooks_attached())
+        fused = tokens.is_cuda if self.fused_attention is None else self.fused_attention
+        fast = fused and not (cfg.use_attn_result or cfg.use_split_qkv_input or cfg.use_attn_in
+                              or self.hooks_attached())
         x = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(tokens))
         x = self.ln_embed(x) if is_post_ln(cfg) else self.norm_embed(x)
         last = len(self.blocks) - 1
