@@ -18,6 +18,7 @@ The model runs in float64 so that confident (grokked) models do not underflow gr
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,72 @@ def radial_energy(h: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     rho = np.full(len(h), np.nan)
     rho[ok] = ((g[ok] * h[ok]).sum(-1) / hn[ok]) ** 2 / gn2[ok]
     return rho, ok
+
+
+def _is_norm(module) -> bool:
+    """A normalising module: torch's LayerNorm/RMSNorm or any class named *Norm (ours, TL's)."""
+    from torch import nn
+
+    norms = tuple(c for c in (getattr(nn, "LayerNorm", None), getattr(nn, "RMSNorm", None)) if c is not None)
+    return isinstance(module, norms) or type(module).__name__.endswith("Norm")
+
+
+def _readers(model, x, site: str) -> list[str]:
+    """The norm modules whose input is the very tensor the hook `site` passes on (a hook point
+    returns its input, so readers behind another hook point are found too)."""
+    hook = model.hook_dict[site]
+    seen: dict = {}
+    found: list[str] = []
+    handles = [hook.register_forward_hook(lambda mod, args, out: seen.__setitem__("t", out))]
+    for name, mod in model.named_modules():
+        if _is_norm(mod):
+            handles.append(mod.register_forward_pre_hook(
+                lambda mod, args, name=name: found.append(name) if args and args[0] is seen.get("t") else None))
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def norm_fed_sites(model, data: TaskData, sites: Sequence[str], n_inputs: int = 64) -> dict[str, list[str]]:
+    """{site: the norm modules reading it} for each site that reaches the logits only through
+    scale-invariant norms: with every norm's eps set to 0, doubling the site's activation leaves
+    the logits unchanged, while perturbing it changes them. At such a site the loss sees only the
+    direction (at eps = 0): rho is ~0 by construction and the radius, like the Hessian along the
+    weights writing it, is set by the activations' scale against the norm's eps."""
+    import torch
+
+    from groklens.probes.interventions import scoped_hooks
+
+    m = copy.deepcopy(model).to(torch.float64).eval()
+    for mod in m.modules():
+        if isinstance(getattr(mod, "eps", None), float):
+            mod.eps = 0.0
+    x = data.inputs[:n_inputs].to(next(m.parameters()).device)
+    out: dict[str, list[str]] = {}
+    with torch.no_grad():
+        base = m(x)
+        tol = 1e-9 * max(float(base.abs().max()), 1e-12)
+        for s in sites:
+            def run(f, s=s):
+                with scoped_hooks(m, fwd_hooks=[(s, lambda act, hook: f(act))]):
+                    return m(x)
+
+            doubled = run(lambda a: 2 * a)
+            moved = run(lambda a: a + 0.1 * a.abs().mean() * torch.randn_like(a) + 0.1)
+            if (torch.isfinite(doubled).all() and torch.allclose(doubled, base, rtol=1e-9, atol=tol)
+                    and not torch.allclose(moved, base, rtol=1e-6, atol=1e3 * tol)):
+                out[s] = _readers(m, x, s) or ["a scale-invariant module"]
+    return out
+
+
+def eps_note(analysis: str, where: dict[str, list[str]]) -> str:
+    """The warning an analysis stores (eps_dependent) and prints for norm-fed sites."""
+    parts = "; ".join(f"{s} feeds {', '.join(r)}" for s, r in where.items())
+    return (f"{analysis}: {parts} (scale invariant): the value there depends on the activations' scale "
+            f"against the norm's eps, not on the loss's radial geometry (docs/ANALYSES.md)")
 
 
 def check(model, data: TaskData, params: dict) -> list[str]:
@@ -102,8 +169,12 @@ def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, positio
             h2, g2 = h.reshape(-1, d).numpy(), g.reshape(-1, d).numpy()
             radii[s].append(np.linalg.norm(h2, axis=-1) / np.sqrt(d))
             rhos[s].append(radial_energy(h2, g2)[0])
+    fed = norm_fed_sites(model, data, sites)
+    if fed:
+        warnings.warn(eps_note("radial", fed), stacklevel=2)
     out: dict = {}
     for s in sites:
+        out[f"eps_dependent@{s}"] = int(s in fed)
         r, rho = np.concatenate(radii[s]), np.concatenate(rhos[s])
         ok = ~np.isnan(rho)
         out[f"radius_mean@{s}"] = float(r.mean())

@@ -251,6 +251,8 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
                     kwargs["loss"] = getattr(cfg, "loss", "ce")
                 if j.analysis.needs_init:
                     kwargs["init_params"] = init
+                if j.analysis.needs_step:
+                    kwargs["step"] = int(s)
                 values = _normalise(j.analysis.func(model, data, **kwargs), j.name)
                 j.have[s] = values
                 j.pending[s] = values
