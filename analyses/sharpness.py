@@ -1,4 +1,4 @@
-"""Hessian sharpness of the training loss (REFERENCES.md, definition 4).
+"""Hessian sharpness of the training loss (docs/ANALYSES.md, "sharpness").
 
 L(theta) = the mean task loss (cross-entropy, or the run's `loss` when it trained with
 StableMax) at the readout position(s) over a fixed evaluation set (default: the run's training
@@ -11,8 +11,11 @@ of the model whose stale .grad are cleared first.
   top_eigenvalues  scipy.sparse.linalg.eigsh(which='LA') (largest algebraic, not magnitude)
                    on a LinearOperator of Hessian-vector products, seeded start vector,
                    relative tolerance `tol`; hvp_count = products eigsh used.
-  trace            Hutchinson: mean of v^T H v over `trace_samples` Rademacher vectors (seeded);
-                   trace_stderr = sample std / sqrt(samples).
+  trace            Hutchinson: mean of v^T H v over Rademacher probes drawn from (seed, step),
+                   fresh per checkpoint and the same on a rerun, until trace_stderr (sample
+                   std / sqrt(count)) <= trace_rel_stderr x |trace| or trace_samples are drawn.
+  eps_dependent    1 when a norm's input is read by nothing but scale-invariant norms (its
+                   writers' scale is free: the curvature along them depends on it and on eps).
 """
 
 from __future__ import annotations
@@ -178,15 +181,15 @@ def sharpness(
     |trace|. `loss` None means cross-entropy (`compute` passes the run's training loss and step)."""
     check(model, data, {"top_k": top_k, "tol": tol, "trace_samples": trace_samples, "eval_set": eval_set,
                         "seed": seed, "loss": loss, "trace_rel_stderr": trace_rel_stderr})
-    from groklens.analyses.radial import eps_note, norm_fed_sites
+    from groklens.analyses.radial import EpsDependenceWarning, eps_note, free_scale_norms
 
     H = HessianOperator(model, data, eval_rows(data, eval_set), check_loss(loss))
     out = top_eigenvalues(H.matvec, H.n, top_k, tol=tol, seed=seed, maxiter=maxiter)
     out.update(hutchinson_trace(H.matvec, H.n, trace_samples, rel_stderr=trace_rel_stderr,
                                 rng=probe_rng(seed, step)))
-    fed = norm_fed_sites(model, data, list(model.hook_dict))
+    fed = free_scale_norms(model, data)
     if fed:
-        warnings.warn(eps_note("sharpness", fed), stacklevel=2)
+        warnings.warn(eps_note("sharpness", fed), EpsDependenceWarning, stacklevel=2)
     out.update({"trace_target": float("nan") if trace_rel_stderr is None else float(trace_rel_stderr),
                 "tol": float(tol), "loss": float(H.loss.detach()), "n_params": H.n, "eps_dependent": int(bool(fed))})
     return out

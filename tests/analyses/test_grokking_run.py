@@ -21,7 +21,7 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     traj = Trajectory(path)
     grok = traj.summary()["grokking_step"]["0.95"]
     assert grok is not None, "the reference run did not grok"
-    # the key frequencies of the grokked model, then every checkpoint measured on that fixed set
+    # the key frequencies of the grokked model (Nanda's rule), then every checkpoint measured on that fixed set
     final = compute(traj, "fourier", steps=[int(traj.steps[-1])])
     keys = [int(k) for k in final.values["key_frequencies"][0]]
     assert keys, "no neuron is clustered on a frequency in the grokked model"
@@ -37,5 +37,5 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     assert fve[-1] > 0.6 and fve[-1] > 4 * fve[0]
     assert spearmanr(fve, test_acc).statistic > 0.8
     # Nanda's progress measures: restricted loss falls with the test loss; excluded loss rises above the train loss
-    assert res["restricted_loss"][-1] < 0.5 * res["restricted_loss"][0]
-    assert res["excluded_loss"][-1] > 10 * res["train_loss"][-1]
+    assert res["restricted_loss_all"][-1] < 0.5 * res["restricted_loss_all"][0]
+    assert res["excluded_loss_train"][-1] > 10 * res["train_loss"][-1]
