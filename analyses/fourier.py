@@ -348,7 +348,7 @@ def check(model, data: TaskData, params: dict) -> dict:
     check_key_frequencies(params.get("key_frequencies"), grid.p)
     names = resolve_sites(model, params.get("site"))
     if params.get("restricted_skip", "mean") == "mean" and names["w_out"] is not None and names["resid_mid"] is None:
-        raise BadInput("restricted loss with restricted_skip='mean' needs the block's hook_resid_mid; "
+        raise BadInput("the neuron-only restricted loss with restricted_skip='mean' needs the block's hook_resid_mid; "
                        "give restricted_skip='keep'")
     return names
 
