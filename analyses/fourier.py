@@ -1,35 +1,39 @@
-"""Fourier-circuit measures of modular-arithmetic models (REFERENCES.md, definitions 1 and 2).
+"""Fourier-circuit measures of modular-arithmetic models (docs/ANALYSES.md, "fourier").
 
-Basis (definition 1): b_0 = 1/sqrt(p), b_{2k-1} = sqrt(2/p) cos(2 pi k x / p),
-b_{2k} = sqrt(2/p) sin(2 pi k x / p) for k = 1..floor(p/2), floor(p/2) included. For even p the
-sine of k = p/2 is identically zero and its cosine (-1)^x is normalised by 1/sqrt(p) instead,
-so the basis is orthonormal with p rows for every p (for the odd primes we use, exactly def. 1).
+Basis: b_0 = 1/sqrt(p), b_{2k-1} = sqrt(2/p) cos(2 pi k x / p), b_{2k} = sqrt(2/p) sin(2 pi k x / p)
+for k = 1..floor(p/2), floor(p/2) included. For even p the sine of k = p/2 is identically zero and
+its cosine (-1)^x is normalised by 1/sqrt(p) instead, so the basis is orthonormal with p rows for
+every p (for the odd primes we use, exactly the usual basis).
 
-Variants (every result names its variant):
-  embedding_fve   (2a) power of B W_E (the `=` row dropped) in the key frequencies over all k >= 1.
-  neuron_fve      (2b, Nanda) MLP post-activations at the readout position over the p^2 grid,
-                  centred per neuron, A_hat = B A B^T; neuron n's fraction for frequency k is its
-                  variance in the 3x3 block {0, 2k-1, 2k}^2; its frequency is the argmax, it is
-                  clustered when that fraction >= cluster_threshold (0.85); key frequencies are the
-                  frequencies owning at least one clustered neuron (or the ones given).
-                  neuron_fve = share of all neurons' variance lying in the UNION of the key
-                  frequencies' blocks (a union of 3x3 blocks, never the outer product of a 1-D mask,
-                  which would add the cross terms (2k-1, 2k') of two different frequencies).
-  ls_fve          (2c, bounded-sphere paper, official notebook) W_L = W_U W_out in [vocab, neuron]
-                  orientation (W_U's class vectors normalised first for bounded unembeddings); its
-                  top `ls_top_k` frequencies by Fourier norm over the vocabulary; for each, the
-                  activations projected on u_k = cos(w_k c) @ W_L and v_k = sin(w_k c) @ W_L,
-                  centred, regressed by least squares on centred [cos(w_k c), sin(w_k c)] with c the
-                  answer ((a + b) mod p for addition); FVE = 1 - Var(resid)/Var(y) clipped at 0.
-                  ls_fve is the mean of the 2 * ls_top_k values (our reading of the paper's single
-                  number; the notebook prints them per frequency).
-  restricted_loss / excluded_loss  (2d, Nanda) neuron activations at the readout position
-                  projected on the unit grid vectors cos(w_k c), sin(w_k c), k in K: restricted keeps
-                  the per-neuron mean plus that projection, and (as Nanda's code does) replaces the
-                  rest of the residual stream entering the unembedding (resid_mid at the readout
-                  position) by its grid mean; excluded removes the projection and keeps everything
-                  else. Both are interventions through scoped hooks, evaluated as float64
-                  cross-entropy: restricted on the test set, excluded on the train set.
+Nanda et al.'s progress measures, as their code computes them:
+  key_frequencies  the unique argmax frequencies of ALL live neurons (no threshold: Nanda's
+                  `calculate_key_freqs` takes `np.unique(neuron_freqs)` over every neuron), unless
+                  given. Neuron n's fraction for frequency k is its variance (MLP post-activations at
+                  the readout position over the p^2 grid, centred per neuron, A_hat = B A B^T) in
+                  the 3x3 block {0, 2k-1, 2k}^2; its frequency is the argmax over k = 1..p//2.
+  neuron_fve      share of all neurons' variance in the UNION of the key frequencies' blocks (a
+                  union of 3x3 blocks, never the outer product of a 1-D mask, which would add the
+                  cross terms (2k-1, 2k') of two different frequencies).
+  embedding_fve   power of B W_E (the `=` row dropped) in the key frequencies over all k >= 1.
+  restricted_loss_all / excluded_loss_train  the FULL logits at the readout position (skip path
+                  included) projected on (restricted: plus the per-class mean, Nanda's bias
+                  correction) or off (excluded) the unit grid vectors cos(w_k c), sin(w_k c), k in
+                  K; float64 cross-entropy over all inputs (restricted, Nanda's default) and the
+                  train inputs (excluded, Nanda's). Also on the other splits, named by their split.
+Named variants (our earlier readings, kept under their own names):
+  key_frequencies_clustered  frequencies owning a neuron whose fraction is >= cluster_threshold;
+                  neuron_fve_clustered, embedding_fve_clustered over that set.
+  restricted_loss_neuron_test / excluded_loss_neuron_train  the projection applied to the neuron
+                  activations only (restricted also replaces resid_mid at the readout position by
+                  its grid mean, restricted_skip="mean"), over key_frequencies_clustered, through
+                  scoped hooks; restricted on the test inputs, excluded on the train inputs.
+Least squares (bounded-sphere paper, official notebook): W_L = W_U W_out in [vocab, neuron]
+orientation (W_U's class vectors normalised first for bounded unembeddings); for frequency k
+the activations projected on u_k = cos(w_k c) @ W_L and v_k = sin(w_k c) @ W_L, centred,
+regressed by least squares on centred [cos(w_k c), sin(w_k c)], c the answer; FVE = 1 -
+Var(resid)/Var(y) clipped at 0. ls_fve_by_frequency [p//2, 2] gives it for every k;
+ls_fve = its mean over the key frequencies' directions; ls_fve_top_k (variant) = the mean over
+the notebook's top `ls_top_k` frequencies by Fourier norm of W_L (ls_fve_per_frequency).
 """
 
 from __future__ import annotations
@@ -129,24 +133,35 @@ def neuron_fractions(E: np.ndarray, total: np.ndarray) -> np.ndarray:
     return out
 
 
+def union_fve(E: np.ndarray, total: np.ndarray, key_frequencies: Sequence[int]) -> float:
+    """Share of all neurons' variance (E, total from neuron_spectrum) in the key blocks' union."""
+    all_var = total.sum()
+    return float(E[block_mask(E.shape[0], key_frequencies)].sum() / all_var) if all_var > 0 else float("nan")
+
+
 def neuron_fve(acts_grid: np.ndarray, key_frequencies: Sequence[int] | None = None,
                cluster_threshold: float = CLUSTER_THRESHOLD) -> dict:
-    """Definition 2b on activations [p, p, m]; key frequencies from clustering unless given."""
+    """Neuron FVE on activations [p, p, m]. key_frequencies: the given set, else Nanda's (the
+    unique argmax frequencies of every live neuron, before any threshold);
+    key_frequencies_clustered: the given set, else the frequencies owning a neuron whose
+    fraction is >= cluster_threshold (our earlier rule, a named variant)."""
     E, total = neuron_spectrum(acts_grid)
-    p = E.shape[0]
     fractions = neuron_fractions(E, total)
-    best = fractions.argmax(axis=1)
+    best = fractions.argmax(axis=1)  # first maximum on ties, as Nanda's strict `>` loop
     frac = fractions[np.arange(len(best)), best]
-    freq = np.where(total > 0, best + 1, 0)
-    clustered = (frac >= cluster_threshold) & (total > 0)
+    live = total > 0
+    freq = np.where(live, best + 1, 0)  # a dead neuron owns no frequency
+    clustered = (frac >= cluster_threshold) & live
     if key_frequencies is None:
-        key_frequencies = sorted(int(k) for k in np.unique(freq[clustered]))
-    ks = list(key_frequencies)
-    all_var = total.sum()
-    fve = float(E[block_mask(p, ks)].sum() / all_var) if all_var > 0 else float("nan")
+        nanda = sorted(int(k) for k in np.unique(freq[live]))
+        by_cluster = sorted(int(k) for k in np.unique(freq[clustered]))
+    else:
+        nanda = by_cluster = [int(k) for k in key_frequencies]
     return {
-        "key_frequencies": np.array(ks, dtype=np.int64),
-        "neuron_fve": fve,
+        "key_frequencies": np.array(nanda, dtype=np.int64),
+        "neuron_fve": union_fve(E, total, nanda),
+        "key_frequencies_clustered": np.array(by_cluster, dtype=np.int64),
+        "neuron_fve_clustered": union_fve(E, total, by_cluster),
         "n_clustered": int(clustered.sum()),
         "neuron_frequency": freq.astype(np.int64),
         "neuron_fraction": frac,
@@ -163,31 +178,50 @@ def logit_map(W_out: np.ndarray, W_U: np.ndarray, bounded: bool) -> np.ndarray:
     return (np.asarray(W_out, dtype=np.float64) @ W_U).T
 
 
-def least_squares_fve(post: np.ndarray, W_L: np.ndarray, c: np.ndarray, p: int, top_k: int = 5) -> dict:
-    """Definition 2c: post [N, m] activations over the grid, W_L [p, m], c [N] answers."""
+def ls_fve_one(post: np.ndarray, W_L: np.ndarray, c: np.ndarray, p: int, k: int) -> np.ndarray:
+    """[2] FVE of the activations' projections on cos(w_k v) @ W_L and sin(w_k v) @ W_L (v the
+    vocabulary) regressed on centred [cos(w_k c), sin(w_k c)]; NaN for a constant projection."""
+    w = 2 * np.pi * k / p
+    X = np.stack([np.cos(w * c), np.sin(w * c)], axis=1)
+    X = X - X.mean(axis=0)
+    vocab = np.arange(p)
+    out = np.full(2, np.nan)
+    for j, wave in enumerate((np.cos(w * vocab), np.sin(w * vocab))):
+        y = post @ (wave @ W_L)
+        y = y - y.mean()
+        var = y.var()
+        if var <= 1e-300:  # e.g. sin(pi v) = 0 for k = p/2
+            continue
+        beta = np.linalg.lstsq(X, y, rcond=None)[0]
+        out[j] = max(0.0, 1.0 - (y - X @ beta).var() / var)
+    return out
+
+
+def key_mean(by_k: np.ndarray, key_frequencies: Sequence[int]) -> float:
+    """Mean of ls_fve_by_frequency's finite values over the key frequencies (NaN if none)."""
+    vals = by_k[[int(k) - 1 for k in key_frequencies]]
+    return float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+
+
+def least_squares_fve(post: np.ndarray, W_L: np.ndarray, c: np.ndarray, p: int, top_k: int = 5,
+                      key_frequencies: Sequence[int] | None = None) -> dict:
+    """Least-squares FVE: post [N, m] activations over the grid, W_L [p, m], c [N] answers.
+
+    ls_fve_by_frequency [p//2, 2] for every frequency k = 1..p//2; ls_fve = the mean of the key
+    frequencies' values (NaN when none is given); ls_fve_top_k (a named variant) = the mean over
+    the notebook's top `top_k` frequencies by Fourier norm of W_L, ls_fve_per_frequency [top_k, 2]."""
     W_L = np.asarray(W_L, dtype=np.float64)
     post = np.asarray(post, dtype=np.float64)
+    by_k = np.stack([ls_fve_one(post, W_L, c, p, k) for k in range(1, p // 2 + 1)])
     norms = np.sqrt(frequency_power(fourier_basis(p) @ W_L, p))
     top = np.argsort(-norms, kind="stable")[: min(top_k, p // 2)] + 1
-    vocab = np.arange(p)
-    fves = np.zeros((len(top), 2))
-    for i, k in enumerate(top):
-        w = 2 * np.pi * k / p
-        X = np.stack([np.cos(w * c), np.sin(w * c)], axis=1)
-        X = X - X.mean(axis=0)
-        for j, wave in enumerate((np.cos(w * vocab), np.sin(w * vocab))):
-            y = post @ (wave @ W_L)
-            y = y - y.mean()
-            var = y.var()
-            if var <= 0:
-                fves[i, j] = np.nan
-                continue
-            beta = np.linalg.lstsq(X, y, rcond=None)[0]
-            fves[i, j] = max(0.0, 1.0 - (y - X @ beta).var() / var)
+    per_top = by_k[top - 1]
     return {
+        "ls_fve": key_mean(by_k, [] if key_frequencies is None else key_frequencies),
+        "ls_fve_by_frequency": by_k,
         "ls_key_frequencies": top.astype(np.int64),
-        "ls_fve_per_frequency": fves,
-        "ls_fve": float(fves.mean()),
+        "ls_fve_per_frequency": per_top,
+        "ls_fve_top_k": key_mean(by_k, top),
     }
 
 
@@ -208,6 +242,39 @@ def restrict_activations(post: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, n
     """(restricted, excluded) versions of post [N, m] for the orthonormal directions V [N, r]."""
     proj = V @ (V.T @ post)
     return post.mean(axis=0, keepdims=True) + proj, post - proj
+
+
+def restrict_logits(logits: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nanda's (restricted, excluded) logits [N, v] for the orthonormal grid directions V [N, r]:
+    restricted = the projection on V plus the mean over inputs of what it leaves out (his
+    bias correction), excluded = the logits minus that projection (no correction)."""
+    trig = V @ (V.T @ logits)
+    return trig + (logits - trig).mean(axis=0, keepdims=True), logits - trig
+
+
+def _ce(logits: np.ndarray, labels: np.ndarray, rows) -> float:
+    """Float64 cross-entropy over `rows`."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = np.asarray(rows)
+    return float(F.cross_entropy(torch.from_numpy(np.ascontiguousarray(logits[rows])), torch.from_numpy(labels[rows])))
+
+
+def logit_losses(logits: np.ndarray, labels: np.ndarray, c: np.ndarray, p: int, key_frequencies: Sequence[int],
+                 train: np.ndarray, test: np.ndarray) -> dict:
+    """Nanda's restricted and excluded losses from the full logits [N, v] (float64), named by split."""
+    every = np.arange(len(labels))
+    restricted, excluded = restrict_logits(logits, key_directions(c, p, key_frequencies))
+    out = {f"{name}_loss_{split}": _ce(x, labels, rows)
+           for name, x in (("restricted", restricted), ("excluded", excluded))
+           for split, rows in (("all", every), ("train", train), ("test", test))}
+    # Nanda's calculate_excluded_loss: one frequency removed at a time, train inputs
+    out["excluded_loss_train_per_frequency"] = np.array(
+        [_ce(restrict_logits(logits, key_directions(c, p, [k]))[1], labels, train) for k in key_frequencies])
+    out.update({f"{split}_loss": _ce(logits, labels, rows) for split, rows in
+                (("all", every), ("train", train), ("test", test))})
+    return out
 
 
 # ---------------------------------------------------------------------- the analysis
@@ -281,9 +348,32 @@ def check(model, data: TaskData, params: dict) -> dict:
     check_key_frequencies(params.get("key_frequencies"), grid.p)
     names = resolve_sites(model, params.get("site"))
     if params.get("restricted_skip", "mean") == "mean" and names["w_out"] is not None and names["resid_mid"] is None:
-        raise BadInput("restricted loss with restricted_skip='mean' needs the block's hook_resid_mid; "
+        raise BadInput("the neuron-only restricted loss with restricted_skip='mean' needs the block's hook_resid_mid; "
                        "give restricted_skip='keep'")
     return names
+
+
+def _neuron_losses(model, data: TaskData, acts: dict, names: dict, c: np.ndarray, p: int,
+                   key_frequencies: Sequence[int], restricted_skip: str, batch_size: int) -> dict:
+    """The neuron-only variant: restricted_loss_neuron_test, excluded_loss_neuron_train."""
+    import torch
+    import torch.nn.functional as F
+
+    from groklens.probes.interventions import run_patched
+
+    pos, site = int(data.readout_pos), names["site"]
+    post = acts[site].double().numpy()
+    restricted, excluded = restrict_activations(post, key_directions(c, p, key_frequencies))
+    patches = {site: (pos, torch.from_numpy(restricted))}
+    if restricted_skip == "mean" and names["resid_mid"]:
+        mid = acts[names["resid_mid"]].double()
+        patches[names["resid_mid"]] = (pos, mid.mean(dim=0, keepdim=True).expand_as(mid))
+    r_logits = run_patched(model, data.inputs, patches, batch_size=batch_size)[:, pos].double()
+    e_logits = run_patched(model, data.inputs, {site: (pos, torch.from_numpy(excluded))},
+                           batch_size=batch_size)[:, pos].double()
+    labels, tr, te = data.labels, data.train_idx, data.test_idx
+    return {"restricted_loss_neuron_test": float(F.cross_entropy(r_logits[te], labels[te])),
+            "excluded_loss_neuron_train": float(F.cross_entropy(e_logits[tr], labels[tr]))}
 
 
 def fourier(
@@ -297,13 +387,9 @@ def fourier(
     restricted_skip: str = "mean",
     batch_size: int = 4096,
 ) -> dict:
-    """Every Fourier measure of definition 2 at one checkpoint (see the module docstring)."""
-    import torch
-    import torch.nn.functional as F
-
+    """Every Fourier measure at one checkpoint (see the module docstring and docs/ANALYSES.md)."""
     from groklens.probes.capture import capture
     from groklens.probes.grid import modular_grid
-    from groklens.probes.interventions import run_patched
 
     names = check(model, data, {"key_frequencies": key_frequencies, "cluster_threshold": cluster_threshold,
                                 "site": site, "ls_top_k": ls_top_k, "restricted_skip": restricted_skip})
@@ -318,31 +404,22 @@ def fourier(
 
     out = neuron_fve(grid.to_grid(post), check_key_frequencies(key_frequencies, p), cluster_threshold)
     ks = [int(k) for k in out["key_frequencies"]]
+    ks_clustered = [int(k) for k in out["key_frequencies_clustered"]]
 
     def w(name):
         return weight(model, name).detach().double().cpu().numpy()
 
-    out.update(embedding_fve(w("embed.W_E"), p, ks))
+    W_E = w("embed.W_E")
+    out.update(embedding_fve(W_E, p, ks))
+    out["embedding_fve_clustered"] = embedding_fve(W_E, p, ks_clustered)["embedding_fve"]
     bounded = getattr(model.cfg, "unembed", "linear") == "bounded"
     W_U = w("unembed.W_U")
     W_out = w(names["w_out"]) if names["w_out"] else np.eye(W_U.shape[0])  # MLP: neurons feed W_U directly
-    W_L = logit_map(W_out, W_U, bounded)
-    out.update(least_squares_fve(post, W_L, grid.c, p, ls_top_k))
+    out.update(least_squares_fve(post, logit_map(W_out, W_U, bounded), grid.c, p, ls_top_k, ks))
+    out["ls_fve_clustered"] = key_mean(out["ls_fve_by_frequency"], ks_clustered)
 
-    labels = data.labels
-    clean = logits[:, pos].double()
-    V = key_directions(grid.c, p, ks)
-    restricted, excluded = restrict_activations(post, V)
-    patches = {site: (pos, torch.from_numpy(restricted))}
-    if restricted_skip == "mean" and names["resid_mid"]:
-        mid = acts[names["resid_mid"]].double()
-        patches[names["resid_mid"]] = (pos, mid.mean(dim=0, keepdim=True).expand_as(mid))
-    r_logits = run_patched(model, data.inputs, patches, batch_size=batch_size)[:, pos].double()
-    e_logits = run_patched(model, data.inputs, {site: (pos, torch.from_numpy(excluded))},
-                           batch_size=batch_size)[:, pos].double()
-    tr, te = data.train_idx, data.test_idx
-    out["restricted_loss"] = float(F.cross_entropy(r_logits[te], labels[te]))
-    out["excluded_loss"] = float(F.cross_entropy(e_logits[tr], labels[tr]))
-    out["test_loss"] = float(F.cross_entropy(clean[te], labels[te]))
-    out["train_loss"] = float(F.cross_entropy(clean[tr], labels[tr]))
+    labels = data.labels.numpy()
+    out.update(logit_losses(logits[:, pos].double().numpy(), labels, grid.c, p, ks,
+                            data.train_idx.numpy(), data.test_idx.numpy()))
+    out.update(_neuron_losses(model, data, acts, names, grid.c, p, ks_clustered, restricted_skip, batch_size))
     return out

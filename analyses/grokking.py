@@ -1,8 +1,11 @@
-"""Grokking and memorization times (REFERENCES.md, definition 7).
+"""Grokking and memorization times (docs/ANALYSES.md, "grokking").
 
 The grokking step is the first evaluated step with test accuracy >= threshold; memorization
-likewise on train accuracy. A run that never crosses is right-censored: None here, reported
-as `> last step` by the CLI, never dropped.
+likewise on train accuracy. The rule is `>=`: the bounded-sphere paper's code uses a strict
+`>` (test accuracy > threshold), so a run whose accuracy sits exactly at the threshold (e.g.
+0.95 on a test set of a size where 0.95 is an attainable value) groks here one evaluation
+earlier than there. A run that never crosses is right-censored: None here, reported as
+`> last step` by the CLI, never dropped.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def probe(model, data: TaskData, *, site: str | None = None, target: str | None 
             grid = modular_grid(data)
             mlp = resolve_sites(model, None)["site"]
             post = capture(model, data.inputs, [mlp], position=int(data.readout_pos))[mlp].double().numpy()
-            frequencies = [int(k) for k in neuron_fve(grid.to_grid(post))["key_frequencies"]]
+            frequencies = [int(k) for k in neuron_fve(grid.to_grid(post))["key_frequencies_clustered"]]
         out["frequencies"] = np.array(sorted(frequencies), dtype=np.int64)
         if not frequencies:  # nothing clustered yet: no Fourier feature to decode
             from groklens.probes.linear import probe_split

@@ -1,4 +1,4 @@
-"""Radial-angular statistics of hidden representations (REFERENCES.md, definition 6, ours).
+"""Radial-angular statistics of hidden representations (docs/ANALYSES.md, "radial"; ours).
 
 For each hook site and each activation vector h_i in R^d (one per input and position):
   radius  ||h_i|| / sqrt(d)                      (1 on the sqrt(d) sphere)
@@ -13,11 +13,15 @@ Default sites: each layer's hidden representation (blocks.{l}.hook_resid_post, o
 layers.{i}.hook_post of the MLP), all positions, as the activation-norm penalty. Vectors with h_i = 0 or g_i = 0 (a position
 that cannot affect the readout) are left out of rho and counted in `rho_excluded`.
 The model runs in float64 so that confident (grokked) models do not underflow gradients.
+eps_dependent@S = 1 (and an EpsDependenceWarning) when S reaches the logits only through
+scale-invariant norms (norm_fed_sites): there rho ~ 0 by construction and the radius is free,
+so both describe the activations' scale against the norm's eps, not the loss.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +44,111 @@ def radial_energy(h: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     rho = np.full(len(h), np.nan)
     rho[ok] = ((g[ok] * h[ok]).sum(-1) / hn[ok]) ** 2 / gn2[ok]
     return rho, ok
+
+
+class EpsDependenceWarning(UserWarning):
+    """A measure read where a scale-invariant norm's eps, not the loss, sets its value."""
+
+
+def _is_norm(module) -> bool:
+    """A normalising module: torch's LayerNorm/RMSNorm or any class named *Norm (ours, TL's)."""
+    from torch import nn
+
+    norms = tuple(c for c in (getattr(nn, "LayerNorm", None), getattr(nn, "RMSNorm", None)) if c is not None)
+    return isinstance(module, norms) or type(module).__name__.endswith("Norm")
+
+
+def _readers(model, x, site: str) -> list[str]:
+    """The norm modules whose input is the very tensor the hook `site` passes on (a hook point
+    returns its input, so readers behind another hook point are found too)."""
+    hook = model.hook_dict[site]
+    seen: dict = {}
+    found: list[str] = []
+    handles = [hook.register_forward_hook(lambda mod, args, out: seen.__setitem__("t", out))]
+    for name, mod in model.named_modules():
+        if _is_norm(mod):
+            handles.append(mod.register_forward_pre_hook(
+                lambda mod, args, name=name: found.append(name) if args and args[0] is seen.get("t") else None))
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def _free_scale(model, data: TaskData, sites: Sequence[str], norms: bool, n_inputs: int = 64) -> tuple:
+    """Which of these tensors reach the logits only through scale-invariant norms: the outputs
+    of `sites`, and (norms=True) the input of every norm module. On a float64 copy with every
+    norm's eps set to 0, a tensor t is so when the gradient g of a random linear function of the
+    logits is orthogonal to t in every row that matters (g_i . t_i = 0: scaling t_i changes
+    nothing); at least one row must have g_i != 0 (unused tensors are not flagged).
+    Returns ({site or norm name: flagged}, the copy, its inputs)."""
+    import torch
+
+    from groklens.probes.interventions import scoped_hooks
+
+    m = copy.deepcopy(model).to(torch.float64).eval()
+    for mod in m.modules():
+        if isinstance(getattr(mod, "eps", None), float):
+            mod.eps = 0.0
+    for prm in m.parameters():
+        prm.requires_grad_(True)
+    x = data.inputs[:n_inputs].to(next(m.parameters()).device)
+    caught: dict = {}
+    handles = []
+    if norms:
+        for name, mod in m.named_modules():
+            if _is_norm(mod):
+                handles.append(mod.register_forward_pre_hook(
+                    lambda mod, args, name=name: caught.__setitem__(name, args[0]) if args else None))
+    try:
+        with torch.enable_grad(), scoped_hooks(m, fwd_hooks=[(s, lambda act, hook: caught.__setitem__(hook.name, act))
+                                                             for s in sites]):
+            logits = m(x)
+            weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+            keys = [k for k, t in caught.items() if t.requires_grad]
+            grads = [] if not keys else torch.autograd.grad((logits * weights.to(logits.device)).sum(), [caught[k] for k in keys],
+                                        allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    flagged = {k: False for k in caught}
+    for k, g in zip(keys, grads):
+        if g is None:
+            continue
+        t, g = caught[k].detach(), g.detach()
+        tn, gn = t.norm(dim=-1), g.norm(dim=-1)
+        used = (gn > 1e-12 * float(gn.max())) & (tn > 0)
+        if used.any():
+            cos = (g * t).sum(-1)[used] / (gn[used] * tn[used])
+            flagged[k] = bool(cos.abs().max() < 1e-9)
+    return flagged, m, x
+
+
+def norm_fed_sites(model, data: TaskData, sites: Sequence[str]) -> dict[str, list[str]]:
+    """{site: the norm modules reading it} for each site that reaches the logits only through
+    scale-invariant norms (_free_scale). At such a site the loss sees only the direction (at
+    eps = 0): rho is ~0 by construction and the radius, like the Hessian along the weights
+    writing it, is set by the activations' scale against the norm's eps."""
+    flagged, m, x = _free_scale(model, data, sites, norms=False)
+    return {s: _readers(m, x, s) or ["scale-invariant paths"] for s in sites if flagged.get(s)}
+
+
+def free_scale_norms(model, data: TaskData) -> dict[str, list[str]]:
+    """{norm module: [itself]} for each norm whose input is read by nothing but scale-invariant
+    norms (pre-norm: ln_final's input; post-norm: e.g. ln_embed's input, the embedding sum):
+    the weights writing that input have a free scale, and the Hessian along them scales as
+    1/scale^2."""
+    flagged, _, _ = _free_scale(model, data, [], norms=True)
+    return {k: [k] for k, v in flagged.items() if v}
+
+
+def eps_note(analysis: str, where: dict[str, list[str]]) -> str:
+    """The warning an analysis gives (and stores as eps_dependent = 1) for norm-fed tensors."""
+    parts = "; ".join(f"{s} feeds {', '.join(r)}" if [s] != r else f"the input of {s}" for s, r in where.items())
+    return (f"{analysis}: {parts} (read only through scale-invariant norms): the value depends on the free scale of "
+            f"those activations and the norm's eps, not on the loss's radial geometry (docs/ANALYSES.md)")
 
 
 def check(model, data: TaskData, params: dict) -> list[str]:
@@ -102,8 +211,12 @@ def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, positio
             h2, g2 = h.reshape(-1, d).numpy(), g.reshape(-1, d).numpy()
             radii[s].append(np.linalg.norm(h2, axis=-1) / np.sqrt(d))
             rhos[s].append(radial_energy(h2, g2)[0])
+    fed = norm_fed_sites(model, data, sites)
+    if fed:
+        warnings.warn(eps_note("radial", fed), EpsDependenceWarning, stacklevel=2)
     out: dict = {}
     for s in sites:
+        out[f"eps_dependent@{s}"] = int(s in fed)
         r, rho = np.concatenate(radii[s]), np.concatenate(rhos[s])
         ok = ~np.isnan(rho)
         out[f"radius_mean@{s}"] = float(r.mean())

@@ -9,6 +9,7 @@ parameters and applicability cheaply (hook sites exist, the task is modular, ...
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +32,24 @@ class Analysis:
     kind: str = "step"  # "step": per checkpoint; "run": once per run from its metrics
     check: Callable[..., Any] | None = None
     needs_init: bool = False  # func takes init_params= (the step-0 checkpoint)
+    needs_step: bool = False  # func takes step= (the checkpoint's step, e.g. to seed its probes)
     in_default_set: bool = True  # computed by `groklens analyze` when no --metric is given
     tasks: tuple[str, ...] | None = None  # the tasks it applies to (None: all)
+
+
+# keyword arguments of an analysis function that are plumbing, not parameters of the measure
+NOT_PARAMETERS = ("data", "batch_size", "init_params", "step")
+
+
+def signature_defaults(func: Callable[..., dict]) -> dict[str, Any]:
+    """The measure's parameters and defaults, read from its signature (the one place they are
+    written): every argument with a default except the plumbing in NOT_PARAMETERS."""
+    out = {}
+    for name, prm in inspect.signature(func).parameters.items():
+        if prm.default is not inspect.Parameter.empty and name not in NOT_PARAMETERS:
+            d = prm.default
+            out[name] = list(d) if isinstance(d, tuple) else d
+    return out
 
 
 ANALYSES: Registry[Analysis] = Registry("analysis")
@@ -53,39 +70,34 @@ def _load_builtins() -> None:
     probing, radial, rank, sharpness = mod("probing"), mod("radial"), mod("rank"), mod("sharpness")
 
     ANALYSES.register("fourier")(Analysis(
-        "fourier", fourier.fourier,
-        {"key_frequencies": None, "cluster_threshold": fourier.CLUSTER_THRESHOLD, "site": None, "ls_top_k": 5,
-         "restricted_skip": "mean"},
-        "Fourier-circuit FVE: embedding, neuron (Nanda 2D), least squares; restricted/excluded loss",
+        "fourier", fourier.fourier, signature_defaults(fourier.fourier),
+        "Fourier circuit: Nanda's key frequencies, neuron/embedding/least-squares FVE, restricted/excluded loss",
         check=fourier.check, tasks=MODULAR_TASKS))
     ANALYSES.register("attention")(Analysis(
-        "attention", attention.attention_mass, {"quantiles": list(attention.QUANTILES)},
+        "attention", attention.attention_mass, signature_defaults(attention.attention_mass),
         "attention mass of the readout query on informative tokens, per layer and head",
         check=attention.check))
     ANALYSES.register("sharpness")(Analysis(
-        "sharpness", sharpness.sharpness,
-        {"top_k": 5, "tol": 1e-3, "maxiter": None, "trace_samples": 50, "eval_set": "train", "seed": 0,
-         "loss": None},
+        "sharpness", sharpness.sharpness, signature_defaults(sharpness.sharpness),
         "top Hessian eigenvalues (eigsh LA) and Hutchinson trace of the float64 training loss",
-        check=sharpness.check, in_default_set=False))
+        check=sharpness.check, in_default_set=False, needs_step=True))
     ANALYSES.register("rank")(Analysis(
-        "rank", rank.effective_rank, {"sites": None, "weights": None, "position": "readout"},
+        "rank", rank.effective_rank, signature_defaults(rank.effective_rank),
         "effective rank (Roy-Vetterli, RankMe, participation ratio) of hook sites and weights",
         check=rank.check))
     ANALYSES.register("radial")(Analysis(
-        "radial", radial.radial, {"sites": None, "position": "all", "eval_set": "train", "loss": None},
+        "radial", radial.radial, signature_defaults(radial.radial),
         "activation radius ||h||/sqrt(d) and radial gradient energy rho vs the 1/d baseline",
         check=radial.check))
     ANALYSES.register("norms")(Analysis(
-        "norms", norms.norms, {}, "global and per-parameter weight norms, distance from initialisation",
-        needs_init=True))
+        "norms", norms.norms, signature_defaults(norms.norms),
+        "global and per-parameter weight norms, distance from initialisation", needs_init=True))
     ANALYSES.register("grokking")(Analysis(
-        "grokking", grokking.grokking_table, {"thresholds": [0.95, 0.99]},
-        "memorization and grokking steps per accuracy threshold, with censoring", kind="run"))
+        "grokking", grokking.grokking_table, signature_defaults(grokking.grokking_table),
+        "memorization and grokking steps per accuracy threshold (test accuracy >= threshold), with censoring",
+        kind="run"))
     ANALYSES.register("probe")(Analysis(
-        "probe", probing.probe,
-        {"site": None, "target": None, "position": "readout", "frequencies": None, "split": "random",
-         "train_frac": 0.5, "seed": 0, "classifier": "logistic", "C": 1.0, "alpha": 1.0},
+        "probe", probing.probe, signature_defaults(probing.probe),
         "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",
         check=probing.check, in_default_set=False))
 

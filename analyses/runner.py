@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +252,8 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
                     kwargs["loss"] = getattr(cfg, "loss", "ce")
                 if j.analysis.needs_init:
                     kwargs["init_params"] = init
+                if j.analysis.needs_step:
+                    kwargs["step"] = int(s)
                 values = _normalise(j.analysis.func(model, data, **kwargs), j.name)
                 j.have[s] = values
                 j.pending[s] = values
@@ -313,10 +316,27 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
     notes: list[str] = []
     from groklens.checkpoints import Trajectory
 
-    results = compute_many(Trajectory(run, copy=copy), [(m, parsed.get(m, {})) for m in chosen],
-                           steps=parse_steps(steps), every=every,
-                           recompute=recompute, progress=progress, notes=None if asked else notes)
+    from groklens.analyses.radial import EpsDependenceWarning
+
+    with warnings.catch_warnings():  # said once per analysis below, from the stored flags
+        warnings.simplefilter("ignore", EpsDependenceWarning)
+        results = compute_many(Trajectory(run, copy=copy), [(m, parsed.get(m, {})) for m in chosen],
+                               steps=parse_steps(steps), every=every,
+                               recompute=recompute, progress=progress, notes=None if asked else notes)
+    notes += eps_notes(results)
     return {name: r.to_json() for name, r in results.items()}, notes
+
+
+def eps_notes(results: dict[str, AnalysisResult]) -> list[str]:
+    """A warning per analysis whose stored result flags a value as set by a norm's eps."""
+    out = []
+    for name, r in results.items():
+        flagged = sorted(k.partition("@")[2] or "the model" for k, rows in r.values.items()
+                         if k.startswith("eps_dependent") and any(np.any(np.asarray(v) == 1) for v in rows))
+        if flagged:
+            out.append(f"warning: {name} at {', '.join(flagged)} depends on a scale-invariant norm's eps "
+                       f"(eps_dependent = 1; see docs/ANALYSES.md, 'Where radial and sharpness mean something')")
+    return out
 
 
 def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] | None = None,

@@ -1,4 +1,4 @@
-"""Hessian sharpness of the training loss (REFERENCES.md, definition 4).
+"""Hessian sharpness of the training loss (docs/ANALYSES.md, "sharpness").
 
 L(theta) = the mean task loss (cross-entropy, or the run's `loss` when it trained with
 StableMax) at the readout position(s) over a fixed evaluation set (default: the run's training
@@ -11,13 +11,17 @@ of the model whose stale .grad are cleared first.
   top_eigenvalues  scipy.sparse.linalg.eigsh(which='LA') (largest algebraic, not magnitude)
                    on a LinearOperator of Hessian-vector products, seeded start vector,
                    relative tolerance `tol`; hvp_count = products eigsh used.
-  trace            Hutchinson: mean of v^T H v over `trace_samples` Rademacher vectors (seeded);
-                   trace_stderr = sample std / sqrt(samples).
+  trace            Hutchinson: mean of v^T H v over Rademacher probes drawn from (seed, step),
+                   fresh per checkpoint and the same on a rerun, until trace_stderr (sample
+                   std / sqrt(count)) <= trace_rel_stderr x |trace| or trace_samples are drawn.
+  eps_dependent    1 when a norm's input is read by nothing but scale-invariant norms (its
+                   writers' scale is free: the curvature along them depends on it and on eps).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,6 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from groklens.trainers.tasks import TaskData
+
+MIN_TRACE_SAMPLES = 10  # the stopping rule's standard error is too noisy below this
+
 
 class HessianOperator:
     """v -> H v for the mean float64 task loss of `model` on rows `rows` of `data`."""
@@ -98,17 +105,39 @@ def top_eigenvalues(matvec: Callable[[np.ndarray], np.ndarray], n: int, k: int, 
     return {"top_eigenvalues": padded, "hvp_count": calls[0], "converged": int(converged)}
 
 
-def hutchinson_trace(matvec: Callable[[np.ndarray], np.ndarray], n: int, samples: int, seed: int = 0) -> dict:
-    """tr(H) ~ mean_s v_s^T H v_s with Rademacher v_s (entries +-1 with probability 1/2)."""
+def probe_rng(seed: int, step: int | None) -> np.random.Generator:
+    """The Hutchinson probes' generator: fresh per checkpoint (seeded by its step), reproducible."""
+    return np.random.default_rng([seed, 1] if step is None else [seed, 1, int(step)])
+
+
+def hutchinson_trace(matvec: Callable[[np.ndarray], np.ndarray], n: int, samples: int, seed: int = 0, *,
+                     rel_stderr: float | None = None, min_samples: int = MIN_TRACE_SAMPLES,
+                     rng: np.random.Generator | None = None) -> dict:
+    """tr(H) ~ mean_s v_s^T H v_s with Rademacher v_s (entries +-1 with probability 1/2).
+
+    Draws until the standard error is at most rel_stderr * |mean| (checked from min_samples on),
+    or `samples` (the cap) are drawn; without rel_stderr, exactly `samples`. Returns trace,
+    trace_stderr (sample std / sqrt(count)), trace_samples (count), trace_rel_stderr (achieved)."""
+    nan = float("nan")
     if samples < 1:
-        return {"trace": float("nan"), "trace_stderr": float("nan")}
-    rng = np.random.default_rng(seed)
-    est = np.empty(samples)
-    for s in range(samples):
+        return {"trace": nan, "trace_stderr": nan, "trace_samples": 0, "trace_rel_stderr": nan}
+    rng = np.random.default_rng(seed) if rng is None else rng
+    est: list[float] = []
+    while len(est) < samples:
         v = rng.choice(np.array([-1.0, 1.0]), size=n)
-        est[s] = v @ matvec(v)
-    stderr = est.std(ddof=1) / np.sqrt(samples) if samples > 1 else float("nan")
-    return {"trace": float(est.mean()), "trace_stderr": float(stderr)}
+        est.append(float(v @ matvec(v)))
+        if rel_stderr is not None and len(est) >= max(min_samples, 2):
+            se = np.std(est, ddof=1) / np.sqrt(len(est))
+            if se <= rel_stderr * abs(np.mean(est)):
+                break
+    mean = float(np.mean(est))
+    se = float(np.std(est, ddof=1) / np.sqrt(len(est))) if len(est) > 1 else nan
+    return {"trace": mean, "trace_stderr": se, "trace_samples": len(est),
+            "trace_rel_stderr": se / abs(mean) if mean != 0 else nan}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def check(model, data: TaskData, params: dict) -> None:
@@ -119,8 +148,11 @@ def check(model, data: TaskData, params: dict) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise BadInput(f"{key} must be an integer >= {lo}; got {v!r}")
     tol = params.get("tol", 1e-3)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+    if not _number(tol) or not 0 <= tol < 1:
         raise BadInput(f"tol must be a number in [0, 1); got {tol!r}")
+    rel = params.get("trace_rel_stderr")
+    if rel is not None and (not _number(rel) or rel <= 0):
+        raise BadInput(f"trace_rel_stderr must be a positive number or null; got {rel!r}")
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if params.get("top_k", 1) >= n:
         raise BadInput(f"top_k must be smaller than the number of parameters ({n})")
@@ -133,19 +165,32 @@ def sharpness(
     top_k: int = 5,
     tol: float = 1e-3,
     maxiter: int | None = None,
-    trace_samples: int = 50,
+    trace_samples: int = 1000,
+    trace_rel_stderr: float | None = 0.05,
     eval_set: str = "train",
     seed: int = 0,
     loss: str | None = None,
+    step: int | None = None,
 ) -> dict:
-    """Definition 4 at one checkpoint: top_eigenvalues [top_k] (descending), hvp_count, converged,
-    trace, trace_stderr, trace_samples, tol, loss (the float64 loss whose Hessian this is), n_params.
-    `loss` None means cross-entropy (`compute` passes the run's training loss)."""
+    """Hessian sharpness at one checkpoint: top_eigenvalues [top_k] (descending), hvp_count,
+    converged, the Hutchinson trace with trace_stderr, trace_samples (drawn), trace_rel_stderr
+    (achieved), trace_target (the asked fraction, NaN if none), tol, loss (the float64 loss whose
+    Hessian this is), n_params, eps_dependent (1 when some activation feeds a scale-invariant
+    norm, so the curvature along the weights writing it depends on their scale against the
+    norm's eps). Probes: Rademacher, drawn from (seed, step), so each checkpoint has its own and
+    a rerun the same; up to `trace_samples` until the standard error is <= trace_rel_stderr x
+    |trace|. `loss` None means cross-entropy (`compute` passes the run's training loss and step)."""
     check(model, data, {"top_k": top_k, "tol": tol, "trace_samples": trace_samples, "eval_set": eval_set,
-                        "seed": seed, "loss": loss})
+                        "seed": seed, "loss": loss, "trace_rel_stderr": trace_rel_stderr})
+    from groklens.analyses.radial import EpsDependenceWarning, eps_note, free_scale_norms
+
     H = HessianOperator(model, data, eval_rows(data, eval_set), check_loss(loss))
     out = top_eigenvalues(H.matvec, H.n, top_k, tol=tol, seed=seed, maxiter=maxiter)
-    out.update(hutchinson_trace(H.matvec, H.n, trace_samples, seed=seed + 1))
-    out.update({"trace_samples": int(trace_samples), "tol": float(tol), "loss": float(H.loss.detach()),
-                "n_params": H.n})
+    out.update(hutchinson_trace(H.matvec, H.n, trace_samples, rel_stderr=trace_rel_stderr,
+                                rng=probe_rng(seed, step)))
+    fed = free_scale_norms(model, data)
+    if fed:
+        warnings.warn(eps_note("sharpness", fed), EpsDependenceWarning, stacklevel=2)
+    out.update({"trace_target": float("nan") if trace_rel_stderr is None else float(trace_rel_stderr),
+                "tol": float(tol), "loss": float(H.loss.detach()), "n_params": H.n, "eps_dependent": int(bool(fed))})
     return out

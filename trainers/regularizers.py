@@ -60,11 +60,18 @@ def stablemax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 @LOSSES.register("stablemax")
 def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """-log StableMax(logits)[label], in float64. logits [n, v], labels [n]."""
+    """-log StableMax(logits)[label], in float64. logits [n, v], labels [n];
+    reduction "mean" | "sum" | "none", as F.cross_entropy."""
     s = stablemax_s(logits.to(torch.float64))
     logp = s.log() - s.sum(-1, keepdim=True).log()
     nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
-    return nll.mean() if reduction == "mean" else nll
+    if reduction == "mean":
+        return nll.mean()
+    if reduction == "sum":
+        return nll.sum()
+    if reduction == "none":
+        return nll
+    raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
 
 
 # ---------------------------------------------------------------------- regularizers

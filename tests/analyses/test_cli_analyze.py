@@ -35,7 +35,8 @@ def test_analyze_json_stores_then_reuses_and_recompute_rewrites(run):
     assert set(res) == {"norms", "fourier"}
     assert res["norms"]["steps"] == [0, 40, 60]
     assert len(res["norms"]["weight_norm"]) == 3 and res["norms"]["distance_from_init"][0] == 0.0
-    for key in ("key_frequencies", "neuron_fve", "embedding_fve", "ls_fve", "restricted_loss", "excluded_loss"):
+    for key in ("key_frequencies", "neuron_fve", "embedding_fve", "ls_fve", "restricted_loss_all",
+                "excluded_loss_train", "key_frequencies_clustered", "ls_fve_top_k"):
         assert len(res["fourier"][key]) == 3
     assert side.exists()
     stamp = _stamp(side)

@@ -21,7 +21,7 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     traj = Trajectory(path)
     grok = traj.summary()["grokking_step"]["0.95"]
     assert grok is not None, "the reference run did not grok"
-    # the key frequencies of the grokked model, then every checkpoint measured on that fixed set
+    # the key frequencies of the grokked model (Nanda's rule), then every checkpoint measured on that fixed set
     final = compute(traj, "fourier", steps=[int(traj.steps[-1])])
     keys = [int(k) for k in final.values["key_frequencies"][0]]
     assert keys, "no neuron is clustered on a frequency in the grokked model"
@@ -34,8 +34,10 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     # every 2-D component) and |K| / ((p-1)/2) (an additive f(a) + g(b): only one-operand components)
     chance = len(keys) / ((p - 1) / 2)
     assert fve[0] < 1.5 * chance
-    assert fve[-1] > 0.6 and fve[-1] > 4 * fve[0]
+    # Nanda's set here is {1, 4, 11}: frequency 1, owned by a few unclustered neurons, already holds
+    # ~0.11 of the variance at initialisation: 0.29 -> 0.91 here, 0.18 -> 0.86 on the clustered set {4, 11}
+    assert fve[-1] > 0.6 and fve[-1] > 2.5 * fve[0]
     assert spearmanr(fve, test_acc).statistic > 0.8
     # Nanda's progress measures: restricted loss falls with the test loss; excluded loss rises above the train loss
-    assert res["restricted_loss"][-1] < 0.5 * res["restricted_loss"][0]
-    assert res["excluded_loss"][-1] > 10 * res["train_loss"][-1]
+    assert res["restricted_loss_all"][-1] < 0.5 * res["restricted_loss_all"][0]
+    assert res["excluded_loss_train"][-1] > 10 * res["train_loss"][-1]

@@ -66,3 +66,37 @@ def test_rho_and_radius_match_gradients_taken_by_an_independent_route():
     assert res[f"rho@{site}"] == pytest.approx(rho.mean(), rel=1e-9)
     assert res[f"radius_mean@{site}"] == pytest.approx((hn / 4.0).mean(), rel=1e-9)
     assert res[f"rho_excluded@{site}"] == 2 * len(x)
+
+
+def test_sites_feeding_a_scale_invariant_norm_are_flagged_eps_dependent():
+    """Pre-LN: the last block's resid_post reaches the logits only through ln_final, so its
+    scale is free; an earlier block's also feeds the next residual sum. No norm: nothing."""
+    from groklens.analyses.radial import norm_fed_sites
+
+    model, data = tiny_transformer(p=7, train_steps=5, norm="ln", n_layers=2)
+    with pytest.warns(UserWarning, match=r"blocks\.1\.hook_resid_post feeds ln_final \(read only through"):
+        res = radial(model, data)
+    assert res["eps_dependent@blocks.1.hook_resid_post"] == 1
+    assert res["eps_dependent@blocks.0.hook_resid_post"] == 0
+    assert norm_fed_sites(model, data, ["blocks.1.hook_resid_pre", "blocks.0.hook_resid_mid"]) == {}
+    # independently: scaling that site's activation leaves the logits unchanged up to eps
+    from groklens.probes.interventions import scoped_hooks
+
+    x = data.inputs[:20]
+    with torch.no_grad(), scoped_hooks(model, fwd_hooks=[("blocks.1.hook_resid_post", lambda a, hook: 50 * a)]):
+        scaled = model(x)
+    torch.testing.assert_close(scaled, model(x), rtol=1e-3, atol=1e-3)
+    plain, data = tiny_transformer(p=7, train_steps=5)
+    assert radial(plain, data)["eps_dependent@blocks.0.hook_resid_post"] == 0
+    assert all_hooks_clear(model) and all_hooks_clear(plain)
+
+
+def test_sharpness_flags_models_with_a_scale_invariant_norm():
+    from groklens.analyses.sharpness import sharpness
+
+    tiny = dict(d_model=4, n_heads=1, d_head=2, d_mlp=8)
+    model, data = tiny_transformer(p=5, train_steps=5, norm="ln", **tiny)
+    with pytest.warns(UserWarning, match="sharpness: the input of ln_final"):
+        assert sharpness(model, data, top_k=1, trace_samples=2)["eps_dependent"] == 1
+    plain, data = tiny_transformer(p=5, train_steps=5, **tiny)
+    assert sharpness(plain, data, top_k=1, trace_samples=2)["eps_dependent"] == 0

@@ -11,6 +11,7 @@ from torch.func import functional_call
 from groklens.analyses.sharpness import (
     HessianOperator,
     hutchinson_trace,
+    probe_rng,
     sharpness,
     top_eigenvalues,
 )
@@ -68,13 +69,43 @@ def test_hessian_vector_products_are_the_full_hessian(tiny):
 def test_hutchinson_trace_is_unbiased_with_the_rademacher_variance(tiny):
     model, data, H = tiny
     m = 800
-    res = sharpness(model, data, top_k=1, tol=1e-3, trace_samples=m, seed=5)
+    res = sharpness(model, data, top_k=1, tol=1e-3, trace_samples=m, trace_rel_stderr=None, seed=5)
+    assert res["trace_samples"] == m and np.isnan(res["trace_target"])
     exact = np.trace(H)
     # Var(v^T H v) = 2 sum_{i != j} H_ij^2 for Rademacher v
     off = H - np.diag(np.diag(H))
     se = np.sqrt(2 * (off**2).sum() / m)
     assert res["trace_stderr"] == pytest.approx(se, rel=0.2)
     assert abs(res["trace"] - exact) < 4 * se
+
+
+def test_trace_holds_the_stated_standard_error_against_the_exact_trace(tiny):
+    """The default stopping rule: standard error <= 5% of the estimate, and the estimate within
+    its stated error of the dense Hessian's exact trace."""
+    model, data, H = tiny
+    exact = np.trace(H)
+    res = sharpness(model, data, top_k=1, step=100)
+    assert res["trace_target"] == 0.05
+    assert res["trace_stderr"] <= 0.05 * abs(res["trace"]) and res["trace_rel_stderr"] <= 0.05
+    assert 10 <= res["trace_samples"] < 1000
+    assert abs(res["trace"] - exact) < 4 * res["trace_stderr"]
+
+
+def test_probes_are_fresh_per_checkpoint_and_reproducible(tiny):
+    """Probes seeded by the step: a rerun repeats them, another step draws new ones, so the
+    errors along a run are independent (z-scores against the exact trace look standard normal)."""
+    model, data, H = tiny
+    op = HessianOperator(model, data, data.train_idx)
+    exact = np.trace(H)
+    a = hutchinson_trace(op.matvec, op.n, 20, rng=probe_rng(0, 250))
+    assert hutchinson_trace(op.matvec, op.n, 20, rng=probe_rng(0, 250)) == a
+    z = []
+    for step in range(0, 3000, 100):
+        r = hutchinson_trace(op.matvec, op.n, 20, rng=probe_rng(0, step))
+        z.append((r["trace"] - exact) / r["trace_stderr"])
+    z = np.array(z)
+    assert len(set(np.round(z, 12))) == len(z)  # every step its own probes
+    assert abs(z.mean()) < 4 / np.sqrt(len(z)) * 1.2 and 0.4 < z.std() < 1.8
 
 
 def test_eigsh_is_largest_algebraic_not_largest_magnitude():
@@ -107,6 +138,8 @@ def test_bad_parameters():
         sharpness(model, data, eval_set="validation")
     with pytest.raises(BadInput, match="top_k must be smaller"):
         sharpness(model, data, top_k=10_000)
+    with pytest.raises(BadInput, match="trace_rel_stderr must be a positive number"):
+        sharpness(model, data, trace_rel_stderr=0)
 
 
 def test_parameters_the_loss_does_not_use_have_zero_hessian_rows():
