@@ -119,7 +119,10 @@ class TrajectoryWriter:
         try:
             lock = WriterLock(path)
         except OSError:
-            raise BadInput(f"{path} is being written by another process") from None
+            from groklens.checkpoints.locking import describe_holder
+
+            raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
+                           "stop it before resuming") from None
         try:
             f = h5py.File(path, "r+", libver="latest")
             f.swmr_mode = True
