@@ -27,6 +27,7 @@ case is the old, slow, correct import.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import threading

@@ -584,7 +584,10 @@ def _worker_context(multiprocessing):
     a plain fork of this process, which may hold torch threads."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["groklens.trainers.loop", "groklens.trainers.ensemble"])
+        # the model modules too (TransformerLens' hook machinery): every import done here is
+        # done once per sweep, not once per worker on its first run
+        ctx.set_forkserver_preload(["groklens.trainers.loop", "groklens.trainers.ensemble",
+                                    "groklens.trainers.models.transformer", "groklens.trainers.models.mlp"])
         return ctx
     return multiprocessing.get_context("spawn")
 
