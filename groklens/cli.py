@@ -425,12 +425,14 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
               help="Markdown file whose reproduce table gets the rows (e.g. docs/RESULTS.md); none by default.")
 @click.option("--ledger", "ledger_dir", type=click.Path(file_okay=False), default=None,
               help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default OUT/ledger).")
+@click.option("--no-train", is_flag=True,
+              help="Train nothing: record the finished runs in OUT/runs and read every recorded seed.")
 @click.option("--results", "old_results", default=None, hidden=True)
 @click.option("--no-results", is_flag=True, hidden=True)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
-def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, old_results, no_results, quiet,
-              as_json) -> None:
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, old_results, no_results,
+              quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     from groklens import experiments as E
 
@@ -452,7 +454,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     if results_md is not None:
         _check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
-                         progress=not quiet, echo=(lambda _m: None) if as_json else click.echo)
+                         train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

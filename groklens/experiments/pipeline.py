@@ -222,10 +222,11 @@ def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
 
 def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
-              progress: bool = True, echo: Callable[[str], None] = print) -> Result:
+              train: bool = True, progress: bool = True, echo: Callable[[str], None] = print) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
-    markdown file whose reproduce table gets the rows (none by default)."""
+    markdown file whose reproduce table gets the rows (none by default). train=False records and
+    reads only what is finished (a study that grows run by run): missing runs are listed, not trained."""
     from groklens.experiments.ledger import Ledger, LedgerRun, arm_hash, ledger_path, summarize_run
 
     t0 = time.perf_counter()
@@ -248,7 +249,11 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
          f"{len(held)} in the ledger {led.path}, {len(ready)} finished in {runs_dir}, {len(todo)} to train")
 
     # 1. train what neither the ledger nor OUT/runs holds (interrupted runs resumed)
-    _train(todo, runs_dir, name, n_workers, progress)
+    skipped = [] if train else todo
+    if train:
+        _train(todo, runs_dir, name, n_workers, progress)
+    else:
+        todo = []
     t_train = time.perf_counter() - t0
 
     # 2. analyze the new runs and record them in the ledger
@@ -279,6 +284,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     rows = exp.read(ctx)
     wall = time.perf_counter() - t0
     notes += apart
+    if skipped:
+        notes.append(f"not trained (--no-train): {len(skipped)} run(s), {', '.join(r.name for r in skipped)}")
     notes.append(f"time: training {t_train:.0f} s, analyses {t_an:.0f} s, total {wall:.0f} s; "
                  f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
     result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, notes, led.path,

@@ -431,3 +431,23 @@ def test_exponent_with_censored_runs_is_tobit_beside_ols():
     assert ours == pytest.approx(best.x[1], abs=1e-3)
     ols = np.polyfit(x[~c], y[~c], 1)[0]
     assert f"OLS {ols:.2f}" in text
+
+
+def test_no_train_records_only_the_finished_runs(tmp_path):
+    """--no-train: the finished runs are recorded and read, the missing ones listed, none trained."""
+    import json
+
+    from groklens.experiments import get_experiment, run_configs
+    from groklens.trainers.loop import train
+
+    out = tmp_path / "gf"
+    (out / "runs").mkdir(parents=True)
+    variant, name, cfg = run_configs(get_experiment("grokfast"), "smoke", 1)[0]
+    train(cfg, out / "runs" / f"{name}.h5", progress=False)
+    proc = groklens("reproduce", "grokfast", "--scale", "smoke", "-o", str(out), "--no-train", "-q", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    ledger = json.loads((out / "ledger" / "grokfast.smoke.json").read_text())
+    assert [e["run"] for e in ledger["runs"]] == [name]
+    assert sorted(p.name for p in (out / "runs").glob("*.h5")) == [f"{name}.h5"]  # nothing trained
+    assert any(n.startswith("not trained (--no-train): 1 run(s)") for n in result["notes"])
