@@ -253,6 +253,16 @@ class Trajectory:
         with self._open() as f:
             return {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
 
+    def state(self, step: int) -> dict[str, np.ndarray]:
+        """The optimizer, regularizer and RNG state stored with checkpoint `step` (the latest
+        checkpoint always has it): all an exact resume needs."""
+        with self._open() as f:
+            g = f[C.STATE]
+            slots = np.nonzero(g[C.STATE_STEP][:] == int(step))[0]
+            if len(slots) == 0:
+                raise BadInput(f"{self.path}: no optimizer state stored for step {step}")
+            return {name: ds[int(slots[0])] for name, ds in g.items() if name != C.STATE_STEP}
+
     def param_trajectory(self, name: str) -> np.ndarray:
         """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""
         with self._open() as f:

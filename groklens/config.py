@@ -29,8 +29,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "routing_unit": ("layer", "sublayer"),
 }
-# Options of one training step that permutation routing does not implement (trainers/routing.py)
-ROUTING_UNSUPPORTED = ("act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda", "perp_grad")
 ROUTING_MAX_COPIES = 64
 
 
@@ -208,9 +206,6 @@ class RunConfig:
                 _check(getattr(self, name) == default,
                        f"{name}={getattr(self, name)!r} needs routing_copies > 1 (routing is off with 1 copy)")
             return
-        default = RunConfig()
-        odd = [n for n in ROUTING_UNSUPPORTED if getattr(self, n) != getattr(default, n)]
-        _check(not odd, f"routing_copies > 1 does not implement {', '.join(f'{n}={getattr(self, n)!r}' for n in odd)}")
         _check(self.routing_unit == "layer" or self.model == "transformer",
                f"routing_unit={self.routing_unit} is an option of model=transformer, not model={self.model}")
 
