@@ -7,6 +7,12 @@ What differs between the kinds of run is a `Strategy`: how parameters are held (
 stacked functional state, M modules) and how a step forms losses and gradients. A strategy
 trains one or more `Member`s; each member writes one trajectory file.
 
+Checkpoints: step 0, the periodic schedule (`checkpoint_schedule`), and phase checkpoints: at
+the first evaluation where train accuracy reaches each phase threshold (memorization) and
+where test accuracy does (grokking), per copy of a routed run, so that "at memorization" and
+"at grokking" read a checkpoint at that step. The thresholds are the ones the grokking
+analysis reports (0.95, 0.99) and the run's grok_threshold.
+
 Step s means "after s optimizer updates": step 0 is the initialisation. A member stops when
 its loss or gradient is not finite (its last good checkpoint stays), or `stop_after_grok`
 evaluations after its test accuracy first reached `grok_threshold`.
@@ -31,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 EVAL_CHUNK = 16_384  # inputs per forward pass during evaluation (bounds memory)
 METRIC_NAMES = ["train_loss", "test_loss", "train_acc", "test_acc", "weight_norm", "grad_norm", "lr"]
+PHASE_THRESHOLDS = (0.95, 0.99)  # those the grokking analysis reports (analyses/registry.py)
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Member:
     writer: "TrajectoryWriter | None" = None
     grad_norm: float = math.nan  # of the last step (logged at the next evaluation)
     evals_after_grok: int | None = None  # evaluations since test accuracy first crossed the threshold
+    phases: set[str] = field(default_factory=set)  # the phase events reached so far (`phases_reached`)
     result: TrainResult | None = None
     error: BaseException | None = None
     extra: dict = field(default_factory=dict)
@@ -113,6 +121,15 @@ def stop_accuracy(row: dict, cfg: "RunConfig"):
     return np.min([row[f"copy{m}.test_acc"] for m in range(cfg.routing_copies)], axis=0)
 
 
+def phases_reached(row: dict, cfg: "RunConfig") -> set[str]:
+    """The phase events a row (or, on resume, any row of the metric series) has reached:
+    '<copy>train_acc>=t' (memorization) and '<copy>test_acc>=t' (grokking) for each threshold
+    t in PHASE_THRESHOLDS and grok_threshold; <copy> is '' or, routed, 'copy<m>.'."""
+    prefixes = [""] if cfg.routing_copies == 1 else [f"copy{m}." for m in range(cfg.routing_copies)]
+    return {f"{prefix}{split}>={t:g}" for prefix in prefixes for split in ("train_acc", "test_acc")
+            for t in sorted({*PHASE_THRESHOLDS, cfg.grok_threshold}) if np.any(np.asarray(row[prefix + split]) >= t)}
+
+
 def nonfinite_reason(what: str, value: float, step: int) -> str:
     return f"non-finite {what} ({value}) at step {step}"
 
@@ -140,9 +157,10 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
             step += 1
             bar.update(1)
             stopping: list[int] = []
+            phase: list[int] = []
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                stopping = _evaluate(strategy, step, bar)
-            write = list(range(len(strategy.members))) if step in schedule else stopping
+                stopping, phase = _evaluate(strategy, step, bar)
+            write = list(range(len(strategy.members))) if step in schedule else sorted({*stopping, *phase})
             _commit(strategy, write, step, on_commit)
             if stopping:
                 _finish(strategy, stopping, step)
@@ -163,13 +181,18 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
     return everyone
 
 
-def _evaluate(strategy: Strategy, step: int, bar) -> list[int]:
-    """Evaluate and record every member; returns the members the stop rule ends now."""
+def _evaluate(strategy: Strategy, step: int, bar) -> tuple[list[int], list[int]]:
+    """Evaluate and record every member; returns the members the stop rule ends now and those
+    that reached a phase event (each needs a checkpoint at this step)."""
     rows = strategy.evaluate(step)
-    stopping = []
+    stopping, phase = [], []
     for i, (member, row) in enumerate(zip(strategy.members, rows)):
         member.writer.write_eval(row)
         cfg = member.cfg
+        new = phases_reached(row, cfg) - member.phases
+        if new:
+            member.phases |= new
+            phase.append(i)
         if member.evals_after_grok is not None:
             member.evals_after_grok += 1
         elif stop_accuracy(row, cfg) >= cfg.grok_threshold:
@@ -178,7 +201,7 @@ def _evaluate(strategy: Strategy, step: int, bar) -> list[int]:
                 and member.evals_after_grok >= cfg.stop_after_grok:
             stopping.append(i)
     bar.set_postfix_str(_postfix(rows[0]), refresh=False)
-    return stopping
+    return stopping, phase
 
 
 def _commit(strategy: Strategy, indices: list[int], step: int, on_commit) -> None:
@@ -230,6 +253,8 @@ def restore_counters(member: Member, metrics: dict[str, np.ndarray]) -> None:
     acc = stop_accuracy(metrics, member.cfg)
     hits = np.nonzero(acc >= member.cfg.grok_threshold)[0]
     member.evals_after_grok = None if len(hits) == 0 else int(len(acc) - 1 - hits[0])
+    # recovery kept the rows up to the last checkpoint: a phase reached in them has its checkpoint
+    member.phases = phases_reached(metrics, member.cfg) if len(metrics["step"]) else set()
 
 
 def raise_failure(members: list[Member]) -> None:
