@@ -192,9 +192,12 @@ class Trajectory:
         with self._open() as f:
             raw = f.attrs[C.ATTR_CONFIG]
         try:
-            return json.loads(raw)
+            data = json.loads(raw)
         except (TypeError, ValueError):
             raise BadInput(f"{self.path}: damaged trajectory (stored config is not JSON)") from None
+        from groklens.config import stored_dict
+
+        return stored_dict(data)  # an older file's missing keys read as that file meant them
 
     @cached_property
     def config(self) -> "RunConfig":

@@ -28,6 +28,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "loss": ("ce", "stablemax"),
     "device": ("auto", "cpu", "cuda"),
     "routing_unit": ("layer", "sublayer"),
+    "perp_grad_scale": ("orthograd", "unscaled"),
+}
+# Fields added after trajectory files were first written, with the value such an old file
+# meant: a key missing from a stored config is read as this, not as today's default.
+STORED_LEGACY = {
+    "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
 }
 ROUTING_MAX_COPIES = 64
 
@@ -79,6 +85,7 @@ class RunConfig:
     grokfast_alpha: float = 0.98  # Grokfast EMA decay (Lee et al. 2024)
     grokfast_lambda: float = 0.0  # Grokfast amplification; 0 = off (the paper: 2)
     perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
+    perp_grad_scale: str = "orthograd"  # orthograd: rescaled to ||g|| as published; unscaled: the projection only
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
     routing_copies: int = 1  # M copies trained together; each step's loss is taken on routed models
     routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
@@ -211,6 +218,13 @@ class RunConfig:
 
     def fourier_frequencies(self) -> tuple[int, ...]:
         return parse_freqs(self.fourier_freqs)
+
+
+def stored_dict(data: Any) -> Any:
+    """A stored config mapping with the keys an older file lacks filled in as that file meant."""
+    if not isinstance(data, dict):
+        return data
+    return {**{k: v for k, v in STORED_LEGACY.items() if k not in data}, **data}
 
 
 def parse_freqs(text: str) -> tuple[int, ...]:

@@ -118,7 +118,7 @@ class EnsembleRun(Strategy):
         self.acts: dict[str, torch.Tensor] = {}
         self.grokfast = StackedGrokfast(self.params, [c.grokfast_alpha for c in cfgs],
                                         [c.grokfast_lambda for c in cfgs]) if union.grokfast_lambda else None
-        self.perp = StackedPerpGrad([c.perp_grad for c in cfgs], getattr(union, "perp_grad_scale", "unscaled") == "orthograd") \
+        self.perp = StackedPerpGrad([c.perp_grad for c in cfgs], union.perp_grad_scale == "orthograd") \
             if union.perp_grad else None
         self._stack_member_tensors()
 

@@ -345,15 +345,17 @@ def perpendicular(w: torch.Tensor, g: torch.Tensor, rows: bool = False, rescale:
 
 @REGULARIZERS.register("perp_grad")
 class PerpendicularGradient(Regularizer):
-    """Prieto et al. 2025, perpendicular gradient: per tensor g <- g - (w.g / w.w) w (a tensor
-    with w = 0 keeps its gradient), so the update has no component along the weights."""
+    """Prieto et al. 2025, perpendicular gradient, per tensor (`perpendicular`): with
+    perp_grad_scale=orthograd (default) their OrthoGrad as published, the projection
+    g - (w.g / w.w) w rescaled to ||g||; with unscaled the projection alone. Either way the
+    update has no component along the weights."""
 
     name, kind = "perp_grad", "grad"
     metric_keys = ("perp_grad_removed",)
 
     def __init__(self, cfg, model, data):
         super().__init__(cfg, model, data)
-        self.rescale = False
+        self.rescale = cfg.perp_grad_scale == "orthograd"
         self._removed: torch.Tensor | None = None
 
     @staticmethod
