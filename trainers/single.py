@@ -223,6 +223,21 @@ class SingleRun(Strategy):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lane.forward(x)
 
+    # what benchmarks/train_throughput.py reads of a single run
+    @property
+    def train_x(self) -> torch.Tensor:
+        return self.t.train_x
+
+    @property
+    def train_y(self) -> torch.Tensor:
+        return self.t.train_y
+
+    def readout(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.t.readout(logits)
+
+    def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return task_loss(logits, y, self.cfg.loss)
+
     def train_step(self, step: int) -> list[tuple[Member, str]]:
         lane, member = self.lane, self.members[0]
         lane.set_lr(step)
