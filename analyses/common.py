@@ -38,20 +38,13 @@ def check_loss(loss) -> str:
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, data: TaskData, loss: str = "ce",
               reduction: str = "mean") -> torch.Tensor:
-    """The training objective's task loss in float64, as the trainer computes it: `loss`
-    (ce | stablemax) at the readout position, or averaged over the K answer positions of a
-    multi-target task. logits [b, n_ctx, v], labels [b] or [b, K]."""
-    from groklens.trainers.regularizers import LOSSES
+    """The training objective's task loss (`trainers.regularizers.task_loss`, the one the trainer
+    uses), read at the run's readout position(s). logits [b, n_ctx, v], labels [b] or [b, K]."""
+    from groklens.trainers.regularizers import task_loss as loss_at_readout
 
-    fn = LOSSES.get(check_loss(loss))
     positions = data.readout_positions
-    if labels.dim() == 1:
-        out = logits[:, positions[0]]
-        return fn(out, labels, reduction=reduction)
-    out = logits[:, positions[0] : positions[-1] + 1]
-    v = out.shape[-1]
-    per_input = fn(out.reshape(-1, v), labels.reshape(-1), reduction="none").reshape(labels.shape).mean(-1)
-    return per_input.mean() if reduction == "mean" else per_input.sum() if reduction == "sum" else per_input
+    out = logits[:, positions[0]] if labels.dim() == 1 else logits[:, positions[0] : positions[-1] + 1]
+    return loss_at_readout(out, labels, check_loss(loss), reduction=reduction)
 
 
 def hidden_sites(model) -> list[str]:

@@ -302,9 +302,12 @@ class Trajectory:
         with self._open() as f:
             raw = f.attrs[C.ATTR_CONFIG]
         try:
-            return json.loads(raw)
+            data = json.loads(raw)
         except (TypeError, ValueError):
             raise BadInput(f"{self.path}: damaged trajectory (stored config is not JSON)") from None
+        from groklens.config import stored_dict
+
+        return stored_dict(data)  # an older file's missing keys read as that file meant them
 
     @cached_property
     def config(self) -> "RunConfig":
@@ -366,6 +369,16 @@ class Trajectory:
         if bad is not None:  # the trainer stops before storing a non-finite step: the file is damaged
             raise BadInput(f"{self.path}: invalid trajectory: {bad} at step {step} is not finite")
         return out
+
+    def state(self, step: int) -> dict[str, np.ndarray]:
+        """The optimizer, regularizer and RNG state stored with checkpoint `step` (the latest
+        checkpoint always has it): all an exact resume needs."""
+        with self._open() as f:
+            g = f[C.STATE]
+            slots = np.nonzero(g[C.STATE_STEP][:] == int(step))[0]
+            if len(slots) == 0:
+                raise BadInput(f"{self.path}: no optimizer state stored for step {step}")
+            return {name: ds[int(slots[0])] for name, ds in g.items() if name != C.STATE_STEP}
 
     def param_trajectory(self, name: str) -> np.ndarray:
         """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""

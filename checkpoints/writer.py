@@ -131,6 +131,11 @@ class TrajectoryWriter:
             raise
         return cls(f, lock)
 
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last committed checkpoint (None before the first)."""
+        return int(self.f[C.STEPS][self.n_checkpoints - 1]) if self.n_checkpoints else None
+
     # ------------------------------------------------------------------ appending
     def write_checkpoint(self, step: int, params: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray],
                          copies: Sequence[Mapping[str, np.ndarray]] = ()) -> None:

@@ -74,6 +74,20 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reductio
     raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
 
 
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:
+    """The task loss of training and of every analysis, in float64: `loss` (ce | stablemax) at
+    the readout position, logits [b, v] and labels [b], or over K answer positions, logits
+    [b, K, v] and labels [b, K]. 'mean' averages every position; 'none' gives one value per
+    input (the mean over its K positions); 'sum' sums those."""
+    fn = LOSSES.get(loss)
+    v = logits.shape[-1]
+    if reduction == "mean":
+        return fn(logits.reshape(-1, v), labels.reshape(-1), reduction="mean")
+    out = fn(logits.reshape(-1, v), labels.reshape(-1), reduction="none")
+    per_input = out.reshape(labels.shape).mean(-1) if labels.dim() == 2 else out
+    return per_input.sum() if reduction == "sum" else per_input
+
+
 # ---------------------------------------------------------------------- regularizers
 @dataclass
 class Batch:
@@ -90,6 +104,7 @@ class Regularizer:
     name: ClassVar[str]
     kind: ClassVar[str]
     metric_keys: ClassVar[tuple[str, ...]]
+    weight_field: ClassVar[str] = ""  # a term's RunConfig weight (an ensemble passes it per member)
 
     def __init__(self, cfg: "RunConfig", model: "nn.Module", data: "TaskData"):
         self.cfg = cfg
@@ -100,11 +115,15 @@ class Regularizer:
         raise NotImplementedError
 
     # terms
-    def term(self, acts: dict[str, torch.Tensor], batch: Batch, step: int,
-             evaluating: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def term(self, acts: dict[str, torch.Tensor], batch: Batch, step: int, evaluating: bool = False,
+             weight: float | torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(weighted value as it enters the loss at `step`, {metric: detached tensor}).
-        `evaluating`: the metrics are wanted even where the term is switched off."""
+        `evaluating`: the metrics are wanted even where the term is switched off. `weight`: in
+        place of the config's (a vmapped ensemble member's own, as a 0-d tensor)."""
         raise NotImplementedError
+
+    def weight(self, weight):
+        return getattr(self.cfg, self.weight_field) if weight is None else weight
 
     # gradient transforms
     def transform(self, params: dict[str, torch.nn.Parameter]) -> None:
@@ -158,19 +177,18 @@ class ActivationNormPenalty(Regularizer):
     """lambda * mean_i (||h_i|| - sqrt(d))^2 / d over every vector h_i (all inputs, all positions)
     at the chosen hook sites (REFERENCES.md definition 6; default: each block's resid_post)."""
 
-    name, kind = "act_norm", "term"
+    name, kind, weight_field = "act_norm", "term", "act_norm_lambda"
     metric_keys = ("reg_act_norm", "act_norm_radius")
 
     def __init__(self, cfg, model, data):
         super().__init__(cfg, model, data)
-        self.lam = cfg.act_norm_lambda
         self.hook_names = _resolve_sites(model, cfg.act_norm_sites, "act_norm_sites")
 
     @staticmethod
     def active(cfg) -> bool:
         return cfg.act_norm_lambda > 0
 
-    def term(self, acts, batch, step, evaluating=False):
+    def term(self, acts, batch, step, evaluating=False, weight=None):
         dev, rad = [], []
         for name in self.hook_names:
             h = acts[name]
@@ -178,7 +196,7 @@ class ActivationNormPenalty(Regularizer):
             norms = h.to(torch.float64).norm(dim=-1).flatten()
             dev.append((norms - math.sqrt(d)) ** 2 / d)
             rad.append(norms.detach() / math.sqrt(d))
-        value = self.lam * torch.cat(dev).mean()
+        value = self.weight(weight) * torch.cat(dev).mean()
         return value, {"reg_act_norm": value.detach(), "act_norm_radius": torch.cat(rad).mean()}
 
 
@@ -198,7 +216,7 @@ class GeomDR(Regularizer):
     at the readout position(s) of one hook site (default: the last block's resid_post, or the
     MLP's last hidden layer) and erank is Roy & Vetterli's effective rank."""
 
-    name, kind = "geomdr", "term"
+    name, kind, weight_field = "geomdr", "term", "geomdr_lambda"
     metric_keys = ("reg_geomdr", "geomdr_erank")
 
     def __init__(self, cfg, model, data):
@@ -207,7 +225,7 @@ class GeomDR(Regularizer):
         if site not in model.hook_dict:
             raise BadInput(f"geomdr_site: no hook point {site!r} (e.g. {hidden_sites(model)[-1]})")
         self.hook_names = [site]
-        self.lam, self.target = cfg.geomdr_lambda, cfg.geomdr_target
+        self.target = cfg.geomdr_target
         self.start, self.end = cfg.geomdr_start, cfg.geomdr_end or math.inf
 
     @staticmethod
@@ -217,13 +235,14 @@ class GeomDR(Regularizer):
     def on(self, step: int) -> bool:
         return self.start <= step < self.end
 
-    def term(self, acts, batch, step, evaluating=False):
+    def term(self, acts, batch, step, evaluating=False, weight=None):
         h = _rows(acts[self.hook_names[0]], batch.positions)
         if not self.on(step) and not evaluating:  # outside the window: no SVD in training
             zero = h.new_zeros((), dtype=torch.float64)
             return zero, {"reg_geomdr": zero, "geomdr_erank": zero * math.nan}
         erank = effective_rank(h)
-        value = self.lam * ((erank - self.target) / self.target) ** 2 if self.on(step) else erank.new_zeros(())
+        value = (self.weight(weight) * ((erank - self.target) / self.target) ** 2 if self.on(step)
+                 else erank.new_zeros(()))
         return value, {"reg_geomdr": value.detach(), "geomdr_erank": erank.detach()}
 
 
@@ -233,7 +252,7 @@ class KLAttention(Regularizer):
     uniform on the input's informative positions, averaged over inputs and heads (and layers with
     kl_attn_layer = -1). log pattern comes from log_softmax of hook_attn_scores, in float64."""
 
-    name, kind = "kl_attn", "term"
+    name, kind, weight_field = "kl_attn", "term", "kl_attn_beta"
     metric_keys = ("reg_kl_attn", "kl_attn")
 
     def __init__(self, cfg, model, data):
@@ -246,13 +265,12 @@ class KLAttention(Regularizer):
             raise BadInput("kl_attn_beta: some inputs have no informative position")
         layers = range(cfg.n_layers) if cfg.kl_attn_layer == -1 else [cfg.kl_attn_layer]
         self.hook_names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in layers]
-        self.beta = cfg.kl_attn_beta
 
     @staticmethod
     def active(cfg) -> bool:
         return cfg.kl_attn_beta > 0
 
-    def term(self, acts, batch, step, evaluating=False):
+    def term(self, acts, batch, step, evaluating=False, weight=None):
         q = batch.positions[0]
         mask = batch.mask.bool()  # [b, k]
         pi = mask.to(torch.float64) / mask.sum(-1, keepdim=True)  # uniform on the informative positions
@@ -263,7 +281,7 @@ class KLAttention(Regularizer):
             logp = torch.where(mask[:, None, :], logp, 0.0)
             kls.append((pi[:, None, :] * (log_pi[:, None, :] - logp)).sum(-1).mean())  # mean over b, h
         kl = torch.stack(kls).mean()
-        value = self.beta * kl
+        value = self.weight(weight) * kl
         return value, {"reg_kl_attn": value.detach(), "kl_attn": kl.detach()}
 
 
@@ -312,16 +330,39 @@ class Grokfast(Regularizer):
         self.initialized = bool(np.array(state["reg.grokfast.initialized"]))
 
 
+def perpendicular(w: torch.Tensor, g: torch.Tensor, rows: bool = False, rescale: bool = False):
+    """The gradient g without its component along the weights w, and that component's squared
+    norm (float64): over the whole tensor, or with `rows` over each member's row of stacked
+    [M, ...] tensors. Unscaled: g - (w.g / w.w) w (a tensor with w = 0 keeps its gradient).
+    rescale (Prieto et al.'s OrthoGrad as published): proj = w.g / (w.w + 1e-30),
+    g_perp = g - proj w, then g_perp * ||g|| / (||g_perp|| + 1e-30)."""
+    def total(t: torch.Tensor) -> torch.Tensor:
+        return t.flatten(1).sum(1).view(-1, *([1] * (t.dim() - 1))) if rows else t.sum()
+
+    if rescale:
+        coef = total(w * g) / (total(w * w) + 1e-30)
+        perp = g - coef * w
+        out = perp * (total(g * g).sqrt() / (total(perp * perp).sqrt() + 1e-30))
+    else:
+        coef = total(w * g) / total(w * w).clamp_min(torch.finfo(w.dtype).tiny)
+        out = g - coef * w
+    removed = coef.double() ** 2 * total(w.double() ** 2)
+    return out, removed.flatten() if rows else removed
+
+
 @REGULARIZERS.register("perp_grad")
 class PerpendicularGradient(Regularizer):
-    """Prieto et al. 2025, perpendicular gradient: per tensor g <- g - (w.g / w.w) w (a tensor
-    with w = 0 keeps its gradient), so the update has no component along the weights."""
+    """Prieto et al. 2025, perpendicular gradient, per tensor (`perpendicular`): with
+    perp_grad_scale=orthograd (default) their OrthoGrad as published, the projection
+    g - (w.g / w.w) w rescaled to ||g||; with unscaled the projection alone. Either way the
+    update has no component along the weights."""
 
     name, kind = "perp_grad", "grad"
     metric_keys = ("perp_grad_removed",)
 
     def __init__(self, cfg, model, data):
         super().__init__(cfg, model, data)
+        self.rescale = cfg.perp_grad_scale == "orthograd"
         self._removed: torch.Tensor | None = None
 
     @staticmethod
@@ -335,11 +376,10 @@ class PerpendicularGradient(Regularizer):
             g = p.grad
             if g is None:
                 continue
-            w = p.detach()
-            coef = (w * g).sum() / (w * w).sum().clamp_min(torch.finfo(w.dtype).tiny)
+            new, removed_sq = perpendicular(p.detach(), g, rescale=self.rescale)
             total.append((g.double() ** 2).sum())
-            removed.append(coef.double() ** 2 * (w.double() ** 2).sum())
-            g.sub_(coef * w)
+            removed.append(removed_sq)
+            g.copy_(new)
         # the fraction of the gradient's norm that pointed along the weights (no host sync here)
         self._removed = torch.sqrt(torch.stack(removed).sum() / torch.stack(total).sum().clamp_min(1e-300))
 
@@ -367,5 +407,5 @@ def build_regularizers(cfg: "RunConfig", model: "nn.Module", data: "TaskData") -
 
 __all__ = [
     "LOSSES", "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names",
-    "cross_entropy", "stablemax", "stablemax_s", "stablemax_cross_entropy", "effective_rank", "hidden_sites",
+    "cross_entropy", "task_loss", "stablemax", "stablemax_s", "stablemax_cross_entropy", "effective_rank", "hidden_sites",
 ]

@@ -36,7 +36,9 @@ THRESHOLDS = (0.5, 0.9, 0.95, 0.99)  # accuracy >= threshold (the sphere paper's
 GROK_THRESHOLD = 0.95  # the threshold the rows read
 # Fields added after the first ledger entries, with the value that reproduces the behaviour from
 # before they existed. A field at this value is left out of the hash.
-LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl"}
+LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled"}
+# Fields that change nothing while another field is off: left out of the hash then.
+INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
 # must get its legacy value in LEGACY_DEFAULTS (tests/cli/test_reproduce.py checks it); until
 # then it is hashed whatever its value, so old entries are kept apart, never wrongly mixed in.
@@ -55,7 +57,8 @@ SEED_FIELDS = ("seed", "data_seed")
 def hashed_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The part of a config the hash covers (see the module docstring)."""
     return {k: v for k, v in cfg.items()
-            if k not in NOT_HASHED and not (k in LEGACY_DEFAULTS and v == LEGACY_DEFAULTS[k])}
+            if k not in NOT_HASHED and not (k in LEGACY_DEFAULTS and v == LEGACY_DEFAULTS[k])
+            and not (k in INERT_UNLESS and not cfg.get(INERT_UNLESS[k]))}
 
 
 def config_hash(cfg: dict[str, Any]) -> str:

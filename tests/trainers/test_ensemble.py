@@ -53,10 +53,8 @@ def assert_same_trajectory(a_path, b_path, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(ma[name], mb[name], rtol=1e-5, atol=1e-7, equal_nan=True, err_msg=name)
     assert _datasets(a_path) == _datasets(b_path)
     # optimizer state of the last checkpoint: what an exact resume reads
-    from groklens.trainers.loop import read_state
-
     last = int(a.steps[-1])
-    sa, sb = read_state(a.path, last), read_state(b.path, last)
+    sa, sb = a.state(last), b.state(last)
     assert sorted(sa) == sorted(sb)
     for key in sa:
         if key != "rng.torch":
@@ -116,19 +114,19 @@ def test_failing_member_stops_alone(tmp_path):
 def test_interrupted_ensemble_resumes_exactly(tmp_path, monkeypatch):
     cfgs = _configs(steps=80)
     paths = [tmp_path / f"e{i}.h5" for i in range(3)]
-    original = ens.EnsembleTrainer.adamw_step
+    original = ens.EnsembleRun.train_step
 
     def interrupt_at_50(self, step):
         if step == 50:
             raise KeyboardInterrupt
-        original(self, step)
+        return original(self, step)
 
-    monkeypatch.setattr(ens.EnsembleTrainer, "adamw_step", interrupt_at_50)
+    monkeypatch.setattr(ens.EnsembleRun, "train_step", interrupt_at_50)
     with pytest.raises(KeyboardInterrupt):
         train_ensemble(cfgs, paths)
     assert all(Trajectory(p).status == "stopped: interrupted" for p in paths)
     assert list(Trajectory(paths[0]).steps) == [0, 20, 40]
-    monkeypatch.setattr(ens.EnsembleTrainer, "adamw_step", original)
+    monkeypatch.setattr(ens.EnsembleRun, "train_step", original)
     results = resume_ensemble(paths)
     assert all(r.result.status == "completed" for r in results)
     for i, cfg in enumerate(cfgs):
@@ -145,29 +143,18 @@ def test_ensemble_key_groups_by_architecture():
     assert ensemble_key(a) != ensemble_key(tiny_config(steps=80))
 
 
-def test_options_the_ensemble_does_not_implement_fall_back():
-    """Every RunConfig field is either handled by the ensemble or must be at its default."""
+def test_only_routed_configs_train_alone():
+    """Every RunConfig field is either per member or shared by an ensemble, except routing's: a
+    routed config is its own strategy and trains alone, with the reason said."""
     known = set(ens.PER_MEMBER_FIELDS) | set(ens.SHARED_FIELDS)
-    others = [f for f in fields(RunConfig) if f.name not in known]
-    changed = None
-    for f in others:  # any option outside the ensemble's list, at a valid non-default value
-        default = getattr(RunConfig(), f.name)
-        for value in ([0.5, 1.0] if isinstance(default, float) else [not default] if isinstance(default, bool) else []):
-            if value == default:
-                continue
-            try:
-                changed = tiny_config(**{f.name: value})
-            except BadInput:
-                continue
-            break
-        if changed is not None:
-            break
-    if changed is None:
-        pytest.skip("no option outside the ensemble's fields in this RunConfig")
-    assert ensemble_key(changed) is None
-    assert ens.unsupported_reason(changed).startswith("ensembles do not implement")
+    assert {f.name for f in fields(RunConfig)} - known == {"routing_copies", "routing_width", "routing_unit"}
+    routed = tiny_config(routing_copies=2)
+    assert ensemble_key(routed) is None
+    assert ens.unsupported_reason(routed).startswith("ensembles do not implement routing_copies=2")
     with pytest.raises(BadInput, match="ensembles do not implement"):
-        ens.EnsembleTrainer([changed, changed], [None, None], ["a", "b"])
+        ens.EnsembleRun([routed, routed], [None, None], ["a", "b"])
+    for option in ({"act_norm_lambda": 0.1}, {"loss": "stablemax"}, {"grokfast_lambda": 2.0}, {"perp_grad": True}):
+        assert ensemble_key(tiny_config(**option)) is not None, option
 
 
 def test_members_must_share_architecture(tmp_path):

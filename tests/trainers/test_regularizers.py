@@ -79,7 +79,8 @@ def test_training_step_descends_loss_plus_penalty():
     penalty = ((torch.sqrt((h * h).sum(-1)) - math.sqrt(cfg.d_model)) ** 2 / cfg.d_model).mean()
     ce = F.cross_entropy(logits[:, 2].double(), y)
     (ce + lam * penalty).backward()
-    loss = trainer.train_step(0)
+    assert trainer.train_step(0) == []  # no member failed
+    loss = trainer.last_loss
     assert loss == pytest.approx(float(ce.detach()), rel=1e-12)  # the step reports the task loss
     for (n, a), (_, b) in zip(trainer.model.named_parameters(), model.named_parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), n
@@ -227,8 +228,8 @@ def test_resume_with_grokfast_state_is_bit_identical(tmp_path):
 
 
 # ---------------------------------------------------------------------- perpendicular gradient
-def test_perpendicular_gradient_removes_the_component_along_each_tensor():
-    cfg, data, model = _setup(perp_grad=True, mlp_bias=True)
+def test_unscaled_perpendicular_gradient_removes_the_component_along_each_tensor():
+    cfg, data, model = _setup(perp_grad=True, perp_grad_scale="unscaled", mlp_bias=True)
     reg = REGULARIZERS.get("perp_grad")(cfg, model, data)
     params = dict(model.named_parameters())
     gen = torch.Generator().manual_seed(0)
@@ -245,6 +246,47 @@ def test_perpendicular_gradient_removes_the_component_along_each_tensor():
         if ww > 0:
             assert abs(float((w * p.grad.double()).sum())) < 1e-4 * float(g.norm() * w.norm())
     assert 0 < reg.last_metrics()["perp_grad_removed"] < 1
+
+
+def test_perpendicular_gradient_is_orthograd_as_published():
+    """Prieto et al.'s OrthoGrad, per tensor on the flattened vectors, written here in float64:
+    proj = w.g / (w.w + 1e-30); g_orth = g - proj w; g <- g_orth * ||g|| / (||g_orth|| + 1e-30)."""
+    cfg, data, model = _setup(perp_grad=True, mlp_bias=True)
+    assert cfg.perp_grad_scale == "orthograd"  # the default
+    reg = REGULARIZERS.get("perp_grad")(cfg, model, data)
+    params = dict(model.named_parameters())
+    gen = torch.Generator().manual_seed(1)
+    raw = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
+    for n, p in params.items():
+        p.grad = raw[n].clone()
+    reg.transform(params)
+    for n, p in params.items():
+        w, g = p.detach().double().flatten().tolist(), raw[n].double().flatten().tolist()
+        proj = sum(a * b for a, b in zip(w, g)) / (sum(a * a for a in w) + 1e-30)
+        orth = [b - proj * a for a, b in zip(w, g)]
+        scale = math.sqrt(sum(b * b for b in g)) / (math.sqrt(sum(o * o for o in orth)) + 1e-30)
+        expected = torch.tensor([o * scale for o in orth], dtype=torch.float64).reshape(p.shape)
+        assert torch.allclose(p.grad.double(), expected, rtol=1e-5, atol=1e-6), n
+        assert float(p.grad.double().norm()) == pytest.approx(float(raw[n].double().norm()), rel=1e-5)  # ||g|| kept
+
+
+def test_old_files_with_perp_grad_describe_the_unscaled_variant_they_trained(tmp_path):
+    """A file written before perp_grad_scale existed trained the unscaled projection: its stored
+    config lacks the key, and reading it back must say 'unscaled', not today's default."""
+    import json
+
+    import h5py
+
+    path = tmp_path / "old.h5"
+    train(tiny_config(steps=20, perp_grad=True, perp_grad_scale="unscaled"), path, progress=False)
+    with h5py.File(path, "r+") as f:  # what an old file holds: no perp_grad_scale key at all
+        stored = json.loads(f.attrs["config"])
+        del stored["perp_grad_scale"]
+        f.attrs["config"] = json.dumps(stored)
+    old = Trajectory(path)
+    assert old.config.perp_grad_scale == "unscaled" and old.config_dict["perp_grad_scale"] == "unscaled"
+    train(tiny_config(steps=20, perp_grad=True), tmp_path / "new.h5", progress=False)
+    assert Trajectory(tmp_path / "new.h5").config.perp_grad_scale == "orthograd"
 
 
 # ---------------------------------------------------------------------- StableMax

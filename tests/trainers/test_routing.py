@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput
-from groklens.trainers.loop import create_trajectory, resume, train
+from groklens.trainers.loop import resume, train
 from groklens.trainers.models import build_model
-from groklens.trainers.routing import RoutedTrainer, RouteSampler, ring_kernel, routing_units
+from groklens.trainers.routing import RoutedRun, RouteSampler, ring_kernel, routing_units
 from groklens.trainers.tasks import TASKS
 from tests.helpers import groklens, tiny_config, train_interrupted
 
@@ -68,11 +68,8 @@ def test_every_parameter_belongs_to_exactly_one_unit():
 
 
 # ---------------------------------------------------------------------- one message per unit per step
-def _trainer(tmp_path, cfg):
-    data = TASKS.get(cfg.task).build(cfg)
-    path = tmp_path / "t.h5"
-    return RoutedTrainer(cfg, data, lambda t: create_trajectory(path, cfg, data, t.host_params(), t.host_state(),
-                                                                copies=t.host_copies()), progress=False)
+def _trainer(cfg):
+    return RoutedRun(cfg, TASKS.get(cfg.task).build(cfg))
 
 
 def _reference_loss(cfg, data, trainer, perms, r, unit_of):
@@ -92,7 +89,7 @@ def _reference_loss(cfg, data, trainer, perms, r, unit_of):
 def test_each_copy_gets_exactly_one_gradient_message_per_unit_per_step(tmp_path, overrides):
     m = 4
     cfg = tiny_config(routing_copies=m, routing_width=2.0, **overrides)
-    trainer = _trainer(tmp_path, cfg)
+    trainer = _trainer(cfg)
     data = trainer.data
     for step in range(3):  # move the copies a little first
         trainer.train_step(step)
@@ -101,7 +98,7 @@ def test_each_copy_gets_exactly_one_gradient_message_per_unit_per_step(tmp_path,
     # any permutations (not only the sampler's cyclic shifts), then one draw of the sampler
     for perms in [torch.stack([torch.randperm(m, generator=gen) for _ in trainer.units]),
                   trainer.sampler.sample(len(trainer.units))]:
-        losses = trainer.routed_losses(perms)
+        losses = trainer.routed_objectives(perms, 0)[0]
         refs = [_reference_loss(cfg, data, trainer, perms, r, unit_of) for r in range(m)]
         for r in range(m):
             assert float(losses[r].detach()) == pytest.approx(float(refs[r][0].detach()), rel=1e-6)
@@ -115,14 +112,13 @@ def test_each_copy_gets_exactly_one_gradient_message_per_unit_per_step(tmp_path,
                 assert int(perms[unit_of[name], r]) == c  # r = pi_u^{-1}(c)
                 assert torch.allclose(grads[r], refs[r][1][name], rtol=1e-5, atol=1e-7), (c, name)
         # the trainer's objective gives each copy exactly that message
-        for opt in trainer.optimizers:
-            opt.zero_grad(set_to_none=True)
+        for lane in trainer.lanes:
+            lane.optimizer.zero_grad(set_to_none=True)
         torch.stack(losses).sum().backward()
         for c in range(m):
             for name, p in trainer.copy_params[c].items():
                 r = int((perms[unit_of[name]] == c).nonzero()[0, 0])
                 assert torch.allclose(p.grad, refs[r][1][name], rtol=1e-5, atol=1e-7), (c, name)
-    trainer.writer.close()
 
 
 # ---------------------------------------------------------------------- identity kernel = independent runs
@@ -191,7 +187,7 @@ def test_interrupted_routed_run_resumes_bit_identically(tmp_path):
     whole = tmp_path / "whole.h5"
     train(cfg, whole, progress=False)
     cut = tmp_path / "cut.h5"
-    train_interrupted(cfg, cut, 37, RoutedTrainer)
+    train_interrupted(cfg, cut, 37, RoutedRun)
     assert list(Trajectory(cut).steps) == [0, 20]
     assert resume(cut, progress=False).last_step == 60
     for c in range(3):
@@ -236,7 +232,6 @@ def test_file_layout_and_copy_selection(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--routing-width", "1"], "needs routing_copies > 1"),
-    (["--routing-copies", "2", "--perp-grad"], "does not implement perp_grad"),
     (["--routing-copies", "2", "--model", "mlp", "--routing-unit", "sublayer"], "option of model=transformer"),
     (["--routing-copies", "2", "--routing-width", "-1"], "routing_width must be >= 0"),
 ])

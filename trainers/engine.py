@@ -1,0 +1,264 @@
+"""The one training loop. Every run goes through `run()`: a single run, a vmap ensemble of N
+members and a routed set of M copies alike (docs/VARIANTS.md).
+
+The loop owns what a run does over time: the step counter and its progress bar, the evaluation
+schedule, the stop rule, the checkpoint schedule, non-finite handling and closing the files.
+What differs between the kinds of run is a `Strategy`: how parameters are held (one module,
+stacked functional state, M modules) and how a step forms losses and gradients. A strategy
+trains one or more `Member`s; each member writes one trajectory file.
+
+Checkpoints: step 0, the periodic schedule (`checkpoint_schedule`), and phase checkpoints: at
+the first evaluation where train accuracy reaches each phase threshold (memorization) and
+where test accuracy does (grokking), per copy of a routed run, so that "at memorization" and
+"at grokking" read a checkpoint at that step. The thresholds are the ones the grokking
+analysis reports (0.95, 0.99) and the run's grok_threshold.
+
+Step s means "after s optimizer updates": step 0 is the initialisation. A member stops when
+its loss or gradient is not finite (its last good checkpoint stays), or `stop_after_grok`
+evaluations after its test accuracy first reached `grok_threshold`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from groklens.errors import BadInput, RunFailure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from groklens.checkpoints import TrajectoryWriter
+    from groklens.config import RunConfig
+    from groklens.trainers.tasks import TaskData
+
+EVAL_CHUNK = 16_384  # inputs per forward pass during evaluation (bounds memory)
+METRIC_NAMES = ["train_loss", "test_loss", "train_acc", "test_acc", "weight_norm", "grad_norm", "lr"]
+PHASE_THRESHOLDS = (0.95, 0.99)  # those the grokking analysis reports (analyses/registry.py)
+
+
+@dataclass
+class TrainResult:
+    path: Path
+    last_step: int
+    status: str
+
+
+@dataclass(eq=False)
+class Member:
+    """One trajectory file being trained: a single run, one ensemble member, or a routed set."""
+
+    cfg: "RunConfig"
+    data: "TaskData"
+    path: Path
+    writer: "TrajectoryWriter | None" = None
+    grad_norm: float = math.nan  # of the last step (logged at the next evaluation)
+    evals_after_grok: int | None = None  # evaluations since test accuracy first crossed the threshold
+    phases: set[str] = field(default_factory=set)  # the phase events reached so far (`phases_reached`)
+    result: TrainResult | None = None
+    error: BaseException | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Strategy:
+    """How a kind of run holds its parameters and forms a step. `members` are the ones still
+    training, in the order of the strategy's own storage."""
+
+    members: list[Member]
+    label = "train"
+    progress = False
+
+    def train_step(self, step: int) -> list[tuple[Member, str]]:
+        """One update of every member, from `step` to `step + 1`. A member whose loss or
+        gradient is not finite is not updated: it is removed from `members` and returned with
+        the reason."""
+        raise NotImplementedError
+
+    def evaluate(self, step: int) -> list[dict[str, float]]:
+        """One evaluation row per member (in `members` order)."""
+        raise NotImplementedError
+
+    def payloads(self, indices: list[int]) -> list[tuple[dict, dict, list]]:
+        """(params, state, copies) of members[i] for each i: what a checkpoint writes."""
+        raise NotImplementedError
+
+    def keep(self, indices: list[int]) -> None:
+        """Continue with members[indices] only."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------- schedule
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BadInput("device 'cuda' asked for, but no CUDA device is available")
+    return torch.device(name)
+
+
+def checkpoint_schedule(cfg: "RunConfig") -> set[int]:
+    """Step 0, every checkpoint_every steps, the last step, and optional log-spaced early ones."""
+    steps = set(range(0, cfg.steps + 1, cfg.checkpoint_every)) | {cfg.steps}
+    if cfg.log_checkpoints:
+        early = np.geomspace(1, cfg.checkpoint_every, cfg.log_checkpoints + 2)[:-1]
+        steps |= {int(s) for s in np.round(early) if 0 < s < cfg.checkpoint_every}
+    return steps
+
+
+def warmup_factor(cfg: "RunConfig", step: int) -> float:
+    # Nanda's schedule: lr * min(step / warmup, 1), so the very first update has lr 0
+    return min(step / cfg.warmup_steps, 1.0) if cfg.warmup_steps else 1.0
+
+
+def stop_accuracy(row: dict, cfg: "RunConfig"):
+    """The test accuracy the stop rule watches: test_acc, or with routing the lowest copy's
+    (a routed run stops once every copy has grokked). Works on a row or on metric series."""
+    if cfg.routing_copies == 1:
+        return row["test_acc"]
+    return np.min([row[f"copy{m}.test_acc"] for m in range(cfg.routing_copies)], axis=0)
+
+
+def phases_reached(row: dict, cfg: "RunConfig") -> set[str]:
+    """The phase events a row (or, on resume, any row of the metric series) has reached:
+    '<copy>train_acc>=t' (memorization) and '<copy>test_acc>=t' (grokking) for each threshold
+    t in PHASE_THRESHOLDS and grok_threshold; <copy> is '' or, routed, 'copy<m>.'."""
+    prefixes = [""] if cfg.routing_copies == 1 else [f"copy{m}." for m in range(cfg.routing_copies)]
+    return {f"{prefix}{split}>={t:g}" for prefix in prefixes for split in ("train_acc", "test_acc")
+            for t in sorted({*PHASE_THRESHOLDS, cfg.grok_threshold}) if np.any(np.asarray(row[prefix + split]) >= t)}
+
+
+def nonfinite_reason(what: str, value: float, step: int) -> str:
+    return f"non-finite {what} ({value}) at step {step}"
+
+
+# ---------------------------------------------------------------------- the loop
+def run(strategy: Strategy, start_step: int, *, fresh: bool,
+        on_commit: Callable[[int], None] | None = None) -> list[Member]:
+    """Train every member of `strategy` from `start_step` to the end of its schedule; their
+    writers must be open. A fresh run first evaluates and checkpoints step 0. `on_commit(step)`
+    is called after each committed checkpoint. Returns every member, with its result or error."""
+    everyone = list(strategy.members)
+    cfg = everyone[0].cfg  # the schedule is shared
+    schedule = checkpoint_schedule(cfg)
+    bar = _progress_bar(cfg.steps, start_step, strategy)
+    step = start_step
+    try:
+        if fresh:
+            _evaluate(strategy, 0, bar)
+            _commit(strategy, list(range(len(strategy.members))), 0, on_commit)
+        while step < cfg.steps and strategy.members:
+            for member, reason in strategy.train_step(step):
+                _fail(member, reason)
+            if not strategy.members:
+                break
+            step += 1
+            bar.update(1)
+            stopping: list[int] = []
+            phase: list[int] = []
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                stopping, phase = _evaluate(strategy, step, bar)
+            write = list(range(len(strategy.members))) if step in schedule else sorted({*stopping, *phase})
+            _commit(strategy, write, step, on_commit)
+            if stopping:
+                _finish(strategy, stopping, step)
+    except KeyboardInterrupt:
+        _close_all(strategy, "stopped: interrupted")
+        raise
+    except RunFailure as exc:  # e.g. no room for a checkpoint: close the files cleanly
+        _close_all(strategy, f"stopped: {exc}")
+        raise
+    except BaseException:
+        _close_all(strategy, "stopped: training failed")
+        raise
+    finally:
+        bar.close()
+    for member in strategy.members:
+        member.writer.close("completed")
+        member.result = TrainResult(member.path, step, "completed")
+    return everyone
+
+
+def _evaluate(strategy: Strategy, step: int, bar) -> tuple[list[int], list[int]]:
+    """Evaluate and record every member; returns the members the stop rule ends now and those
+    that reached a phase event (each needs a checkpoint at this step)."""
+    rows = strategy.evaluate(step)
+    stopping, phase = [], []
+    for i, (member, row) in enumerate(zip(strategy.members, rows)):
+        member.writer.write_eval(row)
+        cfg = member.cfg
+        new = phases_reached(row, cfg) - member.phases
+        if new:
+            member.phases |= new
+            phase.append(i)
+        if member.evals_after_grok is not None:
+            member.evals_after_grok += 1
+        elif stop_accuracy(row, cfg) >= cfg.grok_threshold:
+            member.evals_after_grok = 0
+        if cfg.stop_after_grok and member.evals_after_grok is not None \
+                and member.evals_after_grok >= cfg.stop_after_grok:
+            stopping.append(i)
+    bar.set_postfix_str(_postfix(rows[0]), refresh=False)
+    return stopping, phase
+
+
+def _commit(strategy: Strategy, indices: list[int], step: int, on_commit) -> None:
+    if not indices:
+        return
+    for i, (params, state, copies) in zip(indices, strategy.payloads(indices)):
+        strategy.members[i].writer.write_checkpoint(step, params, state, copies)
+    if on_commit is not None:
+        on_commit(step)
+
+
+def _finish(strategy: Strategy, stopping: list[int], step: int) -> None:
+    for i in stopping:
+        member = strategy.members[i]
+        status = f"completed: stopped {member.cfg.stop_after_grok} evaluations after grokking"
+        member.writer.close(status)
+        member.result = TrainResult(member.path, step, status)
+    strategy.keep([i for i in range(len(strategy.members)) if i not in stopping])
+
+
+def _fail(member: Member, reason: str) -> None:
+    last = member.writer.last_step
+    member.writer.close(f"stopped: {reason}")
+    member.error = RunFailure(
+        f"training stopped: {reason}; the last good checkpoint (step {last}) is kept in {member.path}")
+
+
+def _close_all(strategy: Strategy, status: str) -> None:
+    for member in strategy.members:
+        member.writer.close(status)
+
+
+def _postfix(row: dict[str, float]) -> str:
+    return (f"loss {row['train_loss']:.3g}/{row['test_loss']:.3g} "
+            f"acc {row['train_acc']:.3f}/{row['test_acc']:.3f}")
+
+
+def _progress_bar(total: int, initial: int, strategy: Strategy):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not strategy.progress, unit="step", dynamic_ncols=True,
+                desc=strategy.label, leave=True)
+
+
+# ---------------------------------------------------------------------- resume
+def restore_counters(member: Member, metrics: dict[str, np.ndarray]) -> None:
+    """The loop's own per-member state after a resume, from the committed evaluation rows
+    (`Trajectory.metrics`, read before the writer reopens the file)."""
+    acc = stop_accuracy(metrics, member.cfg)
+    hits = np.nonzero(acc >= member.cfg.grok_threshold)[0]
+    member.evals_after_grok = None if len(hits) == 0 else int(len(acc) - 1 - hits[0])
+    # recovery kept the rows up to the last checkpoint: a phase reached in them has its checkpoint
+    member.phases = phases_reached(metrics, member.cfg) if len(metrics["step"]) else set()
+
+
+def raise_failure(members: list[Member]) -> None:
+    """For a run of one file: the member's error, raised."""
+    for member in members:
+        if member.error is not None:
+            raise member.error
