@@ -378,8 +378,10 @@ def _check_members(cfgs: Sequence[RunConfig], datas: Sequence[TaskData]) -> None
 # ---------------------------------------------------------------------- entry points
 def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, force: bool = False,
                    progress: bool = False, on_commit=None) -> list[Member]:
-    """Train `cfgs` as one batched ensemble, member i into the trajectory file outs[i]."""
-    from groklens.checkpoints import sidecar_path
+    """Train `cfgs` as one batched ensemble, member i into the trajectory file outs[i]. With
+    force, an existing file is replaced only once its member's first checkpoint is committed
+    (the writer stages it, as `train --force`), so a failed start never loses a run."""
+    from groklens.checkpoints.locking import describe_holder, writer_alive
     from groklens.trainers.loop import create_trajectory
 
     if len(cfgs) != len(outs):
@@ -391,22 +393,27 @@ def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, for
         cfg.validate()
         if out.exists() and not force:
             raise BadInput(f"{out} already exists; use force to overwrite it")
+        if out.exists() and writer_alive(out):
+            raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
         if not out.parent.exists():
             raise BadInput(f"directory {out.parent} does not exist")
     strategy = EnsembleRun(cfgs, [TASKS.get(c.task).build(c) for c in cfgs], outs, progress=progress)
     payloads = strategy.payloads(list(range(len(strategy.members))))
     try:
         for m, (params, state, _) in zip(strategy.members, payloads):
-            if force:
-                m.path.unlink(missing_ok=True)
-                sidecar_path(m.path).unlink(missing_ok=True)
-            m.writer = create_trajectory(m.path, m.cfg, m.data, params, state)
+            m.writer = create_trajectory(m.path, m.cfg, m.data, params, state,
+                                         replace=m.path.exists() or m.path.is_symlink())
     except BaseException:
         for m in strategy.members:
             if m.writer is not None:
                 m.writer.close("stopped: ensemble could not start")
         raise
-    return run(strategy, 0, fresh=True, on_commit=on_commit)
+    try:
+        return run(strategy, 0, fresh=True, on_commit=on_commit)
+    finally:
+        for m in strategy.members:
+            if m.writer is not None:
+                m.writer.close()  # idempotent; a staged member that never committed is deleted
 
 
 def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_commit=None) -> list[Member]:

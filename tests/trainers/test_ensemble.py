@@ -161,3 +161,23 @@ def test_members_must_share_architecture(tmp_path):
     with pytest.raises(BadInput, match="share"):
         train_ensemble([tiny_config(), tiny_config(d_mlp=64)], [tmp_path / "a.h5", tmp_path / "b.h5"])
     assert not (tmp_path / "a.h5").exists()
+
+
+def test_force_keeps_the_old_run_when_the_ensemble_fails_before_its_first_commit(tmp_path, monkeypatch):
+    """train_ensemble(force=True) stages members over existing files (as `train --force`): a
+    failure before the first committed checkpoint leaves the old run and no staging file."""
+    import groklens.trainers.ensemble as ens
+    from tests.helpers import train_tiny
+
+    old = tmp_path / "a.h5"
+    train_tiny(old, seed=1)
+    before = old.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("died before the first commit")
+
+    monkeypatch.setattr(ens, "run", fail)
+    with pytest.raises(RuntimeError):
+        ens.train_ensemble([tiny_config(seed=2), tiny_config(seed=3)], [old, tmp_path / "b.h5"], force=True)
+    assert old.read_bytes() == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging file left
