@@ -177,7 +177,7 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
         bar.close()
     for member in strategy.members:
         member.writer.close("completed")
-        member.result = TrainResult(member.path, step, "completed")
+        member.result = TrainResult(member.writer.path, step, "completed")  # a staged --force run has moved
     return everyone
 
 
@@ -218,7 +218,7 @@ def _finish(strategy: Strategy, stopping: list[int], step: int) -> None:
         member = strategy.members[i]
         status = f"completed: stopped {member.cfg.stop_after_grok} evaluations after grokking"
         member.writer.close(status)
-        member.result = TrainResult(member.path, step, status)
+        member.result = TrainResult(member.writer.path, step, status)
     strategy.keep([i for i in range(len(strategy.members)) if i not in stopping])
 
 
@@ -226,7 +226,7 @@ def _fail(member: Member, reason: str) -> None:
     last = member.writer.last_step
     member.writer.close(f"stopped: {reason}")
     member.error = RunFailure(
-        f"training stopped: {reason}; the last good checkpoint (step {last}) is kept in {member.path}")
+        f"training stopped: {reason}; the last good checkpoint (step {last}) is kept in {member.writer.path}")
 
 
 def _close_all(strategy: Strategy, status: str) -> None:
