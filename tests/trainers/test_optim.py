@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
-from groklens.trainers import loop
+from groklens.trainers import single
 from groklens.trainers.optim import AdamW
 from tests.helpers import train_tiny
 
@@ -55,7 +55,7 @@ def test_same_update_and_state_as_torch_adamw():
 
 def test_training_loop_is_bit_identical_with_torch_adamw(tmp_path, monkeypatch):
     train_tiny(tmp_path / "ours.h5", steps=80, weight_decay=1.0)
-    monkeypatch.setattr(loop, "AdamW", torch.optim.AdamW)  # the loop as it was before trainers/optim.py
+    monkeypatch.setattr(single, "AdamW", torch.optim.AdamW)  # the loop as it was before trainers/optim.py
     train_tiny(tmp_path / "torch.h5", steps=80, weight_decay=1.0)
     a, b = Trajectory(tmp_path / "ours.h5"), Trajectory(tmp_path / "torch.h5")
     assert a.param_names == b.param_names
