@@ -81,8 +81,31 @@ ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 
 
 # ---------------------------------------------------------------------- one run
+class PhaseTimes:
+    """Censoring of a run's phase steps; the class has `memorization`, `grokking`, `last_step`
+    (a run's summary here, a ledger entry in groklens/experiments/ledger.py)."""
+
+    memorization: int | None
+    grokking: int | None
+    last_step: int | None
+
+    @property
+    def grok_censored(self) -> bool:
+        return self.grokking is None
+
+    @property
+    def mem_censored(self) -> bool:
+        return self.memorization is None
+
+    def grok_time(self) -> float | None:
+        """Grokking step, or the censoring step (a lower bound) when it never grokked."""
+        if self.grokking is not None:
+            return float(self.grokking)
+        return None if self.last_step is None else float(self.last_step)
+
+
 @dataclass
-class RunSummary:
+class RunSummary(PhaseTimes):
     path: Path
     config: dict[str, Any]
     status: str
@@ -104,19 +127,6 @@ class RunSummary:
         n = self.path.name
         return n.removesuffix(".h5")
 
-    @property
-    def grok_censored(self) -> bool:
-        return self.grokking is None
-
-    @property
-    def mem_censored(self) -> bool:
-        return self.memorization is None
-
-    def grok_time(self) -> float | None:
-        """Grokking step, or the censoring step (a lower bound) when it never grokked."""
-        if self.grokking is not None:
-            return float(self.grokking)
-        return None if self.last_step is None else float(self.last_step)
 
 
 def nearest_checkpoint(checkpoints: Sequence[int], step: int | None) -> int | None:

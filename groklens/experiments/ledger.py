@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from groklens.analyses.compare import PhaseTimes
 from groklens.errors import BadInput
 
 LEDGER_FORMAT = 1
@@ -221,7 +222,7 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
     }
 
 
-class LedgerRun:
+class LedgerRun(PhaseTimes):
     """A ledger entry with the attributes the experiments' readings use (as compare.RunSummary)."""
 
     def __init__(self, entry: dict[str, Any], threshold: float = GROK_THRESHOLD):
@@ -236,19 +237,6 @@ class LedgerRun:
         self.values = entry.get("measures", {})
         self.phase_notes = entry.get("phase_notes", {})
         self.wall_s = entry.get("wall_s")
-
-    @property
-    def grok_censored(self) -> bool:
-        return self.grokking is None
-
-    @property
-    def mem_censored(self) -> bool:
-        return self.memorization is None
-
-    def grok_time(self) -> float | None:
-        if self.grokking is not None:
-            return float(self.grokking)
-        return None if self.last_step is None else float(self.last_step)
 
     def value(self, key: str, phase: str) -> float | None:
         v = self.values.get(key, {}).get(phase)
