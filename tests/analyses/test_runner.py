@@ -17,7 +17,7 @@ from groklens.analyses.registry import ANALYSES, get
 from groklens.analyses.runner import compute_many, select_steps
 from groklens.analyses.store import Sidecar
 from groklens.checkpoints import Trajectory, sidecar_path
-from groklens.errors import BadInput
+from groklens.errors import RunFailure, BadInput
 from tests.helpers import train_tiny
 
 
@@ -105,8 +105,8 @@ def test_a_commit_that_dies_before_the_rename_leaves_the_old_file(run, monkeypat
         raise OSError("killed before rename")
 
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError, match="killed before rename"):
-        compute(run, "norms", steps=[20])
+    with pytest.raises(RunFailure, match="killed before rename.*stored results are as they were"):
+        compute(run, "norms", steps=[20])  # one line naming the cause (docs/FORMAT.md), not a raw OSError
     monkeypatch.undo()
     assert side.read_bytes() == before
     assert not list(side.parent.glob(side.name + ".tmp-*"))
