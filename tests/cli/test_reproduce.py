@@ -451,3 +451,30 @@ def test_no_train_records_only_the_finished_runs(tmp_path):
     assert [e["run"] for e in ledger["runs"]] == [name]
     assert sorted(p.name for p in (out / "runs").glob("*.h5")) == [f"{name}.h5"]  # nothing trained
     assert any(n.startswith("not trained (--no-train): 1 run(s)") for n in result["notes"])
+
+
+def test_results_md_is_replaced_whole_or_not_at_all(tmp_path):
+    """A full disk while the rows are written leaves the old results file and no temporary."""
+    import subprocess
+    import sys
+    import textwrap
+
+    md = tmp_path / "R.md"
+    md.write_text("# Results\n\nkept\n")
+    before = md.read_bytes()
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        from groklens.experiments.ledger import write_atomic
+        from groklens.errors import RunFailure
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY))
+        try:
+            write_atomic(__import__("pathlib").Path({str(md)!r}), "x" * 10_000)
+        except RunFailure as exc:
+            print(exc)
+            sys.exit(1)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "the file is as it was" in proc.stdout, proc.stdout + proc.stderr
+    assert md.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["R.md"]
