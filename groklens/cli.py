@@ -108,15 +108,17 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
         result = loop.train(cfg, out, force=force, progress=not quiet)
     from groklens.checkpoints import Trajectory
 
-    summary = Trajectory(result.path).summary()
+    run = Trajectory(result.path)
+    thr = run.config.grok_threshold  # the run's own threshold (--grok-threshold), beside 0.95 and 0.99
+    summary = run.summary(thresholds=tuple(sorted({0.95, 0.99, thr})))
     if as_json:
         click.echo(strict_json(summary))
     else:
-        g = summary["grokking_step"]["0.95"]
-        mstep = summary["memorization_step"]["0.95"]
+        g = summary["grokking_step"][f"{thr:g}"]
+        mstep = summary["memorization_step"][f"{thr:g}"]
         click.echo(
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
-            f"memorized at {_censored(mstep, summary)}, grokked at {_censored(g, summary)} (threshold 0.95)"
+            f"memorized at {_censored(mstep, summary)}, grokked at {_censored(g, summary)} (threshold {thr:g})"
         )
 
 
