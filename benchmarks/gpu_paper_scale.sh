@@ -49,7 +49,8 @@ say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 
 # ---------------------------------------------------------------- 1. training and resume
 if [ "$DRY" = 1 ]; then
-  DEV=cpu; CHECK=(--p 13 --d-model 16 --n-heads 2 --d-head 8 --d-mlp 32 --steps 400 --eval-every 20
+  # long enough (seconds) that the interrupt below lands mid-run on a loaded machine
+  DEV=cpu; CHECK=(--p 13 --d-model 16 --n-heads 2 --d-head 8 --d-mlp 32 --steps 4000 --eval-every 20
                   --checkpoint-every 20)
 else
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
@@ -64,17 +65,31 @@ rm -f "$WORK/check_fresh.h5" "$WORK/check_resumed.h5"
 from groklens.cli import main; main()' train "${CHECK[@]}" --device "$DEV" --seed 1 -o "$WORK/check_resumed.h5" -q \
   >>"$LOG" 2>&1 &
 PID=$!
-# interrupt after the second checkpoint is committed
-until "$PY" - "$WORK/check_resumed.h5" <<'EOF' 2>/dev/null
-import sys
+# interrupt after the second checkpoint is committed (one watcher process, polling every 50 ms)
+"$PY" - "$WORK/check_resumed.h5" "$PID" <<'EOF' 2>/dev/null || true
+import os, signal, sys, time
 from groklens.checkpoints import Trajectory
-sys.exit(0 if len(Trajectory(sys.argv[1]).steps) >= 2 else 1)
+path, pid = sys.argv[1], int(sys.argv[2])
+give_up = time.time() + 900
+
+
+def ended(pid):  # gone, or a zombie waiting for the script's `wait`
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+while time.time() < give_up and not ended(pid):
+    try:
+        if len(Trajectory(path).steps) >= 2:
+            os.kill(pid, signal.SIGINT)
+            break
+    except Exception:  # not created yet, or being created
+        pass
+    time.sleep(0.05)
 EOF
-do
-  kill -0 "$PID" 2>/dev/null || break
-  sleep 0.2
-done
-kill -INT "$PID" 2>/dev/null || true
 wait "$PID" || true
 STATUS=$("$PY" -c "import sys; from groklens.checkpoints import Trajectory; print(Trajectory(sys.argv[1]).status)" \
   "$WORK/check_resumed.h5")
