@@ -180,7 +180,6 @@ class RoutedRun(Strategy):
     def train_step(self, step: int) -> list[tuple[Member, str]]:
         for lane in self.lanes:
             lane.set_lr(step)
-            lane.model.train()
         perms = self.sampler.sample(len(self.units))
         self.routing = perms
         objectives = torch.stack(self.routed_objectives(perms, step)[1])

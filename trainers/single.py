@@ -162,8 +162,14 @@ class Lane:
         """Loss and accuracy on every input (accuracy = exact match over the K answer positions
         of a multi-target task), norms, and the regularizers' metrics. `observe(logits)` sees
         each chunk's readout logits in input order (routing builds its ensemble from them)."""
-        t, cfg = self.t, self.cfg
         self.model.eval()
+        try:
+            return self._evaluate(step, observe)
+        finally:
+            self.model.train()  # the mode training steps run in, set here once instead of every step
+
+    def _evaluate(self, step: int, observe) -> dict[str, float]:
+        t, cfg = self.t, self.cfg
         losses, correct, tokens, ces = [], [], [], []
         for start in range(0, len(t.inputs), EVAL_CHUNK):
             x, y = t.inputs[start : start + EVAL_CHUNK], t.labels[start : start + EVAL_CHUNK]
@@ -243,7 +249,6 @@ class SingleRun(Strategy):
         lane, member = self.lane, self.members[0]
         lane.set_lr(step)
         x, y, mask = self.t.batch(self.cfg.batch_size, lane.batch_gen)
-        lane.model.train()
         loss, objective = lane.objective(self.t.readout(lane.forward(x)), y, Batch(x, mask, self.t.positions), step)
         lane.optimizer.zero_grad(set_to_none=True)
         objective.backward()
