@@ -461,16 +461,10 @@ def _record_failure(path: Path, name: str, exc: BaseException) -> dict:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    """Whole or not at all: a temporary file of this process, renamed; removed on failure."""
-    from groklens.errors import RunFailure
+    """Whole or not at all (groklens.fileio)."""
+    from groklens.fileio import write_text_atomic
 
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise RunFailure(f"writing {path} failed ({exc.strerror or exc})") from None
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _short(value: Any) -> str:

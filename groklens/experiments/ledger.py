@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from groklens.analyses.compare import PhaseTimes
-from groklens.errors import BadInput, RunFailure
+from groklens.errors import BadInput
+from groklens.fileio import write_text_atomic
 
 LEDGER_FORMAT = 1
 THRESHOLDS = (0.5, 0.9, 0.95, 0.99)  # accuracy >= threshold (the sphere paper's rule is >; docs/RESULTS.md)
@@ -133,23 +134,7 @@ class Ledger:
                         + " and without fields at their legacy default " + json.dumps(LEGACY_DEFAULTS),
                 "thresholds": list(THRESHOLDS), "runs": self.entries}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return write_atomic(self.path, json.dumps(data, indent=1, sort_keys=False, default=_plain) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Replace `path` by `text` whole or not at all: a full disk or a kill leaves the old file
-    (and no temporary), and the failure is one line naming the file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise RunFailure(f"writing {path} failed ({exc.strerror or exc}); the file is as it was") from None
-    return path
+        return write_text_atomic(self.path, json.dumps(data, indent=1, sort_keys=False, default=_plain) + "\n")
 
 
 def _plain(x: Any) -> Any:

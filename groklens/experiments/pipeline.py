@@ -405,9 +405,9 @@ def update_results_md(path: str | Path, result: Result) -> Path:
     kept = [ln for ln in body.strip("\n").splitlines() if ln.strip() and not ln.startswith(key)
             and ln not in (_HEAD, _RULE)]
     lines = [_HEAD, _RULE] + kept + result_lines(result)
-    from groklens.experiments.ledger import write_atomic
+    from groklens.fileio import write_text_atomic
 
-    return write_atomic(path, f"{head}{RESULTS_BEGIN}\n" + "\n".join(lines) + f"\n{RESULTS_END}{tail}")
+    return write_text_atomic(path, f"{head}{RESULTS_BEGIN}\n" + "\n".join(lines) + f"\n{RESULTS_END}{tail}")
 
 
 def format_result(result: Result) -> str:

@@ -464,12 +464,12 @@ def test_results_md_is_replaced_whole_or_not_at_all(tmp_path):
     before = md.read_bytes()
     code = textwrap.dedent(f"""
         import resource, signal, sys
-        from groklens.experiments.ledger import write_atomic
+        from groklens.fileio import write_text_atomic
         from groklens.errors import RunFailure
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY))
         try:
-            write_atomic(__import__("pathlib").Path({str(md)!r}), "x" * 10_000)
+            write_text_atomic(__import__("pathlib").Path({str(md)!r}), "x" * 10_000)
         except RunFailure as exc:
             print(exc)
             sys.exit(1)
