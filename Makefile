@@ -14,11 +14,12 @@ $(STAMP): pyproject.toml constraints-dev.txt
 demo: $(STAMP)
 	$(BIN)/groklens demo
 
+# one worker per core; a file stays on one worker, so its module fixtures (trained runs) are built once
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
