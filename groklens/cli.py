@@ -69,6 +69,20 @@ def build_config(preset_name: str | None, config_file: str | None, overrides: di
     return RunConfig.from_dict(values)
 
 
+def _refused(old: str, hint: str, *, flag: bool = False):
+    """A hidden option that only refuses an old spelling: `OLD HINT`, exit 2, before any work."""
+
+    def refuse(ctx, param, value):
+        if value is not None and value is not False:  # given, even as an empty string
+            raise BadInput(f"{old} {hint}")
+
+    dest = "refused_" + old.lstrip("-").replace("-", "_")  # not the new option's name: click would mix them
+    return click.option(old, dest, is_flag=flag, default=None, hidden=True, expose_value=False, callback=refuse)
+
+
+_STEPS_HINT = "was renamed --checkpoints (checkpoint steps; --steps is train's number of training steps)"
+
+
 # ---------------------------------------------------------------------- the group
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="groklens")
@@ -189,8 +203,9 @@ def _censored(step, summary) -> str:
               help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
                    "grokking, probe. Default: all but sharpness and probe, skipping those that do not apply.")
 @click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
-@click.option("--steps", "steps", multiple=True, metavar="S",
+@click.option("--checkpoints", "steps", multiple=True, metavar="S",
               help="Checkpoint step(s) to analyze (repeatable, or comma-separated).")
+@_refused("--steps", _STEPS_HINT)
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
@@ -219,7 +234,8 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
 @click.option("--split", default=None, help="random (default; --train-frac of inputs) or run (the run's split).")
 @click.option("--train-frac", type=float, default=None, help="Probe training share for --split random (0.5).")
 @click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
-@click.option("--steps", "steps", multiple=True, metavar="S", help="Checkpoint step(s) (repeatable, or comma-separated).")
+@click.option("--checkpoints", "steps", multiple=True, metavar="S", help="Checkpoint step(s) (repeatable, or comma-separated).")
+@_refused("--steps", _STEPS_HINT)
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -393,17 +409,19 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
 @click.option("--every", type=int, default=None, help="With --analyze: every K-th checkpoint (plus the last).")
-@click.option("--checkpoint", "steps", type=int, multiple=True, metavar="STEP",
-              help="Checkpoint(s) of the Fourier spectrum and neuron-cluster figures (repeatable; default: "
-                   "start, memorization, grokking, end).")
+@click.option("--checkpoints", "steps", multiple=True, metavar="S",
+              help="Checkpoint step(s) of the Fourier spectrum and neuron-cluster figures (repeatable, or "
+                   "comma-separated; default: start, memorization, grokking, end).")
+@_refused("--checkpoint", "was renamed --checkpoints (checkpoint steps, as in analyze)")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, steps, quiet, as_json) -> None:
     """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
     from groklens.analyses.report import build_report
+    from groklens.analyses.runner import parse_steps
 
     result = build_report(runs, out_dir, fmt=fmt, baseline=baseline, group_by=group_by, threshold=threshold,
-                          analyze=analyze, metrics=list(metrics) or None, every=every, steps=list(steps) or None,
+                          analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
                           progress=not quiet)
     if as_json:
         click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
@@ -429,12 +447,11 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
               help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default OUT/ledger).")
 @click.option("--no-train", is_flag=True,
               help="Train nothing: record the finished runs in OUT/runs and read every recorded seed.")
-@click.option("--results", "old_results", default=None, hidden=True)
-@click.option("--no-results", is_flag=True, hidden=True)
+@_refused("--results", "is now --results-md FILE (rows are written only where asked)")
+@_refused("--no-results", "is gone: rows go to a markdown file only with --results-md FILE", flag=True)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
-def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, old_results, no_results,
-              quiet, as_json) -> None:
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     from groklens import experiments as E
 
@@ -449,10 +466,6 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     E.get_experiment(name)
     if scale not in E.SCALES:
         raise BadInput(f"--scale must be one of {', '.join(E.SCALES)}; got {scale!r}")
-    if old_results is not None:
-        raise BadInput("--results is now --results-md FILE (rows are written only where asked)")
-    if no_results:
-        raise BadInput("--no-results is gone: rows go to a markdown file only with --results-md FILE")
     if results_md is not None:
         _check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
