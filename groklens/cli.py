@@ -12,12 +12,11 @@ import os
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import click
 
 from groklens import __version__
-from groklens.config import CHOICES, PRESETS, RunConfig, load_config_file
+from groklens.config import CHOICES, PRESETS, RunConfig, config_from
 from groklens.errors import BadInput, GroklensError
 
 
@@ -56,17 +55,6 @@ def _config_options(func):
             opt = click.option(flag, f.name, type=typ, default=None, help=help_text)
         func = opt(func)
     return func
-
-
-def build_config(preset_name: str | None, config_file: str | None, overrides: dict[str, Any]) -> RunConfig:
-    """preset < config file < flags; unknown keys and bad values are BadInput."""
-    if preset_name is not None and preset_name not in PRESETS:
-        raise BadInput(f"unknown preset {preset_name!r} (known: {', '.join(sorted(PRESETS))})")
-    values: dict[str, Any] = dict(PRESETS[preset_name or "nanda"])
-    if config_file:
-        values.update(load_config_file(config_file))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return RunConfig.from_dict(values)
 
 
 def _refused(old: str, hint: str, *, flag: bool = False):
@@ -118,7 +106,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
     else:
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
-        cfg = build_config(preset_name, config_file, overrides)
+        cfg = config_from(preset_name, config_file, overrides)
         result = loop.train(cfg, out, force=force, progress=not quiet)
     from groklens.checkpoints import Trajectory
 

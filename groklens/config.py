@@ -327,10 +327,25 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset(name: str) -> RunConfig:
+def config_from(preset: str | None = None, file: str | Path | None = None,
+                overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The one way presets are applied: preset (default nanda) < config file < overrides.
+
+    An override of None means "not given" (an unset CLI flag). Unknown preset names, unknown
+    keys and bad values are BadInput."""
+    name = "nanda" if preset is None else preset
     if name not in PRESETS:
         raise BadInput(f"unknown preset {name!r} (known: {', '.join(sorted(PRESETS))})")
-    return RunConfig.from_dict(PRESETS[name])
+    values: dict[str, Any] = dict(PRESETS[name])
+    if file is not None:
+        values.update(load_config_file(file))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return RunConfig.from_dict(values)
+
+
+def preset(name: str) -> RunConfig:
+    """The preset's config, nothing changed."""
+    return config_from(name)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -396,4 +411,4 @@ def field_names() -> list[str]:
     return [f.name for f in fields(RunConfig)]
 
 
-__all__ = ["RunConfig", "PRESETS", "preset", "load_config_file", "safe_yaml", "field_names", "CHOICES", "parse_freqs"]
+__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "CHOICES", "parse_freqs"]
