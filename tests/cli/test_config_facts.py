@@ -1,8 +1,9 @@
-"""Presets are applied in one place, config.config_from: preset < config file < overrides."""
+"""Config facts written once: presets applied in one place (config.config_from: preset < config
+file < overrides); the loss names listed once (config.CHOICES), registered by the trainers."""
 
 import pytest
 
-from groklens.config import PRESETS, RunConfig, config_from, preset
+from groklens.config import CHOICES, PRESETS, RunConfig, config_from, preset
 from groklens.errors import BadInput
 
 
@@ -38,3 +39,12 @@ def test_unknown_key_in_the_file_is_bad_input(tmp_path):
     f.write_text("p: 7\nlearning_rate: 0.1\n")
     with pytest.raises(BadInput, match="learning_rate"):
         config_from(file=f)
+
+
+def test_the_loss_registry_registers_exactly_the_configs_losses():
+    from groklens.analyses.common import LOSS_NAMES
+    from groklens.trainers.regularizers import LOSSES
+
+    assert sorted(CHOICES["loss"]) == LOSSES.names()
+    assert LOSS_NAMES is CHOICES["loss"]
+
