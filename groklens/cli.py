@@ -68,7 +68,18 @@ def _refused(old: str, hint: str, *, flag: bool = False):
     return click.option(old, dest, is_flag=flag, default=None, hidden=True, expose_value=False, callback=refuse)
 
 
-_STEPS_HINT = "was renamed --checkpoints (checkpoint steps; --steps is train's number of training steps)"
+def _threshold_option(help_text: str):
+    """--threshold: accuracy that counts as grokked, by default the config's grok_threshold."""
+    return click.option("--threshold", type=float, default=RunConfig.grok_threshold, show_default=True, help=help_text)
+
+
+def _which_checkpoints(func):
+    """--every K | --checkpoints S (analyze, probe); the old --steps is refused."""
+    func = _refused("--steps", "was renamed --checkpoints (checkpoint steps; --steps is train's number of "
+                               "training steps)")(func)
+    func = click.option("--checkpoints", "steps", multiple=True, metavar="S",
+                        help="Checkpoint step(s) (repeatable, or comma-separated).")(func)
+    return click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")(func)
 
 
 # ---------------------------------------------------------------------- the group
@@ -190,10 +201,7 @@ def _censored(step, summary) -> str:
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
                    "grokking, probe. Default: all but sharpness and probe, skipping those that do not apply.")
-@click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
-@click.option("--checkpoints", "steps", multiple=True, metavar="S",
-              help="Checkpoint step(s) to analyze (repeatable, or comma-separated).")
-@_refused("--steps", _STEPS_HINT)
+@_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
@@ -221,9 +229,7 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
               help="Frequency k for target fourier (repeatable; default: the checkpoint's key frequencies).")
 @click.option("--split", default=None, help="random (default; --train-frac of inputs) or run (the run's split).")
 @click.option("--train-frac", type=float, default=None, help="Probe training share for --split random (0.5).")
-@click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
-@click.option("--checkpoints", "steps", multiple=True, metavar="S", help="Checkpoint step(s) (repeatable, or comma-separated).")
-@_refused("--steps", _STEPS_HINT)
+@_which_checkpoints
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -332,7 +338,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
 @click.argument("directory", type=click.Path())
 @click.option("--vars", "variables", default="width,train_frac,lr,weight_decay", show_default=True,
               help="Comma-separated: width (the model's hidden width), n_train, or numeric config fields.")
-@click.option("--threshold", type=float, default=0.95, show_default=True, help="Test accuracy that counts as grokked.")
+@_threshold_option("Test accuracy that counts as grokked.")
 @click.option("--interactions", is_flag=True, help="Also print the fit with pairwise interaction terms.")
 @click.option("--censored", is_flag=True, help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
 @click.option("--phase", default=None, metavar="X,Y", help="The two variables of the phase diagram.")
@@ -363,8 +369,7 @@ _GROUP_BY_HELP = ("'run': one row per run; 'variant': one row per group of runs 
               help="Run that speed-ups are measured against (its group, when grouping); added to RUNS if missing.")
 @click.option("--group-by", "group_by", default="run", show_default=True, metavar="run|variant|FIELD[,FIELD]",
               help=_GROUP_BY_HELP)
-@click.option("--threshold", type=float, default=0.95, show_default=True,
-              help="Train / test accuracy that counts as memorized / grokked.")
+@_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
               help="Compute analyses missing at the memorization, grokking and last checkpoints (kept in each "
                    "run's sidecar); otherwise they are shown as missing.")
@@ -390,8 +395,7 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @click.option("--baseline", type=click.Path(), default=None, help="Run that speed-ups are measured against.")
 @click.option("--group-by", "group_by", default="variant", show_default=True, metavar="run|variant|FIELD[,FIELD]",
               help=_GROUP_BY_HELP)
-@click.option("--threshold", type=float, default=0.95, show_default=True,
-              help="Train / test accuracy that counts as memorized / grokked.")
+@_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
               help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the sidecars).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
