@@ -7,7 +7,6 @@ Heavy modules (torch, transformer_lens) are imported inside commands, so `--help
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import fields
@@ -18,26 +17,10 @@ import click
 from groklens import __version__
 from groklens.config import CHOICES, PRESETS, RunConfig, config_from
 from groklens.errors import BadInput, GroklensError
+from groklens.fileio import check_text_target, strict_json
 
 
 # ---------------------------------------------------------------------- config options
-def _finite(obj):
-    if isinstance(obj, float) and obj != obj:
-        return "nan"
-    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
-        return "inf" if obj > 0 else "-inf"
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def strict_json(obj, **kwargs) -> str:
-    """JSON that every parser reads: inf / nan (routing_width inf, a diverged loss) as strings."""
-    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
-
-
 def _config_options(func):
     """One --kebab-case option per RunConfig field, default None (= not given)."""
     for f in reversed(fields(RunConfig)):
@@ -119,6 +102,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
         result = loop.train(cfg, out, force=force, progress=not quiet)
+    from groklens.analyses.grokking import censored_text
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
@@ -131,7 +115,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
         mstep = summary["memorization_step"][f"{thr:g}"]
         click.echo(
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
-            f"memorized at {_censored(mstep, summary)}, grokked at {_censored(g, summary)} (threshold {thr:g})"
+            f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g})"
         )
 
 
@@ -153,47 +137,9 @@ def info(run: str, as_json: bool) -> None:
     if as_json:
         click.echo(strict_json(summary))
         return
-    cfg = summary["config"]
-    steps = summary["checkpoint_steps"]
-    click.echo(f"run      {summary['path']}  ({summary['status']})")
-    click.echo(f"task     {cfg['task']} p={cfg['p']} train_frac={cfg['train_frac']} data_seed={cfg['data_seed']}")
-    click.echo(
-        f"model    {cfg['model']} L={cfg['n_layers']} d_model={cfg['d_model']} heads={cfg['n_heads']} "
-        f"d_mlp={cfg['d_mlp']} norm={cfg['norm']} attention={cfg['attention']} seed={cfg['seed']}"
-    )
-    click.echo(f"optim    AdamW lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
-    span = f"{steps[0]}..{steps[-1]}" if steps else "none"
-    click.echo(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
-    last = summary["last"]
-    if last:
-        click.echo(
-            f"last     step {last['step']}: train loss {_num(last['train_loss'], '.4g')} acc "
-            f"{_num(last['train_acc'], '.4f')} | test loss {_num(last['test_loss'], '.4g')} acc "
-            f"{_num(last['test_acc'], '.4f')}"
-        )
-    for key in summary["grokking_step"]:
-        click.echo(
-            f"@{key:<7} memorized {_censored(summary['memorization_step'][key], summary)}, "
-            f"grokked {_censored(summary['grokking_step'][key], summary)}"
-        )
-    routing = summary.get("routing")
-    if routing:  # a routed run: the lines above are copy 0's
-        per_copy = ", ".join(_censored(g["0.95"], summary) for g in routing["copy_grokking_step"])
-        click.echo(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
-                   f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
-                   f"{_censored(routing['ensemble_grokking_step']['0.95'], summary)}")
+    from groklens.analyses.grokking import format_summary
 
-
-def _num(value, spec: str) -> str:
-    """A stored metric; None where it was not finite (a diverged run)."""
-    return "non-finite" if value is None else format(value, spec)
-
-
-def _censored(step, summary) -> str:
-    if step is not None:
-        return f"step {step}"
-    last = summary["censored_at"]
-    return f"> {last} (censored)" if last is not None else "n/a"
+    click.echo(format_summary(summary))
 
 
 @cli.command()
@@ -459,7 +405,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     if scale not in E.SCALES:
         raise BadInput(f"--scale must be one of {', '.join(E.SCALES)}; got {scale!r}")
     if results_md is not None:
-        _check_text_target(Path(results_md))  # before hours of training, not after
+        check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
@@ -481,28 +427,6 @@ def demo(out_dir, scale, force, workers, quiet) -> None:
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
 
 
-def _check_text_target(path: Path) -> None:
-    """A Markdown file a command will update: an existing writable text file, or a new one in
-    a writable directory."""
-
-    if path.exists():
-        if not path.is_file():
-            raise BadInput(f"{path} is not a regular file")
-        try:
-            text = path.read_bytes()
-            text.decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            raise BadInput(f"{path} is not a UTF-8 text file") from None
-        if b"\0" in text:
-            raise BadInput(f"{path} is not a text file (it holds NUL bytes)")
-        if not os.access(path, os.W_OK):
-            raise BadInput(f"cannot write {path} (permission denied)")
-    elif not path.parent.is_dir():
-        raise BadInput(f"cannot create {path}: directory {path.parent} does not exist")
-    elif not os.access(path.parent, os.W_OK | os.X_OK):
-        raise BadInput(f"cannot create {path}: directory {path.parent} is not writable")
-
-
 # ---------------------------------------------------------------------- entry point
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
@@ -512,22 +436,15 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:  # click's form of Ctrl-C (and of EOF at a prompt)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
         click.echo("groklens: interrupted", err=True)
         code = 130
-    except click.ClickException as exc:  # usage errors: unknown option, bad value, ...
+    except (click.ClickException, GroklensError) as exc:  # usage errors (unknown option, ...) and ours
         if debug:
             raise
-        click.echo(f"groklens: error: {_one_line(exc.format_message())}", err=True)
+        text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        click.echo(f"groklens: error: {_one_line(text)}", err=True)
         code = exc.exit_code
-    except GroklensError as exc:
-        if debug:
-            raise
-        click.echo(f"groklens: error: {_one_line(str(exc))}", err=True)
-        code = exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("groklens: interrupted", err=True)
-        code = 130
     except Exception as exc:  # an unexpected failure: still one line, the traceback with --debug
         if debug:
             raise
