@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from groklens.config import CHOICES, RunConfig
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -12,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.trainers.tasks import TaskData
 
 EVAL_SETS = ("train", "test", "all")
-LOSS_NAMES = ("ce", "stablemax")
+LOSS_NAMES = CHOICES["loss"]  # the config's list; trainers.regularizers.LOSSES registers these (a test checks)
 
 
 def eval_rows(data: TaskData, eval_set: str) -> torch.Tensor:
@@ -30,7 +31,7 @@ def eval_rows(data: TaskData, eval_set: str) -> torch.Tensor:
 
 def check_loss(loss) -> str:
     if loss is None:
-        return "ce"
+        return RunConfig.loss  # the config's default loss
     if loss not in LOSS_NAMES:
         raise BadInput(f"loss must be one of {', '.join(LOSS_NAMES)}; got {loss!r}")
     return loss

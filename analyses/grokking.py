@@ -47,3 +47,52 @@ def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
         "grokking_censored": np.array([s is None for s in grok], dtype=np.int64),
         "last_step": -1 if times["last_step"] is None else int(times["last_step"]),
     }
+
+
+# ---------------------------------------------------------------------- as text (`groklens info`, `train`)
+def censored_text(step: int | None, summary: Mapping) -> str:
+    """'step N', or '> LAST (censored)' for a threshold not crossed by the last evaluation."""
+    if step is not None:
+        return f"step {step}"
+    last = summary["censored_at"]
+    return f"> {last} (censored)" if last is not None else "n/a"
+
+
+def _num(value, spec: str) -> str:
+    """A stored metric; None where it was not finite (a diverged run)."""
+    return "non-finite" if value is None else format(value, spec)
+
+
+def format_summary(summary: Mapping) -> str:
+    """The lines of `groklens info` from a `Trajectory.summary()`."""
+    lines = []
+    cfg = summary["config"]
+    steps = summary["checkpoint_steps"]
+    lines.append(f"run      {summary['path']}  ({summary['status']})")
+    lines.append(f"task     {cfg['task']} p={cfg['p']} train_frac={cfg['train_frac']} data_seed={cfg['data_seed']}")
+    lines.append(
+        f"model    {cfg['model']} L={cfg['n_layers']} d_model={cfg['d_model']} heads={cfg['n_heads']} "
+        f"d_mlp={cfg['d_mlp']} norm={cfg['norm']} attention={cfg['attention']} seed={cfg['seed']}"
+    )
+    lines.append(f"optim    AdamW lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
+    span = f"{steps[0]}..{steps[-1]}" if steps else "none"
+    lines.append(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
+    last = summary["last"]
+    if last:
+        lines.append(
+            f"last     step {last['step']}: train loss {_num(last['train_loss'], '.4g')} acc "
+            f"{_num(last['train_acc'], '.4f')} | test loss {_num(last['test_loss'], '.4g')} acc "
+            f"{_num(last['test_acc'], '.4f')}"
+        )
+    for key in summary["grokking_step"]:
+        lines.append(
+            f"@{key:<7} memorized {censored_text(summary['memorization_step'][key], summary)}, "
+            f"grokked {censored_text(summary['grokking_step'][key], summary)}"
+        )
+    routing = summary.get("routing")
+    if routing:  # a routed run: the lines above are copy 0's
+        per_copy = ", ".join(censored_text(g["0.95"], summary) for g in routing["copy_grokking_step"])
+        lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
+                     f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
+                     f"{censored_text(routing['ensemble_grokking_step']['0.95'], summary)}")
+    return "\n".join(lines)

@@ -97,7 +97,7 @@ def parse_steps(steps: Iterable[Any] | None) -> list[int] | None:
             try:
                 out.append(int(part))
             except ValueError:
-                raise BadInput(f"--steps takes integer checkpoint steps; got {part!r}") from None
+                raise BadInput(f"--checkpoints takes integer checkpoint steps; got {part!r}") from None
     return out or None
 
 
@@ -108,7 +108,7 @@ def select_steps(available: Sequence[int], steps: Sequence[int] | None = None, e
     if not available:
         raise BadInput("the run has no committed checkpoint yet")
     if steps is not None and every is not None:
-        raise BadInput("give either --every or --steps, not both")
+        raise BadInput("give either --every or --checkpoints, not both")
     if steps is not None:
         have = set(available)
         missing = [s for s in steps if s not in have]

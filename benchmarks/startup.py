@@ -40,7 +40,7 @@ def commands(tmp: Path) -> dict[str, list[str]]:
     return {
         "import torch": [sys.executable, "-c", "import torch"],
         "train 1 step": train_cmd(tmp / "t.h5", 1, 1),
-        "analyze 1 ckpt": CLI + ["analyze", run, "-q", "--steps", "20", "--recompute"],
+        "analyze 1 ckpt": CLI + ["analyze", run, "-q", "--checkpoints", "20", "--recompute"],
         "info": CLI + ["info", run],
         "--help": CLI + ["--help"],
     }

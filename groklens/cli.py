@@ -7,38 +7,20 @@ Heavy modules (torch, transformer_lens) are imported inside commands, so `--help
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import click
 
 from groklens import __version__
-from groklens.config import CHOICES, PRESETS, RunConfig, load_config_file
+from groklens.config import CHOICES, PRESETS, RunConfig, config_from
 from groklens.errors import BadInput, GroklensError
+from groklens.fileio import check_text_target, strict_json
 
 
 # ---------------------------------------------------------------------- config options
-def _finite(obj):
-    if isinstance(obj, float) and obj != obj:
-        return "nan"
-    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
-        return "inf" if obj > 0 else "-inf"
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def strict_json(obj, **kwargs) -> str:
-    """JSON that every parser reads: inf / nan (routing_width inf, a diverged loss) as strings."""
-    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
-
-
 def _config_options(func):
     """One --kebab-case option per RunConfig field, default None (= not given)."""
     for f in reversed(fields(RunConfig)):
@@ -58,15 +40,29 @@ def _config_options(func):
     return func
 
 
-def build_config(preset_name: str | None, config_file: str | None, overrides: dict[str, Any]) -> RunConfig:
-    """preset < config file < flags; unknown keys and bad values are BadInput."""
-    if preset_name is not None and preset_name not in PRESETS:
-        raise BadInput(f"unknown preset {preset_name!r} (known: {', '.join(sorted(PRESETS))})")
-    values: dict[str, Any] = dict(PRESETS[preset_name or "nanda"])
-    if config_file:
-        values.update(load_config_file(config_file))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return RunConfig.from_dict(values)
+def _refused(old: str, hint: str, *, flag: bool = False):
+    """A hidden option that only refuses an old spelling: `OLD HINT`, exit 2, before any work."""
+
+    def refuse(ctx, param, value):
+        if value is not None and value is not False:  # given, even as an empty string
+            raise BadInput(f"{old} {hint}")
+
+    dest = "refused_" + old.lstrip("-").replace("-", "_")  # not the new option's name: click would mix them
+    return click.option(old, dest, is_flag=flag, default=None, hidden=True, expose_value=False, callback=refuse)
+
+
+def _threshold_option(help_text: str):
+    """--threshold: accuracy that counts as grokked, by default the config's grok_threshold."""
+    return click.option("--threshold", type=float, default=RunConfig.grok_threshold, show_default=True, help=help_text)
+
+
+def _which_checkpoints(func):
+    """--every K | --checkpoints S (analyze, probe); the old --steps is refused."""
+    func = _refused("--steps", "was renamed --checkpoints (checkpoint steps; --steps is train's number of "
+                               "training steps)")(func)
+    func = click.option("--checkpoints", "steps", multiple=True, metavar="S",
+                        help="Checkpoint step(s) (repeatable, or comma-separated).")(func)
+    return click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")(func)
 
 
 # ---------------------------------------------------------------------- the group
@@ -104,8 +100,9 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
     else:
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
-        cfg = build_config(preset_name, config_file, overrides)
+        cfg = config_from(preset_name, config_file, overrides)
         result = loop.train(cfg, out, force=force, progress=not quiet)
+    from groklens.analyses.grokking import censored_text
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
@@ -118,7 +115,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
         mstep = summary["memorization_step"][f"{thr:g}"]
         click.echo(
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
-            f"memorized at {_censored(mstep, summary)}, grokked at {_censored(g, summary)} (threshold {thr:g})"
+            f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g})"
         )
 
 
@@ -140,47 +137,9 @@ def info(run: str, as_json: bool) -> None:
     if as_json:
         click.echo(strict_json(summary))
         return
-    cfg = summary["config"]
-    steps = summary["checkpoint_steps"]
-    click.echo(f"run      {summary['path']}  ({summary['status']})")
-    click.echo(f"task     {cfg['task']} p={cfg['p']} train_frac={cfg['train_frac']} data_seed={cfg['data_seed']}")
-    click.echo(
-        f"model    {cfg['model']} L={cfg['n_layers']} d_model={cfg['d_model']} heads={cfg['n_heads']} "
-        f"d_mlp={cfg['d_mlp']} norm={cfg['norm']} attention={cfg['attention']} seed={cfg['seed']}"
-    )
-    click.echo(f"optim    AdamW lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
-    span = f"{steps[0]}..{steps[-1]}" if steps else "none"
-    click.echo(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
-    last = summary["last"]
-    if last:
-        click.echo(
-            f"last     step {last['step']}: train loss {_num(last['train_loss'], '.4g')} acc "
-            f"{_num(last['train_acc'], '.4f')} | test loss {_num(last['test_loss'], '.4g')} acc "
-            f"{_num(last['test_acc'], '.4f')}"
-        )
-    for key in summary["grokking_step"]:
-        click.echo(
-            f"@{key:<7} memorized {_censored(summary['memorization_step'][key], summary)}, "
-            f"grokked {_censored(summary['grokking_step'][key], summary)}"
-        )
-    routing = summary.get("routing")
-    if routing:  # a routed run: the lines above are copy 0's
-        per_copy = ", ".join(_censored(g["0.95"], summary) for g in routing["copy_grokking_step"])
-        click.echo(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
-                   f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
-                   f"{_censored(routing['ensemble_grokking_step']['0.95'], summary)}")
+    from groklens.analyses.grokking import format_summary
 
-
-def _num(value, spec: str) -> str:
-    """A stored metric; None where it was not finite (a diverged run)."""
-    return "non-finite" if value is None else format(value, spec)
-
-
-def _censored(step, summary) -> str:
-    if step is not None:
-        return f"step {step}"
-    last = summary["censored_at"]
-    return f"> {last} (censored)" if last is not None else "n/a"
+    click.echo(format_summary(summary))
 
 
 @cli.command()
@@ -188,9 +147,7 @@ def _censored(step, summary) -> str:
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
                    "grokking, probe. Default: all but sharpness and probe, skipping those that do not apply.")
-@click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
-@click.option("--steps", "steps", multiple=True, metavar="S",
-              help="Checkpoint step(s) to analyze (repeatable, or comma-separated).")
+@_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
@@ -218,8 +175,7 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
               help="Frequency k for target fourier (repeatable; default: the checkpoint's key frequencies).")
 @click.option("--split", default=None, help="random (default; --train-frac of inputs) or run (the run's split).")
 @click.option("--train-frac", type=float, default=None, help="Probe training share for --split random (0.5).")
-@click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")
-@click.option("--steps", "steps", multiple=True, metavar="S", help="Checkpoint step(s) (repeatable, or comma-separated).")
+@_which_checkpoints
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -328,7 +284,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
 @click.argument("directory", type=click.Path())
 @click.option("--vars", "variables", default="width,train_frac,lr,weight_decay", show_default=True,
               help="Comma-separated: width (the model's hidden width), n_train, or numeric config fields.")
-@click.option("--threshold", type=float, default=0.95, show_default=True, help="Test accuracy that counts as grokked.")
+@_threshold_option("Test accuracy that counts as grokked.")
 @click.option("--interactions", is_flag=True, help="Also print the fit with pairwise interaction terms.")
 @click.option("--censored", is_flag=True, help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
 @click.option("--phase", default=None, metavar="X,Y", help="The two variables of the phase diagram.")
@@ -359,8 +315,7 @@ _GROUP_BY_HELP = ("'run': one row per run; 'variant': one row per group of runs 
               help="Run that speed-ups are measured against (its group, when grouping); added to RUNS if missing.")
 @click.option("--group-by", "group_by", default="run", show_default=True, metavar="run|variant|FIELD[,FIELD]",
               help=_GROUP_BY_HELP)
-@click.option("--threshold", type=float, default=0.95, show_default=True,
-              help="Train / test accuracy that counts as memorized / grokked.")
+@_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
               help="Compute analyses missing at the memorization, grokking and last checkpoints (kept in each "
                    "run's sidecar); otherwise they are shown as missing.")
@@ -386,24 +341,25 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @click.option("--baseline", type=click.Path(), default=None, help="Run that speed-ups are measured against.")
 @click.option("--group-by", "group_by", default="variant", show_default=True, metavar="run|variant|FIELD[,FIELD]",
               help=_GROUP_BY_HELP)
-@click.option("--threshold", type=float, default=0.95, show_default=True,
-              help="Train / test accuracy that counts as memorized / grokked.")
+@_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
               help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the sidecars).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
 @click.option("--every", type=int, default=None, help="With --analyze: every K-th checkpoint (plus the last).")
-@click.option("--checkpoint", "steps", type=int, multiple=True, metavar="STEP",
-              help="Checkpoint(s) of the Fourier spectrum and neuron-cluster figures (repeatable; default: "
-                   "start, memorization, grokking, end).")
+@click.option("--checkpoints", "steps", multiple=True, metavar="S",
+              help="Checkpoint step(s) of the Fourier spectrum and neuron-cluster figures (repeatable, or "
+                   "comma-separated; default: start, memorization, grokking, end).")
+@_refused("--checkpoint", "was renamed --checkpoints (checkpoint steps, as in analyze)")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, steps, quiet, as_json) -> None:
     """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
     from groklens.analyses.report import build_report
+    from groklens.analyses.runner import parse_steps
 
     result = build_report(runs, out_dir, fmt=fmt, baseline=baseline, group_by=group_by, threshold=threshold,
-                          analyze=analyze, metrics=list(metrics) or None, every=every, steps=list(steps) or None,
+                          analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
                           progress=not quiet)
     if as_json:
         click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
@@ -429,12 +385,11 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
               help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default OUT/ledger).")
 @click.option("--no-train", is_flag=True,
               help="Train nothing: record the finished runs in OUT/runs and read every recorded seed.")
-@click.option("--results", "old_results", default=None, hidden=True)
-@click.option("--no-results", is_flag=True, hidden=True)
+@_refused("--results", "is now --results-md FILE (rows are written only where asked)")
+@_refused("--no-results", "is gone: rows go to a markdown file only with --results-md FILE", flag=True)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
-def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, old_results, no_results,
-              quiet, as_json) -> None:
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     from groklens import experiments as E
 
@@ -449,12 +404,8 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     E.get_experiment(name)
     if scale not in E.SCALES:
         raise BadInput(f"--scale must be one of {', '.join(E.SCALES)}; got {scale!r}")
-    if old_results is not None:
-        raise BadInput("--results is now --results-md FILE (rows are written only where asked)")
-    if no_results:
-        raise BadInput("--no-results is gone: rows go to a markdown file only with --results-md FILE")
     if results_md is not None:
-        _check_text_target(Path(results_md))  # before hours of training, not after
+        check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
@@ -476,28 +427,6 @@ def demo(out_dir, scale, force, workers, quiet) -> None:
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
 
 
-def _check_text_target(path: Path) -> None:
-    """A Markdown file a command will update: an existing writable text file, or a new one in
-    a writable directory."""
-
-    if path.exists():
-        if not path.is_file():
-            raise BadInput(f"{path} is not a regular file")
-        try:
-            text = path.read_bytes()
-            text.decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            raise BadInput(f"{path} is not a UTF-8 text file") from None
-        if b"\0" in text:
-            raise BadInput(f"{path} is not a text file (it holds NUL bytes)")
-        if not os.access(path, os.W_OK):
-            raise BadInput(f"cannot write {path} (permission denied)")
-    elif not path.parent.is_dir():
-        raise BadInput(f"cannot create {path}: directory {path.parent} does not exist")
-    elif not os.access(path.parent, os.W_OK | os.X_OK):
-        raise BadInput(f"cannot create {path}: directory {path.parent} is not writable")
-
-
 # ---------------------------------------------------------------------- entry point
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
@@ -507,22 +436,15 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:  # click's form of Ctrl-C (and of EOF at a prompt)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
         click.echo("groklens: interrupted", err=True)
         code = 130
-    except click.ClickException as exc:  # usage errors: unknown option, bad value, ...
+    except (click.ClickException, GroklensError) as exc:  # usage errors (unknown option, ...) and ours
         if debug:
             raise
-        click.echo(f"groklens: error: {_one_line(exc.format_message())}", err=True)
+        text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        click.echo(f"groklens: error: {_one_line(text)}", err=True)
         code = exc.exit_code
-    except GroklensError as exc:
-        if debug:
-            raise
-        click.echo(f"groklens: error: {_one_line(str(exc))}", err=True)
-        code = exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("groklens: interrupted", err=True)
-        code = 130
     except Exception as exc:  # an unexpected failure: still one line, the traceback with --debug
         if debug:
             raise

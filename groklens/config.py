@@ -38,6 +38,8 @@ STORED_LEGACY = {
     "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
 }
 ROUTING_MAX_COPIES = 64
+# options of model=transformer that another model accepts only at their defaults
+TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "init_scheme")
 
 
 @dataclass
@@ -80,7 +82,7 @@ class RunConfig:
     informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
     distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
-    loss: str = "ce"  # ce | stablemax (Prieto et al. 2025)
+    loss: str = "ce"  # one of CHOICES["loss"]; stablemax: Prieto et al. 2025
     act_norm_lambda: float = 0.0  # activation-norm penalty toward the sqrt(d) sphere
     act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
     geomdr_lambda: float = 0.0  # effective-rank penalty toward geomdr_target
@@ -201,10 +203,7 @@ class RunConfig:
         _check(-1 <= self.kl_attn_layer < self.n_layers,
                f"kl_attn_layer must be -1 (every layer) or in 0..{self.n_layers - 1}; got {self.kl_attn_layer}")
         freqs = parse_freqs(self.fourier_freqs)
-        transformer_only = [(n, v) for n, v, d in (("norm", self.norm, "none"), ("attention", self.attention, "softmax"),
-                            ("unembed", self.unembed, "linear"), ("init", self.init, "default"),
-                            ("norm_placement", self.norm_placement, "pre"), ("init_scheme", self.init_scheme, "tl"))
-                            if v != d]
+        transformer_only = [(n, getattr(self, n)) for n in TRANSFORMER_ONLY if getattr(self, n) != getattr(RunConfig, n)]
         if self.model != "transformer":
             for name, value in transformer_only:
                 raise BadInput(f"{name}={value} is an option of model=transformer, not model={self.model}")
@@ -224,8 +223,8 @@ class RunConfig:
         _check(not math.isnan(self.routing_width) and self.routing_width >= 0,
                f"routing_width must be >= 0 (0 = identity kernel, inf = uniform); got {self.routing_width}")
         if self.routing_copies == 1:
-            for name, default in (("routing_width", 0.0), ("routing_unit", "layer")):
-                _check(getattr(self, name) == default,
+            for name in ("routing_width", "routing_unit"):  # off: at their class defaults
+                _check(getattr(self, name) == getattr(RunConfig, name),
                        f"{name}={getattr(self, name)!r} needs routing_copies > 1 (routing is off with 1 copy)")
             return
         _check(self.routing_unit == "layer" or self.model == "transformer",
@@ -327,10 +326,25 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset(name: str) -> RunConfig:
+def config_from(preset: str | None = None, file: str | Path | None = None,
+                overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The one way presets are applied: preset (default nanda) < config file < overrides.
+
+    An override of None means "not given" (an unset CLI flag). Unknown preset names, unknown
+    keys and bad values are BadInput."""
+    name = "nanda" if preset is None else preset
     if name not in PRESETS:
         raise BadInput(f"unknown preset {name!r} (known: {', '.join(sorted(PRESETS))})")
-    return RunConfig.from_dict(PRESETS[name])
+    values: dict[str, Any] = dict(PRESETS[name])
+    if file is not None:
+        values.update(load_config_file(file))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return RunConfig.from_dict(values)
+
+
+def preset(name: str) -> RunConfig:
+    """The preset's config, nothing changed."""
+    return config_from(name)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -396,4 +410,4 @@ def field_names() -> list[str]:
     return [f.name for f in fields(RunConfig)]
 
 
-__all__ = ["RunConfig", "PRESETS", "preset", "load_config_file", "safe_yaml", "field_names", "CHOICES", "parse_freqs"]
+__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "CHOICES", "parse_freqs"]

@@ -21,17 +21,16 @@ from groklens.experiments.core import (
 # ---------------------------------------------------------------------- configs and cost
 def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str, Any]]:
     """(variant, run name, RunConfig) of every run of `exp` at `scale` with seeds 1..seeds."""
-    from groklens.config import PRESETS, RunConfig
+    from groklens.config import config_from
 
     sc = exp.scales[scale]
     plan = exp.plan(sc, scale)
     base = dict(sc.base)
-    preset_name = base.pop("preset", None)
-    start = dict(PRESETS[preset_name]) if preset_name else {}
+    preset_name = base.pop("preset", None)  # a scale may start from a named preset
     out = []
     for variant, over in plan.variants.items():
         for seed in range(1, seeds + 1):
-            cfg = RunConfig.from_dict({**start, **base, **over, "seed": seed})
+            cfg = config_from(preset_name, overrides={**base, **over, "seed": seed})
             out.append((variant, f"{variant}_s{seed}", cfg))
     return out
 

@@ -44,20 +44,20 @@ def test_analyze_json_stores_then_reuses_and_recompute_rewrites(run):
                                 "--json", "-q", check=True).stdout)
     assert again == res
     assert _stamp(side) == stamp  # nothing recomputed, nothing written
-    groklens("analyze", str(run), "--metric", "norms", "--steps", "0,20", "--recompute", "-q", check=True)
+    groklens("analyze", str(run), "--metric", "norms", "--checkpoints", "0,20", "--recompute", "-q", check=True)
     assert _stamp(side) != stamp
 
 
 @pytest.mark.slow
 def test_analyze_table_and_sharpness_param(run):
-    out = groklens("analyze", str(run), "--metric", "sharpness", "--steps", "60", "--param", "sharpness.top_k=2",
+    out = groklens("analyze", str(run), "--metric", "sharpness", "--checkpoints", "60", "--param", "sharpness.top_k=2",
                    "--param", "sharpness.trace_samples=4", "-q", check=True)
     assert "== sharpness" in out.stdout and "step 60:" in out.stdout and "top_eigenvalues=[" in out.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["--metric", "nope"], "unknown analysis 'nope'"),
-    (["--metric", "norms", "--steps", "7"], "no checkpoint at step(s) 7"),
+    (["--metric", "norms", "--checkpoints", "7"], "no checkpoint at step(s) 7"),
     pytest.param(["--metric", "rank", "--param", 'rank.sites=["blocks.3.hook_resid_post"]'], "unknown hook site",
                  marks=pytest.mark.slow),
     (["--metric", "rank", "--param", "norms.x=1"], "not being computed"),
@@ -74,7 +74,7 @@ def test_analyze_bad_input_is_one_line_exit_2_and_no_file(tmp_path, args, messag
 
 @pytest.mark.slow
 def test_probe_command(run):
-    out = groklens("probe", str(run), "--site", "hook_embed", "--target", "a", "--position", "0", "--steps", "60",
+    out = groklens("probe", str(run), "--site", "hook_embed", "--target", "a", "--position", "0", "--checkpoints", "60",
                    "--json", "-q", check=True)
     res = json.loads(out.stdout)["probe"]
     assert res["steps"] == [60] and res["accuracy"] == [1.0]

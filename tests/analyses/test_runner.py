@@ -75,7 +75,7 @@ def test_every_k_and_steps_selection():
     assert select_steps([0, 10, 20], steps=[20, 0, 20]) == [0, 20]
     with pytest.raises(BadInput, match="no checkpoint at step"):
         select_steps([0, 10], steps=[5])
-    with pytest.raises(BadInput, match="either --every or --steps"):
+    with pytest.raises(BadInput, match="either --every or --checkpoints"):
         select_steps([0, 10], steps=[0], every=2)
 
 

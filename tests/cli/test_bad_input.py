@@ -50,13 +50,13 @@ CASES = [
     ("info", "Missing argument"),
     # --- analyze / probe
     ("analyze {run} --metric nope", "unknown analysis"),
-    ("analyze {run} --metric norms --steps 7", "no checkpoint at step"),
+    ("analyze {run} --metric norms --checkpoints 7", "no checkpoint at step"),
     ("analyze {missing} --metric norms", "no such file"),
     ("analyze {future} --metric norms", "newer than this groklens reads"),
     ("analyze {run} --metric norms --every 0", "every"),
     ("probe {run} --site blocks.9.hook_nope --target a", "blocks.9.hook_nope"),
     ("probe {run} --site blocks.0.hook_resid_post --target nope", "nope"),
-    ("probe {run} --site blocks.0.hook_resid_post --target a --steps 3", "no checkpoint at step"),
+    ("probe {run} --site blocks.0.hook_resid_post --target a --checkpoints 3", "no checkpoint at step"),
     # --- compare / report
     ("compare {run} {run_sub}", "task"),
     ("compare {run} {missing}", "no such file"),
