@@ -39,7 +39,6 @@ from groklens.analyses.compare import (
 from groklens.errors import BadInput, RunFailure
 
 FORMATS = ("png", "pdf", "svg")
-REPORT_ANALYSES = ("fourier", "attention", "rank", "radial")  # what --analyze computes unless told
 DPI = 110
 
 
@@ -597,10 +596,12 @@ def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str):
 def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | None, every: int | None,
                        progress: bool = False) -> list[str]:
     """Run the report's analyses along each run's checkpoints (every `every`-th), keeping results."""
-    from groklens.analyses.registry import get
+    from groklens.analyses.compare import ANALYSES_USED
+    from groklens.analyses.registry import default_names, get
     from groklens.analyses.runner import compute_many
 
-    names = list(dict.fromkeys(metrics or REPORT_ANALYSES))
+    # unless told: the default set, of what the figures draw (the comparison's analyses)
+    names = list(dict.fromkeys(metrics or default_names(ANALYSES_USED)))
     for n in names:
         get(n)
     notes: list[str] = []

@@ -47,15 +47,21 @@ BASELINE = "standard"
 class Scale:
     base: dict[str, Any]
     seeds: list[int]
-    analyses: list[tuple[str, dict[str, Any]]]  # computed at every `analyze_every`-th checkpoint
-    analyze_every: int
+    analyze_every: int  # the cheap analyses (cheap_analyses()) at every analyze_every-th checkpoint
     # costlier ones: at every `sparse_every`-th checkpoint and at memorization, grokking and the end
     sparse_analyses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     sparse_every: int = 4
     note: str = ""
 
 
-_CHEAP = [("fourier", {}), ("attention", {}), ("rank", {"weights": []}), ("radial", {})]
+def cheap_analyses() -> list[tuple[str, dict[str, Any]]]:
+    """The default analysis set (analyses/registry.py) that the comparison and the report show,
+    each with its cheap parameters: the demo has minutes, not hours."""
+    from groklens.analyses.compare import ANALYSES_USED
+    from groklens.analyses.registry import default_requests
+
+    return default_requests(ANALYSES_USED, cheap=True)
+
 
 SCALES: dict[str, Scale] = {
     "laptop": Scale(
@@ -63,7 +69,6 @@ SCALES: dict[str, Scale] = {
                   weight_decay=1.0, steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4,
                   device="cpu"),
         seeds=[1, 2, 3],
-        analyses=_CHEAP,
         analyze_every=2,
         # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
         sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 10})],
@@ -75,7 +80,6 @@ SCALES: dict[str, Scale] = {
                   weight_decay=1.0, steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10,
                   device="auto"),
         seeds=[1, 2, 3],
-        analyses=_CHEAP,
         analyze_every=2,
         sparse_analyses=[("sharpness", {"top_k": 3, "trace_samples": 30})],
         note="the canonical p=113 setup (Nanda et al. 2023), meant for a GPU",
@@ -84,7 +88,6 @@ SCALES: dict[str, Scale] = {
         base=dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3,
                   weight_decay=1.0, steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
         seeds=[1, 2],
-        analyses=_CHEAP,
         analyze_every=1,
         sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 4})],
         note="a tiny pipeline check (does not grok)",
@@ -216,7 +219,7 @@ def _analyze_one(task: dict) -> list[str]:
 
 
 def analyze_runs(paths: list[Path], sc: Scale, workers: int, progress: bool = True) -> list[str]:
-    tasks = [{"path": str(p), "every": sc.analyze_every, "analyses": sc.analyses,
+    tasks = [{"path": str(p), "every": sc.analyze_every, "analyses": cheap_analyses(),
               "sparse_analyses": sc.sparse_analyses, "sparse_every": sc.sparse_every} for p in paths]
     from tqdm.auto import tqdm
 
