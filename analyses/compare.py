@@ -44,9 +44,15 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.phases import (  # noqa: F401 - nearest_checkpoint, phase_checkpoint: re-exported
+    PHASES,
+    PhaseTimes,
+    nearest_checkpoint,
+    phase_checkpoint,
+    run_phases,
+)
 from groklens.errors import BadInput
 
-PHASES = ("memorization", "grokking", "end")
 SEED_FIELDS = ("seed", "data_seed")
 GROUP_VARIANT = "variant"  # --group-by variant: runs whose configs differ only in seed / data_seed
 GROUP_RUN = "run"  # --group-by run: one row per run (compare's default)
@@ -81,29 +87,6 @@ ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 
 
 # ---------------------------------------------------------------------- one run
-class PhaseTimes:
-    """Censoring of a run's phase steps; the class has `memorization`, `grokking`, `last_step`
-    (a run's summary here, a ledger entry in groklens/experiments/ledger.py)."""
-
-    memorization: int | None
-    grokking: int | None
-    last_step: int | None
-
-    @property
-    def grok_censored(self) -> bool:
-        return self.grokking is None
-
-    @property
-    def mem_censored(self) -> bool:
-        return self.memorization is None
-
-    def grok_time(self) -> float | None:
-        """Grokking step, or the censoring step (a lower bound) when it never grokked."""
-        if self.grokking is not None:
-            return float(self.grokking)
-        return None if self.last_step is None else float(self.last_step)
-
-
 @dataclass
 class RunSummary(PhaseTimes):
     path: Path
@@ -128,56 +111,19 @@ class RunSummary(PhaseTimes):
         return n.removesuffix(".h5")
 
 
-
-def nearest_checkpoint(checkpoints: Sequence[int], step: int | None) -> int | None:
-    """The checkpoint step nearest to `step` (the later one on a tie); None for None."""
-    if step is None or not len(checkpoints):
-        return None
-    cps = np.asarray(checkpoints)
-    d = np.abs(cps - step)
-    best = np.nonzero(d == d.min())[0]
-    return int(cps[best[-1]])
-
-
 def load_run(path: str | Path, threshold: float = 0.95) -> RunSummary:
     """A run's grokking times and its stored analyses at memorization, grokking and the end."""
-    from groklens.analyses.grokking import first_crossing
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(path)  # BadInput for a missing or foreign file
+    ph = run_phases(traj, threshold)
     metrics = traj.metrics
-    steps = np.asarray(metrics["step"])
-    if "train_acc" not in metrics or "test_acc" not in metrics:
-        raise BadInput(f"{path}: the run logs no train_acc / test_acc, so it has no grokking time")
-    checkpoints = [int(s) for s in traj.steps]
-    mem = first_crossing(steps, metrics["train_acc"], threshold) if len(steps) else None
-    grok = first_crossing(steps, metrics["test_acc"], threshold) if len(steps) else None
-    run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status, checkpoints=checkpoints,
-                     steps=steps, metrics=metrics, memorization=mem, grokking=grok,
-                     last_step=int(steps[-1]) if len(steps) else None)
-    interval = int(run.config.get("eval_every") or 1)
-    for phase, step in (("memorization", mem), ("grokking", grok)):
-        run.phase_steps[phase], note = phase_checkpoint(checkpoints, step, interval, phase)
-        if note:
-            run.phase_notes[phase] = note
-    run.phase_steps["end"] = checkpoints[-1] if checkpoints else None
+    run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status,
+                     checkpoints=[int(s) for s in traj.steps], steps=np.asarray(metrics["step"]),
+                     metrics=metrics, memorization=ph.memorization, grokking=ph.grokking,
+                     last_step=ph.last_step, phase_steps=ph.steps, phase_notes=ph.notes)
     read_measures(run)
     return run
-
-
-def phase_checkpoint(checkpoints: Sequence[int], step: int | None, interval: int,
-                     phase: str) -> tuple[int | None, str]:
-    """The checkpoint that stands for `phase` at `step`: the nearest one, if it is less than one
-    evaluation interval away; else (None, the reason)."""
-    if step is None:
-        return None, f"never reached {phase}"
-    cp = nearest_checkpoint(checkpoints, step)
-    if cp is None:
-        return None, "no checkpoints"
-    if abs(cp - step) >= interval:
-        return None, (f"no checkpoint at {phase} (step {step}): the nearest, step {cp}, is {abs(cp - step)} "
-                      f"steps away, not within one evaluation interval ({interval})")
-    return cp, ""
 
 
 def stored_analysis(run_path: Path, config: dict, name: str):
@@ -742,26 +688,20 @@ def text_table(head: list[str], body: list[list[str]]) -> list[str]:
 
 # ---------------------------------------------------------------------- entry points
 def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = None, *,
-                    progress: bool = False) -> list[str]:
+                    threshold: float = 0.95, progress: bool = False) -> list[str]:
     """Compute the asked analyses (default: those the comparison shows) at each run's memorization,
     grokking and last checkpoints where the sidecar lacks them; returns notes on skipped ones."""
     from groklens.analyses.registry import get
-    from groklens.analyses.runner import compute_many
+    from groklens.analyses.runner import analyze_runs
 
     names = list(dict.fromkeys(metrics or ANALYSES_USED))
     for n in names:
         get(n)  # unknown -> BadInput before anything is computed
         if n not in ANALYSES_USED:
             raise BadInput(f"compare shows {', '.join(ANALYSES_USED)}; {n!r} is not one of them")
-    notes: list[str] = []
+    notes = analyze_runs([r.path for r in runs], [(n, {}) for n in names], checkpoints="phases",
+                         threshold=threshold, skip_inapplicable=metrics is None, progress=progress)
     for r in runs:
-        steps = sorted({s for s in r.phase_steps.values() if s is not None})
-        if not steps:
-            continue
-        skipped: list[str] = []
-        compute_many(r.path, [(n, {}) for n in names], steps=steps, progress=progress,
-                     notes=skipped if metrics is None else None)
-        notes += [f"{r.name}: {s}" for s in skipped]
         r.stored.clear()
         r.analysis_state.clear()
         read_measures(r)
@@ -784,7 +724,7 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
     runs = load_runs(paths, threshold)
     groups_by = parse_group_by(group_by, runs)
     if analyze:
-        notes += compute_missing(runs, metrics, progress=progress)
+        notes += compute_missing(runs, metrics, threshold=threshold, progress=progress)
     groups = make_groups(runs, groups_by)
     base = None
     if baseline is not None:

@@ -598,19 +598,14 @@ def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | Non
     """Run the report's analyses along each run's checkpoints (every `every`-th), keeping results."""
     from groklens.analyses.compare import ANALYSES_USED
     from groklens.analyses.registry import default_names, get
-    from groklens.analyses.runner import compute_many
+    from groklens.analyses.runner import analyze_runs
 
     # unless told: the default set, of what the figures draw (the comparison's analyses)
     names = list(dict.fromkeys(metrics or default_names(ANALYSES_USED)))
     for n in names:
         get(n)
-    notes: list[str] = []
-    for p in paths:
-        skipped: list[str] = []
-        compute_many(p, [(n, {}) for n in names], every=every, progress=progress,
-                     notes=skipped if not metrics else None)
-        notes += [f"{Path(p).name}: {s}" for s in skipped]
-    return notes
+    return analyze_runs(paths, [(n, {}) for n in names], checkpoints=f"every:{every}" if every else "all",
+                        skip_inapplicable=not metrics, progress=progress)
 
 
 def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str = "png",

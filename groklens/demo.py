@@ -173,7 +173,7 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
 
     # 2. analyze: the cheap measures along the trajectory, sharpness at memorization/grokking/end
     t_an = time.perf_counter()
-    analyze_runs(paths, sc, n_workers, progress=progress)
+    analyze_demo_runs(paths, sc, n_workers, progress=progress)
     echo(f"analyzed in {time.perf_counter() - t_an:.0f} s")
 
     # 3. compare and report
@@ -194,51 +194,11 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
     return DemoResult(out, paths, result.index, table, wall, result.missing)
 
 
-def _analyze_one(task: dict) -> list[str]:
-    """One run's analyses (a worker process): cheap ones along the trajectory, the phase ones at
-    the memorization, grokking and last checkpoints."""
-    import torch
+def analyze_demo_runs(paths: list[Path], sc: Scale, workers: int, progress: bool = True) -> list[str]:
+    """The cheap analyses along each run, the costly ones sparser; both at the memorization,
+    grokking and last checkpoints too."""
+    from groklens.analyses.runner import analyze_runs
 
-    from groklens.analyses.compare import load_run
-    from groklens.analyses.runner import compute_many, select_steps
-    from groklens.checkpoints import Trajectory
-
-    torch.set_num_threads(1)
-    path = task["path"]
-    traj = Trajectory(path)
-    steps = select_steps(traj.steps, every=task["every"])
-    run = load_run(path)
-    phases = sorted({s for s in run.phase_steps.values() if s is not None})
-    notes: list[str] = []
-    compute_many(traj, [tuple(a) for a in task["analyses"]], steps=sorted(set(steps) | set(phases)), notes=notes)
-    if task["sparse_analyses"]:
-        sparse = select_steps(traj.steps, every=task["sparse_every"])
-        compute_many(traj, [tuple(a) for a in task["sparse_analyses"]], steps=sorted(set(sparse) | set(phases)),
-                     notes=notes)
-    return [f"{Path(path).name}: {n}" for n in notes]
-
-
-def analyze_runs(paths: list[Path], sc: Scale, workers: int, progress: bool = True) -> list[str]:
-    tasks = [{"path": str(p), "every": sc.analyze_every, "analyses": cheap_analyses(),
-              "sparse_analyses": sc.sparse_analyses, "sparse_every": sc.sparse_every} for p in paths]
-    from tqdm.auto import tqdm
-
-    notes: list[str] = []
-    bar = tqdm(total=len(tasks), disable=not progress, unit="run", desc="analyze", dynamic_ncols=True)
-    try:
-        if workers <= 1:
-            for t in tasks:
-                notes += _analyze_one(t)
-                bar.update(1)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                for n in pool.map(_analyze_one, tasks):
-                    notes += n
-                    bar.update(1)
-    finally:
-        bar.close()
-    return notes
+    requests = [(n, p, f"every:{sc.analyze_every}+phases") for n, p in cheap_analyses()]
+    requests += [(n, p, f"every:{sc.sparse_every}+phases") for n, p in sc.sparse_analyses]
+    return analyze_runs(paths, requests, workers=workers, progress=progress)
