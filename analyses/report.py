@@ -43,23 +43,6 @@ class ReportResult:
 
 
 # ---------------------------------------------------------------------- the page
-_STATUS_SCRIPT = """<script>
-// Marks each image's load status in the DOM (checked by the test suite in headless Chromium).
-function groklensMarkImages() {
-  var rows = [];
-  for (var i = 0; i < document.images.length; i++) {
-    var im = document.images[i];
-    var ok = im.complete && im.naturalWidth > 0;
-    im.setAttribute('data-loaded', ok ? 'yes' : 'no');
-    rows.push({src: im.getAttribute('src'), loaded: ok, width: im.naturalWidth});
-  }
-  var out = document.getElementById('image-status');
-  out.textContent = JSON.stringify(rows);
-  out.setAttribute('data-done', 'yes');
-}
-window.addEventListener('load', groklensMarkImages);
-</script>"""
-
 _STYLE = """<style>
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 70em; color: #222; }
 table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.9em; }
@@ -69,7 +52,6 @@ figure { margin: 1.5em 0; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.9em; color: #444; max-width: 60em; }
 .note { color: #555; font-size: 0.9em; }
-#image-status { display: none; }
 </style>"""
 
 
@@ -89,7 +71,7 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
 
     e = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             "<title>groklens report</title>", _STYLE, _STATUS_SCRIPT, "</head><body>",
+             "<title>groklens report</title>", _STYLE, "</head><body>",
              "<h1>groklens report</h1>",
              (f'<p class="note">{len([r for g in comp.groups for r in g.runs])} run(s), grokking threshold '
               f'{comp.threshold:g}; groklens {e(__version__)}; written {e(time.strftime("%Y-%m-%d %H:%M:%S"))}.</p>'),
@@ -125,7 +107,6 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
         parts.append('<p id="missing">None: every figure had its data.</p>')
     if notes or comp.notes:
         parts.append("<h3>Notes</h3><ul>" + "".join(f"<li>{e(n)}</li>" for n in [*comp.notes, *notes]) + "</ul>")
-    parts.append('<div id="image-status"></div>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
