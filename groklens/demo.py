@@ -5,8 +5,8 @@ transformer and an activation-norm-regularized one on one small modular-addition
 seeds each, analyzes them (a cheap subset of measures), prints the comparison table and writes
 the report.
 
-Scales (`--scale`):
-  laptop (default)  the small task below, on CPU; chosen by measurement so that the standard
+Scales (`--scale`, the names `reproduce` uses too):
+  quick (default)   the small task below, on CPU; chosen by measurement so that the standard
                     model groks visibly late and the other three early (docs/CLI.md gives the
                     numbers measured while choosing it)
   paper             the canonical p=113 setup (Nanda et al.; 30% of pairs, d_model 128, 4 heads,
@@ -44,7 +44,9 @@ BASELINE = "standard"
 
 
 @dataclass
-class Scale:
+class DemoScale:
+    """One demo scale (the experiments' Scale, groklens/experiments/core.py, is another thing)."""
+
     base: dict[str, Any]
     seeds: list[int]
     analyze_every: int  # the cheap analyses (cheap_analyses()) at every analyze_every-th checkpoint
@@ -63,8 +65,8 @@ def cheap_analyses() -> list[tuple[str, dict[str, Any]]]:
     return default_requests(ANALYSES_USED, cheap=True)
 
 
-SCALES: dict[str, Scale] = {
-    "laptop": Scale(
+SCALES: dict[str, DemoScale] = {
+    "quick": DemoScale(
         base=dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, lr=3e-3,
                   weight_decay=1.0, steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4,
                   device="cpu"),
@@ -75,7 +77,7 @@ SCALES: dict[str, Scale] = {
         sparse_every=10,
         note="p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU",
     ),
-    "paper": Scale(
+    "paper": DemoScale(
         base=dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3,
                   weight_decay=1.0, steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10,
                   device="auto"),
@@ -84,7 +86,7 @@ SCALES: dict[str, Scale] = {
         sparse_analyses=[("sharpness", {"top_k": 3, "trace_samples": 30})],
         note="the canonical p=113 setup (Nanda et al. 2023), meant for a GPU",
     ),
-    "smoke": Scale(
+    "smoke": DemoScale(
         base=dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3,
                   weight_decay=1.0, steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
         seeds=[1, 2],
@@ -93,6 +95,7 @@ SCALES: dict[str, Scale] = {
         note="a tiny pipeline check (does not grok)",
     ),
 }
+RENAMED_SCALES = {"laptop": "quick"}  # old spelling -> name: refused with a hint
 
 
 @dataclass
@@ -105,7 +108,7 @@ class DemoResult:
     missing: list[tuple[str, str]]
 
 
-def run_names(scale: Scale) -> list[tuple[str, str, dict[str, Any]]]:
+def run_names(scale: DemoScale) -> list[tuple[str, str, dict[str, Any]]]:
     """(variant, run name, config dict) for every run of the demo."""
     out = []
     for variant, over in VARIANTS.items():
@@ -114,7 +117,7 @@ def run_names(scale: Scale) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force: bool = False,
+def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "quick", force: bool = False,
              workers: int | None = None, fmt: str = "png", progress: bool = True,
              echo: Callable[[str], None] = print) -> DemoResult:
     """Train, analyze, compare and report (see the module docstring); returns where it all is."""
@@ -122,8 +125,10 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
     from groklens.trainers.sweeps import RunSpec, error_path, run_path
 
     t0 = time.perf_counter()
+    if scale in RENAMED_SCALES:
+        raise BadInput(f"--scale {scale} is now called {RENAMED_SCALES[scale]} (the scale names of `reproduce`)")
     if scale not in SCALES:
-        raise BadInput(f"--scale must be one of laptop, paper, smoke; got {scale!r}")
+        raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
     sc = SCALES[scale]
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -194,7 +199,7 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
     return DemoResult(out, paths, result.index, table, wall, result.missing)
 
 
-def analyze_demo_runs(paths: list[Path], sc: Scale, workers: int, progress: bool = True) -> list[str]:
+def analyze_demo_runs(paths: list[Path], sc: DemoScale, workers: int, progress: bool = True) -> list[str]:
     """The cheap analyses along each run, the costly ones sparser; both at the memorization,
     grokking and last checkpoints too."""
     from groklens.analyses.runner import analyze_runs
