@@ -32,11 +32,8 @@ Definitions (REFERENCES.md, definition 7):
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,66 +41,41 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.phases import (  # noqa: F401 - nearest_checkpoint, phase_checkpoint: re-exported
+    PHASES,
+    PhaseTimes,
+    nearest_checkpoint,
+    phase_checkpoint,
+    run_phases,
+)
+from groklens.analyses import compare_format
+from groklens.analyses.compare_format import (  # noqa: F401 - re-exported: the report and experiments use them
+    fmt_gap,
+    fmt_measure,
+    fmt_number,
+    fmt_speedup,
+    fmt_steps,
+    text_table,
+)
+from groklens.analyses.measures import (  # noqa: F401 - re-exported
+    ANALYSES_USED,
+    MEASURES,
+    Measure,
+    hidden_site,
+    measure_key,
+    read_measures,
+    reduce_value,
+    stored_analysis,
+)
+from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
 from groklens.errors import BadInput
 
-PHASES = ("memorization", "grokking", "end")
 SEED_FIELDS = ("seed", "data_seed")
 GROUP_VARIANT = "variant"  # --group-by variant: runs whose configs differ only in seed / data_seed
 GROUP_RUN = "run"  # --group-by run: one row per run (compare's default)
-CI_LEVEL = 0.95
-SPEEDUP_METHOD = "ratio of geometric means; 95% CI: Welch t-interval on mean log grokking step"
-
-
-@dataclass(frozen=True)
-class Measure:
-    """One number per checkpoint taken from a stored analysis."""
-
-    key: str  # column name in CSV / JSON
-    analysis: str  # registry name of the analysis that stores it
-    value: str  # stored value name; '{site}' is filled with the last hidden-representation site
-    label: str  # column label in the table
-    reduce: str = "scalar"  # scalar | first (value[0]) | mean (mean over layers)
-
-
-MEASURES: tuple[Measure, ...] = (
-    Measure("fve_neuron", "fourier", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
-    Measure("fve_ls", "fourier", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
-    Measure("fve_ls_top5", "fourier", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
-    Measure("attn_mass", "attention", "mass", "attention mass on informative tokens", "mean"),
-    Measure("hessian_top", "sharpness", "top_eigenvalues", "Hessian top eigenvalue", "first"),
-    Measure("hessian_trace", "sharpness", "trace", "Hessian trace (Hutchinson)"),
-    Measure("eff_rank", "rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)"),
-    Measure("radius", "radial", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
-    Measure("rho", "radial", "rho@{site}", "radial gradient energy rho"),
-    Measure("rho_baseline", "radial", "rho_baseline@{site}", "isotropic baseline of rho (1/d)"),
-)
-ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 
 
 # ---------------------------------------------------------------------- one run
-class PhaseTimes:
-    """Censoring of a run's phase steps; the class has `memorization`, `grokking`, `last_step`
-    (a run's summary here, a ledger entry in groklens/experiments/ledger.py)."""
-
-    memorization: int | None
-    grokking: int | None
-    last_step: int | None
-
-    @property
-    def grok_censored(self) -> bool:
-        return self.grokking is None
-
-    @property
-    def mem_censored(self) -> bool:
-        return self.memorization is None
-
-    def grok_time(self) -> float | None:
-        """Grokking step, or the censoring step (a lower bound) when it never grokked."""
-        if self.grokking is not None:
-            return float(self.grokking)
-        return None if self.last_step is None else float(self.last_step)
-
-
 @dataclass
 class RunSummary(PhaseTimes):
     path: Path
@@ -128,134 +100,19 @@ class RunSummary(PhaseTimes):
         return n.removesuffix(".h5")
 
 
-
-def nearest_checkpoint(checkpoints: Sequence[int], step: int | None) -> int | None:
-    """The checkpoint step nearest to `step` (the later one on a tie); None for None."""
-    if step is None or not len(checkpoints):
-        return None
-    cps = np.asarray(checkpoints)
-    d = np.abs(cps - step)
-    best = np.nonzero(d == d.min())[0]
-    return int(cps[best[-1]])
-
-
 def load_run(path: str | Path, threshold: float = 0.95) -> RunSummary:
     """A run's grokking times and its stored analyses at memorization, grokking and the end."""
-    from groklens.analyses.grokking import first_crossing
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(path)  # BadInput for a missing or foreign file
+    ph = run_phases(traj, threshold)
     metrics = traj.metrics
-    steps = np.asarray(metrics["step"])
-    if "train_acc" not in metrics or "test_acc" not in metrics:
-        raise BadInput(f"{path}: the run logs no train_acc / test_acc, so it has no grokking time")
-    checkpoints = [int(s) for s in traj.steps]
-    mem = first_crossing(steps, metrics["train_acc"], threshold) if len(steps) else None
-    grok = first_crossing(steps, metrics["test_acc"], threshold) if len(steps) else None
-    run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status, checkpoints=checkpoints,
-                     steps=steps, metrics=metrics, memorization=mem, grokking=grok,
-                     last_step=int(steps[-1]) if len(steps) else None)
-    interval = int(run.config.get("eval_every") or 1)
-    for phase, step in (("memorization", mem), ("grokking", grok)):
-        run.phase_steps[phase], note = phase_checkpoint(checkpoints, step, interval, phase)
-        if note:
-            run.phase_notes[phase] = note
-    run.phase_steps["end"] = checkpoints[-1] if checkpoints else None
+    run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status,
+                     checkpoints=[int(s) for s in traj.steps], steps=np.asarray(metrics["step"]),
+                     metrics=metrics, memorization=ph.memorization, grokking=ph.grokking,
+                     last_step=ph.last_step, phase_steps=ph.steps, phase_notes=ph.notes)
     read_measures(run)
     return run
-
-
-def phase_checkpoint(checkpoints: Sequence[int], step: int | None, interval: int,
-                     phase: str) -> tuple[int | None, str]:
-    """The checkpoint that stands for `phase` at `step`: the nearest one, if it is less than one
-    evaluation interval away; else (None, the reason)."""
-    if step is None:
-        return None, f"never reached {phase}"
-    cp = nearest_checkpoint(checkpoints, step)
-    if cp is None:
-        return None, "no checkpoints"
-    if abs(cp - step) >= interval:
-        return None, (f"no checkpoint at {phase} (step {step}): the nearest, step {cp}, is {abs(cp - step)} "
-                      f"steps away, not within one evaluation interval ({interval})")
-    return cp, ""
-
-
-def stored_analysis(run_path: Path, config: dict, name: str):
-    """The stored results of analysis `name` for this run: the default parameter set when it is
-    stored, else the most recently updated one; only results of this run's config. None if none."""
-    from groklens.analyses.registry import canonical_params, get, params_json
-    from groklens.analyses.store import Sidecar, config_sha, variant_id
-
-    sidecar = Sidecar(run_path)
-    sha = config_sha(json.dumps(config, sort_keys=True))
-    variants = [(v, a) for v, a in sidecar.variants(name) if _text(a.get("run_config_sha256")) == sha]
-    if not variants:
-        return None
-    default = variant_id(params_json(canonical_params(get(name), {})))
-    ids = [v for v, _ in variants]
-    if default in ids:
-        chosen = default
-    else:
-        chosen = max(variants, key=lambda va: _text(va[1].get("updated", "")))[0]
-    return sidecar.read(name, chosen)
-
-
-def _text(x: Any) -> Any:
-    return x.decode() if isinstance(x, bytes) else x
-
-
-def hidden_site(keys: Sequence[str], prefix: str) -> str | None:
-    """The site of the last hidden representation among `prefix@SITE` value names: the highest
-    blocks.{l}.hook_resid_post, else the highest layers.{i}.hook_post, else the first site."""
-    sites = [k[len(prefix) + 1:] for k in keys if k.startswith(prefix + "@")]
-    if not sites:
-        return None
-    for pattern in (r"blocks\.(\d+)\.hook_resid_post", r"layers\.(\d+)\.hook_post"):
-        hits = [(int(m.group(1)), s) for s in sites if (m := re.fullmatch(pattern, s))]
-        if hits:
-            return max(hits)[1]
-    return sites[0]
-
-
-def measure_key(measure: Measure, keys: Sequence[str]) -> str | None:
-    if "{site}" not in measure.value:
-        return measure.value if measure.value in keys else None
-    prefix = measure.value.split("@", 1)[0]
-    site = hidden_site(keys, prefix)
-    return None if site is None else measure.value.format(site=site)
-
-
-def reduce_value(value: Any, how: str) -> float | None:
-    a = np.asarray(value, dtype=float)
-    if a.size == 0:
-        return None
-    v = float(a.reshape(-1)[0]) if how == "first" else float(a.mean()) if how == "mean" else float(a.reshape(-1)[0])
-    return v if math.isfinite(v) else None
-
-
-def read_measures(run: RunSummary) -> None:
-    """Fill run.values from the sidecar (missing stays None) and say what the sidecar holds."""
-    for name in ANALYSES_USED:
-        stored = stored_analysis(run.path, run.config, name)
-        if stored is None:
-            run.analysis_state[name] = "not stored"
-        else:
-            run.stored[name] = stored
-            run.analysis_state[name] = f"stored at {len(stored.steps)} checkpoint(s)"
-    for m in MEASURES:
-        run.values[m.key] = {ph: None for ph in PHASES}
-        stored = run.stored.get(m.analysis)
-        if stored is None:
-            continue
-        key = measure_key(m, list(stored.values))
-        if key is None:
-            continue
-        run.value_keys[m.key] = key
-        where = {s: i for i, s in enumerate(stored.steps)}
-        for ph in PHASES:
-            s = run.phase_steps[ph]
-            if s is not None and s in where:
-                run.values[m.key][ph] = reduce_value(stored.values[key][where[s]], m.reduce)
 
 
 # ---------------------------------------------------------------------- several runs
@@ -399,58 +256,6 @@ def variant_label(fields: dict[str, Any]) -> str:
     return " ".join(f"{k}={_fmt_value(v)}" for k, v in (changed or fields).items())
 
 
-# ---------------------------------------------------------------------- statistics
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None, None
-    a = np.asarray(vals, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
-
-
-def speedup(base: Sequence[RunSummary], runs: Sequence[RunSummary], level: float = CI_LEVEL) -> dict[str, Any]:
-    """T_base / T_runs: ratio of geometric means of grokking steps, Welch t-interval on logs."""
-    from scipy import stats
-
-    tb = [r.grok_time() for r in base]
-    tr = [r.grok_time() for r in runs]
-    out: dict[str, Any] = {"value": None, "ci": None, "bound": None, "ci_note": None, "method": SPEEDUP_METHOD}
-    if any(t is None or t <= 0 for t in tb + tr):
-        out["ci_note"] = "no evaluated grokking time"
-        return out
-    cb = any(r.grok_censored for r in base)
-    cr = any(r.grok_censored for r in runs)
-    if cb and cr:
-        out["ci_note"] = "censored on both sides"
-        return out
-    lb, lr = np.log(tb), np.log(tr)
-    diff = float(lb.mean() - lr.mean())
-    out["value"] = float(math.exp(diff))
-    if cb:
-        out["bound"] = "lower"
-        out["ci_note"] = "baseline censored: a lower bound"
-        return out
-    if cr:
-        out["bound"] = "upper"
-        out["ci_note"] = "censored seed(s): an upper bound"
-        return out
-    nb, nr = len(lb), len(lr)
-    if nb < 2 or nr < 2:
-        out["ci_note"] = "needs >= 2 seeds on both sides"
-        return out
-    vb, vr = float(lb.var(ddof=1)), float(lr.var(ddof=1))
-    se2 = vb / nb + vr / nr
-    if se2 == 0:
-        out["ci"] = [out["value"], out["value"]]
-        return out
-    df = se2 ** 2 / ((vb / nb) ** 2 / (nb - 1) + (vr / nr) ** 2 / (nr - 1))
-    t = float(stats.t.ppf(0.5 + level / 2, df))
-    half = t * math.sqrt(se2)
-    out["ci"] = [math.exp(diff - half), math.exp(diff + half)]
-    out["df"] = df
-    return out
-
-
 # ---------------------------------------------------------------------- the comparison
 @dataclass
 class Comparison:
@@ -525,102 +330,21 @@ class Comparison:
             "notes": self.notes,
         }
 
-    # ------------------------------------------------------------------ text
+    # ------------------------------------------------------------------ text (analyses/compare_format.py)
     def core_cells(self) -> tuple[list[str], list[list[str]]]:
-        """The headline table: variant, runs, memorized, grokked, gap, speed-up."""
-        head = ["variant", "n" if self.grouped else "run", "memorized", "grokked", "gap"]
-        if self.baseline is not None:
-            head.append(f"speed-up [{int(CI_LEVEL * 100)}% CI]")
-        body = []
-        for g, row in zip(self.groups, self.rows()):
-            cells = [g.label, str(g.n) if self.grouped else g.runs[0].name,
-                     fmt_steps(g, "memorization"), fmt_steps(g, "grokking"), fmt_gap(row["gap"], g)]
-            if self.baseline is not None:
-                cells.append(fmt_speedup(row["speedup"]))
-            body.append(cells)
-        return head, body
+        return compare_format.core_cells(self)
 
     def analysis_cells(self) -> tuple[list[str], list[list[str]]]:
-        """One row per (measure, row of the comparison); the measure named on its first row only."""
-        head = ["measure", "variant", "at memorization", "at grokking", "at end"]
-        body = []
-        rows = self.rows()
-        for m in self.measures_present():
-            for i, (g, row) in enumerate(zip(self.groups, rows)):
-                name = g.runs[0].name
-                label = g.label if self.grouped or g.label == name else f"{g.label} ({name})"
-                body.append([m.label if i == 0 else "", label]
-                            + [fmt_measure(row["analyses"][m.key][ph]) for ph in PHASES])
-        return head, body
+        return compare_format.analysis_cells(self)
 
     def missing_measures(self) -> list[tuple[Measure, str]]:
-        present = {m.key for m in self.measures_present()}
-        out = []
-        for m in MEASURES:
-            if m.key in present:
-                continue
-            states = {r.analysis_state.get(m.analysis, "not stored") for g in self.groups for r in g.runs}
-            why = (f"analysis '{m.analysis}' not stored for any run" if states == {"not stored"} else
-                   f"analysis '{m.analysis}' stored, but not at the memorization / grokking / last checkpoints")
-            out.append((m, why))
-        return out
+        return compare_format.missing_measures(self)
 
     def format_table(self) -> str:
-        lines = [f"grokking threshold {self.threshold:g} (first evaluation with train / test accuracy >= it); "
-                 + ("rows are groups of seeds (mean ± std)" if self.grouped else "one row per run")]
-        head, body = self.core_cells()
-        lines += text_table(head, body)
-        if self.baseline is not None:
-            lines.append(f"speed-up = grokking step of '{self.baseline.label}' / the row's: {SPEEDUP_METHOD}")
-        if any(r.grok_censored or r.mem_censored for g in self.groups for r in g.runs):
-            lines.append("> N: never reached the threshold by step N (censored); a group's mean then counts N, a lower bound")
-        head, body = self.analysis_cells()
-        if body:
-            lines.append("")
-            lines.append("stored analyses at memorization / grokking (a checkpoint less than one evaluation "
-                         "interval from the step) and at the last checkpoint (— = no such checkpoint or not "
-                         "stored there, reasons below; n/a = never reached; (k/n) = k of the n seeds have it)")
-            lines += text_table(head, body)
-        far = sorted({f"{r.name}: {note}" for g in self.groups for r in g.runs for ph, note in r.phase_notes.items()
-                      if not note.startswith("never")})
-        if far and body:
-            lines += [f"no phase value: {n}" for n in far]
-        missing = self.missing_measures()
-        if missing:
-            lines.append("")
-            lines.append("missing: " + "; ".join(f"{m.label} ({why})" for m, why in missing)
-                         + " — `groklens analyze RUN.h5` or `groklens compare --analyze` computes them")
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return compare_format.format_table(self)
 
     def to_csv(self) -> str:
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        head = ["variant", "n", "runs", "seeds", "memorization_step_mean", "memorization_step_std",
-                "memorization_censored", "grokking_step_mean", "grokking_step_std", "grokking_censored",
-                "grokking_steps", "gap_mean", "gap_std", "gap_lower_bound"]
-        if self.baseline is not None:
-            head += ["speedup", "speedup_ci_low", "speedup_ci_high", "speedup_bound", "speedup_note"]
-        for m in MEASURES:
-            for ph in PHASES:
-                head += [f"{m.key}@{ph}_mean", f"{m.key}@{ph}_std", f"{m.key}@{ph}_n"]
-        w.writerow(head)
-        for g, row in zip(self.groups, self.rows()):
-            ms, gs, gp = row["memorization_step"], row["grokking_step"], row["gap"]
-            grok_list = ";".join(str(s) if s is not None else f">{c}" for s, c in zip(gs["values"], gs["censored_at"]))
-            cells = [g.label, g.n, ";".join(row["runs"]), ";".join(map(str, row["seeds"])),
-                     _c(ms["mean"]), _c(ms["std"]), ms["censored"], _c(gs["mean"]), _c(gs["std"]), gs["censored"],
-                     grok_list, _c(gp["mean"]), _c(gp["std"]), int(gp["lower_bound"])]
-            if self.baseline is not None:
-                sp = row["speedup"]
-                ci = sp["ci"] or [None, None]
-                cells += [_c(sp["value"]), _c(ci[0]), _c(ci[1]), sp["bound"] or "", sp["ci_note"] or ""]
-            for m in MEASURES:
-                for ph in PHASES:
-                    a = row["analyses"][m.key][ph]
-                    cells += [_c(a["mean"]), _c(a["std"]), a["n"]]
-            w.writerow(cells)
-        return buf.getvalue()
+        return compare_format.to_csv(self)
 
     def format(self, fmt: str) -> str:
         if fmt == "table":
@@ -647,14 +371,6 @@ def _missing_reason(runs: Sequence[RunSummary], m: Measure, phase: str) -> str |
     return "not stored at this checkpoint"
 
 
-def _c(x: Any) -> Any:
-    if x is None:
-        return ""
-    if isinstance(x, float):
-        return f"{x:.6g}"
-    return x
-
-
 def _plain(x: Any) -> Any:
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}
@@ -668,100 +384,22 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _step(x: float | None) -> str:
-    return "—" if x is None else f"{x:.0f}"
-
-
-def fmt_steps(g: Group, which: str) -> str:
-    """'1250', '> 8000' (censored), '1250 ± 120', or '>= 1800 ± 400 (1/3 censored)'."""
-    runs = g.runs
-    if which == "memorization":
-        vals = [r.memorization for r in runs]
-        cens = [r.mem_censored for r in runs]
-    else:
-        vals = [r.grokking for r in runs]
-        cens = [r.grok_censored for r in runs]
-    bounds = [r.last_step for r in runs]
-    if len(runs) == 1:
-        return _step(vals[0]) if not cens[0] else (f"> {bounds[0]}" if bounds[0] is not None else "—")
-    k = sum(cens)
-    if k == len(runs):
-        lo = min(b for b in bounds if b is not None) if any(b is not None for b in bounds) else None
-        return f"> {lo} (all {k} censored)" if lo is not None else "—"
-    times = [v if not c else b for v, c, b in zip(vals, cens, bounds)]
-    mean, std = mean_std(times)
-    text = f"{mean:.0f} ± {std:.0f}"
-    return f">= {text} ({k}/{len(runs)} censored)" if k else text
-
-
-def fmt_gap(gap: dict, g: Group) -> str:
-    if gap["mean"] is None:
-        return "—"
-    text = f"{gap['mean']:.0f}" if g.n == 1 else f"{gap['mean']:.0f} ± {gap['std']:.0f}"
-    return ("> " if g.n == 1 else ">= ") + text if gap["lower_bound"] else text
-
-
-def fmt_speedup(sp: dict | None) -> str:
-    if sp is None:
-        return ""
-    if sp.get("ci_note") == "baseline":
-        return "1 (baseline)"
-    if sp["value"] is None:
-        return f"n/a ({sp['ci_note']})"
-    sign = {"lower": ">= ", "upper": "<= "}.get(sp["bound"] or "", "")
-    text = f"{sign}{sp['value']:.2f}x"
-    if sp["ci"] is not None:
-        return f"{text} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}]"
-    return f"{text} (CI n/a: {sp['ci_note']})"
-
-
-def fmt_number(v: float) -> str:
-    a = abs(v)
-    if a != 0 and (a < 1e-3 or a >= 1e5):
-        return f"{v:.2e}"
-    return f"{v:.3g}" if a < 100 else f"{v:.0f}"
-
-
-def fmt_measure(cell: dict) -> str:
-    if cell["mean"] is None:
-        return "n/a" if cell["missing"] in ("never grokked", "never memorized") else "—"
-    text = fmt_number(cell["mean"])
-    total = len(cell["values"])
-    if total > 1:
-        text += f" ± {fmt_number(cell['std'])}"
-        if cell["n"] < total:
-            text += f" ({cell['n']}/{total})"
-    return text
-
-
-def text_table(head: list[str], body: list[list[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-    return [line(head), line(["-" * w for w in widths]), *[line(r) for r in body]]
-
-
 # ---------------------------------------------------------------------- entry points
 def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = None, *,
-                    progress: bool = False) -> list[str]:
+                    threshold: float = 0.95, progress: bool = False) -> list[str]:
     """Compute the asked analyses (default: those the comparison shows) at each run's memorization,
     grokking and last checkpoints where the sidecar lacks them; returns notes on skipped ones."""
     from groklens.analyses.registry import get
-    from groklens.analyses.runner import compute_many
+    from groklens.analyses.runner import analyze_runs
 
     names = list(dict.fromkeys(metrics or ANALYSES_USED))
     for n in names:
         get(n)  # unknown -> BadInput before anything is computed
         if n not in ANALYSES_USED:
             raise BadInput(f"compare shows {', '.join(ANALYSES_USED)}; {n!r} is not one of them")
-    notes: list[str] = []
+    notes = analyze_runs([r.path for r in runs], [(n, {}) for n in names], checkpoints="phases",
+                         threshold=threshold, skip_inapplicable=metrics is None, progress=progress)
     for r in runs:
-        steps = sorted({s for s in r.phase_steps.values() if s is not None})
-        if not steps:
-            continue
-        skipped: list[str] = []
-        compute_many(r.path, [(n, {}) for n in names], steps=steps, progress=progress,
-                     notes=skipped if metrics is None else None)
-        notes += [f"{r.name}: {s}" for s in skipped]
         r.stored.clear()
         r.analysis_state.clear()
         read_measures(r)
@@ -784,7 +422,7 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
     runs = load_runs(paths, threshold)
     groups_by = parse_group_by(group_by, runs)
     if analyze:
-        notes += compute_missing(runs, metrics, progress=progress)
+        notes += compute_missing(runs, metrics, threshold=threshold, progress=progress)
     groups = make_groups(runs, groups_by)
     base = None
     if baseline is not None:

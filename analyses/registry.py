@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,8 +33,11 @@ class Analysis:
     check: Callable[..., Any] | None = None
     needs_init: bool = False  # func takes init_params= (the step-0 checkpoint)
     needs_step: bool = False  # func takes step= (the checkpoint's step, e.g. to seed its probes)
-    in_default_set: bool = True  # computed by `groklens analyze` when no --metric is given
+    in_default_set: bool = True  # in the default set (default_names()): what analyze, report and demo compute
     tasks: tuple[str, ...] | None = None  # the tasks it applies to (None: all)
+    # overrides of `defaults` for a cheap first look (`groklens demo`), where the default costs
+    # much more than it tells there
+    cheap_params: dict[str, Any] = field(default_factory=dict)
 
 
 # keyword arguments of an analysis function that are plumbing, not parameters of the measure
@@ -84,7 +87,8 @@ def _load_builtins() -> None:
     ANALYSES.register("rank")(Analysis(
         "rank", rank.effective_rank, signature_defaults(rank.effective_rank),
         "effective rank (Roy-Vetterli, RankMe, participation ratio) of hook sites and weights",
-        check=rank.check))
+        # an SVD of every weight matrix at every checkpoint: the demo's figures show the sites only
+        check=rank.check, cheap_params={"weights": []}))
     ANALYSES.register("radial")(Analysis(
         "radial", radial.radial, signature_defaults(radial.radial),
         "activation radius ||h||/sqrt(d) and radial gradient energy rho vs the 1/d baseline",
@@ -112,9 +116,18 @@ def names() -> list[str]:
     return ANALYSES.names()
 
 
-def default_names() -> list[str]:
+def default_names(among: Iterable[str] | None = None) -> list[str]:
+    """The default analysis set (the one place it is decided: `in_default_set`), by name;
+    `among`: only those a caller can use (e.g. what the comparison and the report show)."""
     _load_builtins()
-    return [n for n in ANALYSES.names() if ANALYSES.get(n).in_default_set]
+    keep = None if among is None else set(among)
+    return [n for n in ANALYSES.names() if ANALYSES.get(n).in_default_set and (keep is None or n in keep)]
+
+
+def default_requests(among: Iterable[str] | None = None, *, cheap: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """(name, parameters) of the default set (see default_names): the default parameters, or with
+    `cheap` each analysis's cheap_params."""
+    return [(n, dict(get(n).cheap_params) if cheap else {}) for n in default_names(among)]
 
 
 def _plain(value: Any, where: str) -> Any:

@@ -12,6 +12,7 @@ that is still being trained can be analyzed.
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -155,7 +156,7 @@ def compute(trajectory, name: str, *, steps: Sequence[int] | None = None, every:
 def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, steps: Sequence[int] | None = None,
                  every: int | None = None, recompute: bool = False, store: bool = True, progress: bool = False,
                  notes: list[str] | None = None, commit_seconds: float = COMMIT_SECONDS) -> dict[str, AnalysisResult]:
-    """Several analyses in one pass over the checkpoints (each model is loaded once).
+    """Several analyses in one pass over the checkpoints of one run (each model is loaded once).
 
     With a `notes` list, analyses that do not apply to this run are skipped and explained there
     instead of raising BadInput (what `groklens analyze` does for its default set).
@@ -172,11 +173,33 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
         a = get(name)
         p = canonical_params(a, params)
         jobs.append(_Job(a, p, params_json(p)))
-
-    # ---- validate everything before computing or writing anything
-    cfg = traj.config
-    config_json = json.dumps(traj.config_dict, sort_keys=True)
     data = traj.dataset()
+    chosen, model0, jobs = _validate(traj, jobs, data, steps, every, notes)  # before anything is written
+    step_jobs = [j for j in jobs if j.analysis.kind == "step"]
+    init = None
+    if any(j.analysis.needs_init for j in step_jobs):
+        if 0 not in set(int(s) for s in traj.steps):
+            raise BadInput(f"{traj.path}: no checkpoint at step 0, so distance from initialisation is undefined")
+        init = traj.params(0)
+    sidecar = Sidecar(traj.path, traj.copy or 0)  # copy m >= 1 of a routed run keeps its own sidecar
+    sidecar.check()
+    _reuse_stored(sidecar, jobs, chosen, json.dumps(traj.config_dict, sort_keys=True), recompute)
+    results = _run_level(traj, sidecar, jobs, store)
+    _step_level(traj, sidecar, step_jobs, chosen, model0, data, init, store=store, progress=progress,
+                commit_seconds=commit_seconds)
+    for j in step_jobs:
+        keys = list(j.have[chosen[0]]) if chosen else []
+        results[j.name] = AnalysisResult(
+            j.name, j.params, "step", list(chosen), {k: [j.have[s][k] for s in chosen] for k in keys},
+            computed_steps=sorted(j.computed), reused_steps=[s for s in chosen if s not in set(j.computed)],
+        )
+    return {n: results[n] for n in names if n in results}
+
+
+def _validate(traj, jobs: list[_Job], data, steps, every, notes: list[str] | None):
+    """(chosen steps, model at the first, the jobs that apply): BadInput, or with a `notes` list a
+    note per analysis that does not apply to this run, before anything is computed or written."""
+    cfg = traj.config
     step_jobs = [j for j in jobs if j.analysis.kind == "step"]
     chosen = select_steps(traj.steps, steps, every) if step_jobs else []
     model0 = traj.model(chosen[0]) if step_jobs else None
@@ -194,15 +217,11 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
             notes.append(f"skipped {j.name}: {exc}")
             continue
         kept.append(j)
-    jobs = kept
-    step_jobs = [j for j in jobs if j.analysis.kind == "step"]
-    init = None
-    if any(j.analysis.needs_init for j in step_jobs):
-        if 0 not in set(int(s) for s in traj.steps):
-            raise BadInput(f"{traj.path}: no checkpoint at step 0, so distance from initialisation is undefined")
-        init = traj.params(0)
-    sidecar = Sidecar(traj.path, traj.copy or 0)  # copy m >= 1 of a routed run keeps its own sidecar
-    sidecar.check()
+    return chosen, model0, kept
+
+
+def _reuse_stored(sidecar: Sidecar, jobs: list[_Job], chosen: list[int], config_json: str, recompute: bool) -> None:
+    """Each job's identity, its stored rows at the chosen steps (unless recompute) and what is left to do."""
     for j in jobs:
         j.attrs = identity_attrs(j.name, j.params_json, config_json, j.analysis.kind)
         j.variant = variant_id(j.params_json)
@@ -212,8 +231,10 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
                 j.have = {s: r for s, r in stored.rows().items() if s in set(chosen)}
         j.todo = [s for s in chosen if s not in j.have] if j.analysis.kind == "step" else []
 
+
+def _run_level(traj, sidecar: Sidecar, jobs: list[_Job], store: bool) -> dict[str, AnalysisResult]:
+    """Run-level analyses: cheap, always recomputed from the committed metrics."""
     results: dict[str, AnalysisResult] = {}
-    # ---- run-level analyses: cheap, always recomputed from the committed metrics
     for j in jobs:
         if j.analysis.kind != "run":
             continue
@@ -226,8 +247,12 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
             sidecar.commit(j.name, j.variant, j.attrs, {last: values}, replace=True)
         results[j.name] = AnalysisResult(j.name, j.params, "run", [last], {k: [v] for k, v in values.items()},
                                          computed_steps=[last])
+    return results
 
-    # ---- per-checkpoint analyses
+
+def _step_level(traj, sidecar: Sidecar, step_jobs: list[_Job], chosen: list[int], model0, data, init, *,
+                store: bool, progress: bool, commit_seconds: float) -> None:
+    """Per-checkpoint analyses at the steps some job lacks, committed every commit_seconds."""
     def flush() -> None:
         for j in step_jobs:
             if j.pending:
@@ -244,21 +269,10 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
         for s in todo_steps:
             model = model0 if s == chosen[0] else traj.model(s)
             for j in step_jobs:
-                if s not in j.todo:
-                    continue
-                bar.set_postfix_str(f"{j.name} @ step {s}", refresh=False)
-                kwargs = dict(j.params)
-                if "loss" in kwargs and kwargs["loss"] is None:  # the loss the run trained with
-                    kwargs["loss"] = getattr(cfg, "loss", "ce")
-                if j.analysis.needs_init:
-                    kwargs["init_params"] = init
-                if j.analysis.needs_step:
-                    kwargs["step"] = int(s)
-                values = _normalise(j.analysis.func(model, data, **kwargs), j.name)
-                j.have[s] = values
-                j.pending[s] = values
-                j.computed.append(s)
-                bar.update(1)
+                if s in j.todo:
+                    bar.set_postfix_str(f"{j.name} @ step {s}", refresh=False)
+                    _compute_one(j, model, data, init, s, traj.config)
+                    bar.update(1)
             if store and time.monotonic() - last_commit >= commit_seconds:
                 flush()
                 last_commit = time.monotonic()
@@ -275,13 +289,106 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
         bar.close()
     if store:
         flush()
-    for j in step_jobs:
-        keys = list(j.have[chosen[0]]) if chosen else []
-        results[j.name] = AnalysisResult(
-            j.name, j.params, "step", list(chosen), {k: [j.have[s][k] for s in chosen] for k in keys},
-            computed_steps=sorted(j.computed), reused_steps=[s for s in chosen if s not in set(j.computed)],
-        )
-    return {n: results[n] for n in names if n in results}
+
+
+def _compute_one(j: _Job, model, data, init, step: int, cfg) -> None:
+    kwargs = dict(j.params)
+    if "loss" in kwargs and kwargs["loss"] is None:  # the loss the run trained with
+        kwargs["loss"] = getattr(cfg, "loss", "ce")
+    if j.analysis.needs_init:
+        kwargs["init_params"] = init
+    if j.analysis.needs_step:
+        kwargs["step"] = int(step)
+    values = _normalise(j.analysis.func(model, data, **kwargs), j.name)
+    j.have[step] = values
+    j.pending[step] = values
+    j.computed.append(step)
+
+
+# ---------------------------------------------------------------------- several runs
+def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
+    """The checkpoints of `traj` that `spec` names: '+'-joined parts, each 'all', 'end' (the last
+    checkpoint), 'phases' (those standing for memorization, grokking and the end, see
+    analyses/phases.py), 'every:N' (every N-th, plus the last) or 'about:N' (about N spread
+    along, plus the last)."""
+    available = [int(s) for s in traj.steps]
+    out: set[int] = set()
+    for part in str(spec).split("+"):
+        kind, _, n = part.strip().partition(":")
+        if kind == "all":
+            out |= set(available)
+        elif kind == "end":
+            out |= set(available[-1:])
+        elif kind == "phases":
+            from groklens.analyses.phases import run_phases
+
+            out |= set(run_phases(traj, threshold).checkpoint_steps())
+        elif kind in ("every", "about") and n.isdigit() and int(n) >= 1:
+            every = int(n) if kind == "every" else max(1, len(available) // int(n))
+            out |= set(select_steps(available, every=every)) if available else set()
+        else:
+            raise ValueError(f"checkpoint choice {part!r} is not all, end, phases, every:N or about:N")
+    return sorted(out)
+
+
+def analyze_runs(paths: Sequence[str | Path], requests: Sequence[tuple], *, checkpoints: str = "all",
+                 threshold: float = 0.95, workers: int = 1, skip_inapplicable: bool = True,
+                 progress: bool = False) -> list[str]:
+    """Analyses of several runs, each at chosen checkpoints, kept in each run's sidecar (what
+    demo, reproduce, compare --analyze and report --analyze do); returns notes 'RUN.h5: ...'.
+
+    `requests`: (name, params) computed at `checkpoints`, or (name, params, checkpoints) with
+    their own choice (see choose_checkpoints; 'phases' uses `threshold`). Requests that share a
+    choice run in one pass over the checkpoints. `skip_inapplicable`: an analysis that does not
+    apply to a run is a note, else BadInput. `workers` > 1: one process per run at a time.
+    """
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for req in requests:
+        groups.setdefault(str(req[2]) if len(req) > 2 else checkpoints, []).append((req[0], dict(req[1])))
+    tasks = [dict(path=str(p), groups=groups, threshold=threshold, skip=skip_inapplicable,
+                  progress=progress and workers <= 1) for p in paths]
+    if workers <= 1 or len(tasks) <= 1:
+        return [n for t in tasks for n in _analyze_one(t)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    notes: list[str] = []
+    ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+    with tqdm(total=len(tasks), disable=not progress, unit="run", desc="analyze", dynamic_ncols=True) as bar, \
+            ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        for n in pool.map(_analyze_one, tasks):
+            notes += n
+            bar.update(1)
+    return notes
+
+
+def _analyze_one(task: dict[str, Any]) -> list[str]:
+    """One run of analyze_runs (in this process or a worker)."""
+    from groklens.checkpoints import Trajectory
+
+    if _in_worker():
+        import torch
+
+        torch.set_num_threads(1)  # one run per core
+    traj = Trajectory(task["path"])
+    notes: list[str] = []
+    for spec, requests in task["groups"].items():
+        steps = choose_checkpoints(traj, spec, task["threshold"])
+        if not steps:
+            continue
+        skipped: list[str] = []
+        compute_many(traj, requests, steps=steps, progress=task["progress"],
+                     notes=skipped if task["skip"] else None)
+        notes += [f"{Path(task['path']).name}: {n}" for n in skipped]
+    return notes
+
+
+def _in_worker() -> bool:
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
 
 
 # ---------------------------------------------------------------------- the CLI's entry points

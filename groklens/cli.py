@@ -414,9 +414,9 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
 @cli.command()
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default="demo-out", show_default=True,
               help="Directory for the runs (OUT/runs) and the report (OUT/report).")
-@click.option("--scale", type=click.Choice(["laptop", "paper", "smoke"]), default="laptop", show_default=True,
-              help="laptop: small task on CPU, minutes; paper: the canonical p=113 setup (for a GPU); "
-                   "smoke: a tiny pipeline check (CI).")
+@click.option("--scale", metavar="quick|paper|smoke", default="quick", show_default=True,
+              help="quick: small task on CPU, minutes; paper: the canonical p=113 setup (for a GPU); "
+                   "smoke: a tiny pipeline check (CI). The names of `reproduce --scale`.")
 @click.option("--force", is_flag=True, help="Train again over demo runs already in OUT/runs.")
 @click.option("--workers", type=int, default=None, help="Runs trained / analyzed at once (default: the CPU cores).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")

@@ -5,8 +5,8 @@ transformer and an activation-norm-regularized one on one small modular-addition
 seeds each, analyzes them (a cheap subset of measures), prints the comparison table and writes
 the report.
 
-Scales (`--scale`):
-  laptop (default)  the small task below, on CPU; chosen by measurement so that the standard
+Scales (`--scale`, the names `reproduce` uses too):
+  quick (default)   the small task below, on CPU; chosen by measurement so that the standard
                     model groks visibly late and the other three early (docs/CLI.md gives the
                     numbers measured while choosing it)
   paper             the canonical p=113 setup (Nanda et al.; 30% of pairs, d_model 128, 4 heads,
@@ -44,52 +44,58 @@ BASELINE = "standard"
 
 
 @dataclass
-class Scale:
+class DemoScale:
+    """One demo scale (the experiments' Scale, groklens/experiments/core.py, is another thing)."""
+
     base: dict[str, Any]
     seeds: list[int]
-    analyses: list[tuple[str, dict[str, Any]]]  # computed at every `analyze_every`-th checkpoint
-    analyze_every: int
+    analyze_every: int  # the cheap analyses (cheap_analyses()) at every analyze_every-th checkpoint
     # costlier ones: at every `sparse_every`-th checkpoint and at memorization, grokking and the end
     sparse_analyses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     sparse_every: int = 4
     note: str = ""
 
 
-_CHEAP = [("fourier", {}), ("attention", {}), ("rank", {"weights": []}), ("radial", {})]
+def cheap_analyses() -> list[tuple[str, dict[str, Any]]]:
+    """The default analysis set (analyses/registry.py) that the comparison and the report show,
+    each with its cheap parameters: the demo has minutes, not hours."""
+    from groklens.analyses.compare import ANALYSES_USED
+    from groklens.analyses.registry import default_requests
 
-SCALES: dict[str, Scale] = {
-    "laptop": Scale(
+    return default_requests(ANALYSES_USED, cheap=True)
+
+
+SCALES: dict[str, DemoScale] = {
+    "quick": DemoScale(
         base=dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, lr=3e-3,
                   weight_decay=1.0, steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4,
                   device="cpu"),
         seeds=[1, 2, 3],
-        analyses=_CHEAP,
         analyze_every=2,
         # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
         sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 10})],
         sparse_every=10,
         note="p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU",
     ),
-    "paper": Scale(
+    "paper": DemoScale(
         base=dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3,
                   weight_decay=1.0, steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10,
                   device="auto"),
         seeds=[1, 2, 3],
-        analyses=_CHEAP,
         analyze_every=2,
         sparse_analyses=[("sharpness", {"top_k": 3, "trace_samples": 30})],
         note="the canonical p=113 setup (Nanda et al. 2023), meant for a GPU",
     ),
-    "smoke": Scale(
+    "smoke": DemoScale(
         base=dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3,
                   weight_decay=1.0, steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
         seeds=[1, 2],
-        analyses=_CHEAP,
         analyze_every=1,
         sparse_analyses=[("sharpness", {"top_k": 1, "trace_samples": 4})],
         note="a tiny pipeline check (does not grok)",
     ),
 }
+RENAMED_SCALES = {"laptop": "quick"}  # old spelling -> name: refused with a hint
 
 
 @dataclass
@@ -102,7 +108,7 @@ class DemoResult:
     missing: list[tuple[str, str]]
 
 
-def run_names(scale: Scale) -> list[tuple[str, str, dict[str, Any]]]:
+def run_names(scale: DemoScale) -> list[tuple[str, str, dict[str, Any]]]:
     """(variant, run name, config dict) for every run of the demo."""
     out = []
     for variant, over in VARIANTS.items():
@@ -111,7 +117,7 @@ def run_names(scale: Scale) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force: bool = False,
+def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "quick", force: bool = False,
              workers: int | None = None, fmt: str = "png", progress: bool = True,
              echo: Callable[[str], None] = print) -> DemoResult:
     """Train, analyze, compare and report (see the module docstring); returns where it all is."""
@@ -119,8 +125,10 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
     from groklens.trainers.sweeps import RunSpec, error_path, run_path
 
     t0 = time.perf_counter()
+    if scale in RENAMED_SCALES:
+        raise BadInput(f"--scale {scale} is now called {RENAMED_SCALES[scale]} (the scale names of `reproduce`)")
     if scale not in SCALES:
-        raise BadInput(f"--scale must be one of laptop, paper, smoke; got {scale!r}")
+        raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
     sc = SCALES[scale]
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -170,7 +178,7 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
 
     # 2. analyze: the cheap measures along the trajectory, sharpness at memorization/grokking/end
     t_an = time.perf_counter()
-    analyze_runs(paths, sc, n_workers, progress=progress)
+    analyze_demo_runs(paths, sc, n_workers, progress=progress)
     echo(f"analyzed in {time.perf_counter() - t_an:.0f} s")
 
     # 3. compare and report
@@ -191,51 +199,11 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "laptop", force:
     return DemoResult(out, paths, result.index, table, wall, result.missing)
 
 
-def _analyze_one(task: dict) -> list[str]:
-    """One run's analyses (a worker process): cheap ones along the trajectory, the phase ones at
-    the memorization, grokking and last checkpoints."""
-    import torch
+def analyze_demo_runs(paths: list[Path], sc: DemoScale, workers: int, progress: bool = True) -> list[str]:
+    """The cheap analyses along each run, the costly ones sparser; both at the memorization,
+    grokking and last checkpoints too."""
+    from groklens.analyses.runner import analyze_runs
 
-    from groklens.analyses.compare import load_run
-    from groklens.analyses.runner import compute_many, select_steps
-    from groklens.checkpoints import Trajectory
-
-    torch.set_num_threads(1)
-    path = task["path"]
-    traj = Trajectory(path)
-    steps = select_steps(traj.steps, every=task["every"])
-    run = load_run(path)
-    phases = sorted({s for s in run.phase_steps.values() if s is not None})
-    notes: list[str] = []
-    compute_many(traj, [tuple(a) for a in task["analyses"]], steps=sorted(set(steps) | set(phases)), notes=notes)
-    if task["sparse_analyses"]:
-        sparse = select_steps(traj.steps, every=task["sparse_every"])
-        compute_many(traj, [tuple(a) for a in task["sparse_analyses"]], steps=sorted(set(sparse) | set(phases)),
-                     notes=notes)
-    return [f"{Path(path).name}: {n}" for n in notes]
-
-
-def analyze_runs(paths: list[Path], sc: Scale, workers: int, progress: bool = True) -> list[str]:
-    tasks = [{"path": str(p), "every": sc.analyze_every, "analyses": sc.analyses,
-              "sparse_analyses": sc.sparse_analyses, "sparse_every": sc.sparse_every} for p in paths]
-    from tqdm.auto import tqdm
-
-    notes: list[str] = []
-    bar = tqdm(total=len(tasks), disable=not progress, unit="run", desc="analyze", dynamic_ncols=True)
-    try:
-        if workers <= 1:
-            for t in tasks:
-                notes += _analyze_one(t)
-                bar.update(1)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                for n in pool.map(_analyze_one, tasks):
-                    notes += n
-                    bar.update(1)
-    finally:
-        bar.close()
-    return notes
+    requests = [(n, p, f"every:{sc.analyze_every}+phases") for n, p in cheap_analyses()]
+    requests += [(n, p, f"every:{sc.sparse_every}+phases") for n, p in sc.sparse_analyses]
+    return analyze_runs(paths, requests, workers=workers, progress=progress)

@@ -331,32 +331,15 @@ def _run_wall(arms: dict[str, list[Any]]) -> str:
             f"{_fmt_duration(max(walls))}; {'/'.join(devices)})")
 
 
-def _analyze(exp: Experiment, sc: Scale, scale: str, paths: list[Path], progress: bool) -> list[str]:
-    from groklens.analyses.compare import load_run
-    from groklens.analyses.runner import compute_many, select_steps
-    from groklens.checkpoints import Trajectory
+# an experiment's analysis places (Experiment.analyses) -> analyses/runner.choose_checkpoints
+_WHERE = {"end": "end", "phases": "phases", "every": "about:20+phases"}
 
-    requests = exp.analyses(sc, scale)
-    notes: list[str] = []
-    if not requests:
-        return notes
-    for p in paths:
-        traj = Trajectory(p)
-        run = load_run(p)
-        phases = sorted({s for s in run.phase_steps.values() if s is not None})
-        end = [int(traj.steps[-1])]
-        for name, params, where in requests:
-            if where == "end":
-                steps = end
-            elif where == "phases":
-                steps = phases
-            else:  # "every": about 20 checkpoints along the run, plus the phases
-                every = max(1, len(traj.steps) // 20)
-                steps = sorted(set(select_steps(traj.steps, every=every)) | set(phases))
-            skipped: list[str] = []
-            compute_many(traj, [(name, params)], steps=steps, progress=progress, notes=skipped)
-            notes += [f"{p.name}: {s}" for s in skipped]
-    return notes
+
+def _analyze(exp: Experiment, sc: Scale, scale: str, paths: list[Path], progress: bool) -> list[str]:
+    from groklens.analyses.runner import analyze_runs
+
+    requests = [(name, params, _WHERE[where]) for name, params, where in exp.analyses(sc, scale)]
+    return analyze_runs(paths, requests, progress=progress) if requests else []
 
 
 def _json_default(x):

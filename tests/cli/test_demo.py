@@ -69,8 +69,18 @@ def test_demo_bad_input(tmp_path):
     assert proc.returncode == 2 and "is a file" in proc.stderr
     proc = groklens("demo", "-o", str(tmp_path / "d"), "--scale", "huge")
     assert proc.returncode == 2 and not (tmp_path / "d").exists()
+    # the old name of the quick scale: refused with a one-line hint, nothing written
+    proc = groklens("demo", "-o", str(tmp_path / "d"), "--scale", "laptop")
+    assert proc.returncode == 2 and not (tmp_path / "d").exists()
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "quick" in proc.stderr
     proc = groklens("demo", "-o", str(tmp_path / "no" / "such" / "dir"), "--scale", "smoke")
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_demo_scales_are_the_reproduce_scales():
+    from groklens.experiments.core import SCALES as REPRODUCE_SCALES
+
+    assert set(SCALES) == set(REPRODUCE_SCALES)
 
 
 def test_demo_scales_are_valid_configs():

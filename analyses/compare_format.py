@@ -1,0 +1,197 @@
+"""The comparison as text: the headline and analyses tables, CSV, and the cell formats
+(censored steps, mean ± std, speed-up with its interval) shared with the report and the
+experiments."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import TYPE_CHECKING, Any
+
+from groklens.analyses.measures import MEASURES, Measure
+from groklens.analyses.phases import PHASES
+from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std
+
+if TYPE_CHECKING:
+    from groklens.analyses.compare import Comparison, Group
+
+
+def core_cells(comp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The headline table: variant, runs, memorized, grokked, gap, speed-up."""
+    head = ["variant", "n" if comp.grouped else "run", "memorized", "grokked", "gap"]
+    if comp.baseline is not None:
+        head.append(f"speed-up [{int(CI_LEVEL * 100)}% CI]")
+    body = []
+    for g, row in zip(comp.groups, comp.rows()):
+        cells = [g.label, str(g.n) if comp.grouped else g.runs[0].name,
+                 fmt_steps(g, "memorization"), fmt_steps(g, "grokking"), fmt_gap(row["gap"], g)]
+        if comp.baseline is not None:
+            cells.append(fmt_speedup(row["speedup"]))
+        body.append(cells)
+    return head, body
+
+
+def analysis_cells(comp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """One row per (measure, row of the comparison); the measure named on its first row only."""
+    head = ["measure", "variant", "at memorization", "at grokking", "at end"]
+    body = []
+    rows = comp.rows()
+    for m in comp.measures_present():
+        for i, (g, row) in enumerate(zip(comp.groups, rows)):
+            name = g.runs[0].name
+            label = g.label if comp.grouped or g.label == name else f"{g.label} ({name})"
+            body.append([m.label if i == 0 else "", label]
+                        + [fmt_measure(row["analyses"][m.key][ph]) for ph in PHASES])
+    return head, body
+
+
+def missing_measures(comp: Comparison) -> list[tuple[Measure, str]]:
+    present = {m.key for m in comp.measures_present()}
+    out = []
+    for m in MEASURES:
+        if m.key in present:
+            continue
+        states = {r.analysis_state.get(m.analysis, "not stored") for g in comp.groups for r in g.runs}
+        why = (f"analysis '{m.analysis}' not stored for any run" if states == {"not stored"} else
+               f"analysis '{m.analysis}' stored, but not at the memorization / grokking / last checkpoints")
+        out.append((m, why))
+    return out
+
+
+def format_table(comp: Comparison) -> str:
+    lines = [f"grokking threshold {comp.threshold:g} (first evaluation with train / test accuracy >= it); "
+             + ("rows are groups of seeds (mean ± std)" if comp.grouped else "one row per run")]
+    head, body = core_cells(comp)
+    lines += text_table(head, body)
+    if comp.baseline is not None:
+        lines.append(f"speed-up = grokking step of '{comp.baseline.label}' / the row's: {SPEEDUP_METHOD}")
+    if any(r.grok_censored or r.mem_censored for g in comp.groups for r in g.runs):
+        lines.append("> N: never reached the threshold by step N (censored); a group's mean then counts N, a lower bound")
+    head, body = analysis_cells(comp)
+    if body:
+        lines.append("")
+        lines.append("stored analyses at memorization / grokking (a checkpoint less than one evaluation "
+                     "interval from the step) and at the last checkpoint (— = no such checkpoint or not "
+                     "stored there, reasons below; n/a = never reached; (k/n) = k of the n seeds have it)")
+        lines += text_table(head, body)
+    far = sorted({f"{r.name}: {note}" for g in comp.groups for r in g.runs for ph, note in r.phase_notes.items()
+                  if not note.startswith("never")})
+    if far and body:
+        lines += [f"no phase value: {n}" for n in far]
+    missing = missing_measures(comp)
+    if missing:
+        lines.append("")
+        lines.append("missing: " + "; ".join(f"{m.label} ({why})" for m, why in missing)
+                     + " — `groklens analyze RUN.h5` or `groklens compare --analyze` computes them")
+    lines += [f"note: {n}" for n in comp.notes]
+    return "\n".join(lines)
+
+
+def to_csv(comp: Comparison) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    head = ["variant", "n", "runs", "seeds", "memorization_step_mean", "memorization_step_std",
+            "memorization_censored", "grokking_step_mean", "grokking_step_std", "grokking_censored",
+            "grokking_steps", "gap_mean", "gap_std", "gap_lower_bound"]
+    if comp.baseline is not None:
+        head += ["speedup", "speedup_ci_low", "speedup_ci_high", "speedup_bound", "speedup_note"]
+    for m in MEASURES:
+        for ph in PHASES:
+            head += [f"{m.key}@{ph}_mean", f"{m.key}@{ph}_std", f"{m.key}@{ph}_n"]
+    w.writerow(head)
+    for g, row in zip(comp.groups, comp.rows()):
+        ms, gs, gp = row["memorization_step"], row["grokking_step"], row["gap"]
+        grok_list = ";".join(str(s) if s is not None else f">{c}" for s, c in zip(gs["values"], gs["censored_at"]))
+        cells = [g.label, g.n, ";".join(row["runs"]), ";".join(map(str, row["seeds"])),
+                 _c(ms["mean"]), _c(ms["std"]), ms["censored"], _c(gs["mean"]), _c(gs["std"]), gs["censored"],
+                 grok_list, _c(gp["mean"]), _c(gp["std"]), int(gp["lower_bound"])]
+        if comp.baseline is not None:
+            sp = row["speedup"]
+            ci = sp["ci"] or [None, None]
+            cells += [_c(sp["value"]), _c(ci[0]), _c(ci[1]), sp["bound"] or "", sp["ci_note"] or ""]
+        for m in MEASURES:
+            for ph in PHASES:
+                a = row["analyses"][m.key][ph]
+                cells += [_c(a["mean"]), _c(a["std"]), a["n"]]
+        w.writerow(cells)
+    return buf.getvalue()
+
+
+def _c(x: Any) -> Any:
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return x
+
+
+def _step(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0f}"
+
+
+def fmt_steps(g: Group, which: str) -> str:
+    """'1250', '> 8000' (censored), '1250 ± 120', or '>= 1800 ± 400 (1/3 censored)'."""
+    runs = g.runs
+    if which == "memorization":
+        vals = [r.memorization for r in runs]
+        cens = [r.mem_censored for r in runs]
+    else:
+        vals = [r.grokking for r in runs]
+        cens = [r.grok_censored for r in runs]
+    bounds = [r.last_step for r in runs]
+    if len(runs) == 1:
+        return _step(vals[0]) if not cens[0] else (f"> {bounds[0]}" if bounds[0] is not None else "—")
+    k = sum(cens)
+    if k == len(runs):
+        lo = min(b for b in bounds if b is not None) if any(b is not None for b in bounds) else None
+        return f"> {lo} (all {k} censored)" if lo is not None else "—"
+    times = [v if not c else b for v, c, b in zip(vals, cens, bounds)]
+    mean, std = mean_std(times)
+    text = f"{mean:.0f} ± {std:.0f}"
+    return f">= {text} ({k}/{len(runs)} censored)" if k else text
+
+
+def fmt_gap(gap: dict, g: Group) -> str:
+    if gap["mean"] is None:
+        return "—"
+    text = f"{gap['mean']:.0f}" if g.n == 1 else f"{gap['mean']:.0f} ± {gap['std']:.0f}"
+    return ("> " if g.n == 1 else ">= ") + text if gap["lower_bound"] else text
+
+
+def fmt_speedup(sp: dict | None) -> str:
+    if sp is None:
+        return ""
+    if sp.get("ci_note") == "baseline":
+        return "1 (baseline)"
+    if sp["value"] is None:
+        return f"n/a ({sp['ci_note']})"
+    sign = {"lower": ">= ", "upper": "<= "}.get(sp["bound"] or "", "")
+    text = f"{sign}{sp['value']:.2f}x"
+    if sp["ci"] is not None:
+        return f"{text} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}]"
+    return f"{text} (CI n/a: {sp['ci_note']})"
+
+
+def fmt_number(v: float) -> str:
+    a = abs(v)
+    if a != 0 and (a < 1e-3 or a >= 1e5):
+        return f"{v:.2e}"
+    return f"{v:.3g}" if a < 100 else f"{v:.0f}"
+
+
+def fmt_measure(cell: dict) -> str:
+    if cell["mean"] is None:
+        return "n/a" if cell["missing"] in ("never grokked", "never memorized") else "—"
+    text = fmt_number(cell["mean"])
+    total = len(cell["values"])
+    if total > 1:
+        text += f" ± {fmt_number(cell['std'])}"
+        if cell["n"] < total:
+            text += f" ({cell['n']}/{total})"
+    return text
+
+
+def text_table(head: list[str], body: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+    return [line(head), line(["-" * w for w in widths]), *[line(r) for r in body]]

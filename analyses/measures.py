@@ -1,0 +1,121 @@
+"""What the comparison reads from the sidecars: the measures (one number per checkpoint from a
+stored analysis), which stored variant of an analysis stands for a run, and the values of a run's
+measures at its memorization, grokking and last checkpoints (analyses/phases.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from groklens.analyses.phases import PHASES
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One number per checkpoint taken from a stored analysis."""
+
+    key: str  # column name in CSV / JSON
+    analysis: str  # registry name of the analysis that stores it
+    value: str  # stored value name; '{site}' is filled with the last hidden-representation site
+    label: str  # column label in the table
+    reduce: str = "scalar"  # scalar | first (value[0]) | mean (mean over layers)
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure("fve_neuron", "fourier", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
+    Measure("fve_ls", "fourier", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
+    Measure("fve_ls_top5", "fourier", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
+    Measure("attn_mass", "attention", "mass", "attention mass on informative tokens", "mean"),
+    Measure("hessian_top", "sharpness", "top_eigenvalues", "Hessian top eigenvalue", "first"),
+    Measure("hessian_trace", "sharpness", "trace", "Hessian trace (Hutchinson)"),
+    Measure("eff_rank", "rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)"),
+    Measure("radius", "radial", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
+    Measure("rho", "radial", "rho@{site}", "radial gradient energy rho"),
+    Measure("rho_baseline", "radial", "rho_baseline@{site}", "isotropic baseline of rho (1/d)"),
+)
+ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
+
+
+def stored_analysis(run_path: Path, config: dict, name: str):
+    """The stored results of analysis `name` for this run: the default parameter set when it is
+    stored, else the most recently updated one; only results of this run's config. None if none."""
+    from groklens.analyses.registry import canonical_params, get, params_json
+    from groklens.analyses.store import Sidecar, config_sha, variant_id
+
+    sidecar = Sidecar(run_path)
+    sha = config_sha(json.dumps(config, sort_keys=True))
+    variants = [(v, a) for v, a in sidecar.variants(name) if _text(a.get("run_config_sha256")) == sha]
+    if not variants:
+        return None
+    default = variant_id(params_json(canonical_params(get(name), {})))
+    ids = [v for v, _ in variants]
+    if default in ids:
+        chosen = default
+    else:
+        chosen = max(variants, key=lambda va: _text(va[1].get("updated", "")))[0]
+    return sidecar.read(name, chosen)
+
+
+def _text(x: Any) -> Any:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def hidden_site(keys: Sequence[str], prefix: str) -> str | None:
+    """The site of the last hidden representation among `prefix@SITE` value names: the highest
+    blocks.{l}.hook_resid_post, else the highest layers.{i}.hook_post, else the first site."""
+    sites = [k[len(prefix) + 1:] for k in keys if k.startswith(prefix + "@")]
+    if not sites:
+        return None
+    for pattern in (r"blocks\.(\d+)\.hook_resid_post", r"layers\.(\d+)\.hook_post"):
+        hits = [(int(m.group(1)), s) for s in sites if (m := re.fullmatch(pattern, s))]
+        if hits:
+            return max(hits)[1]
+    return sites[0]
+
+
+def measure_key(measure: Measure, keys: Sequence[str]) -> str | None:
+    if "{site}" not in measure.value:
+        return measure.value if measure.value in keys else None
+    prefix = measure.value.split("@", 1)[0]
+    site = hidden_site(keys, prefix)
+    return None if site is None else measure.value.format(site=site)
+
+
+def reduce_value(value: Any, how: str) -> float | None:
+    a = np.asarray(value, dtype=float)
+    if a.size == 0:
+        return None
+    v = float(a.reshape(-1)[0]) if how == "first" else float(a.mean()) if how == "mean" else float(a.reshape(-1)[0])
+    return v if math.isfinite(v) else None
+
+
+def read_measures(run) -> None:
+    """Fill run.values (a compare.RunSummary) from the sidecar (missing stays None) and say what the sidecar holds."""
+    for name in ANALYSES_USED:
+        stored = stored_analysis(run.path, run.config, name)
+        if stored is None:
+            run.analysis_state[name] = "not stored"
+        else:
+            run.stored[name] = stored
+            run.analysis_state[name] = f"stored at {len(stored.steps)} checkpoint(s)"
+    for m in MEASURES:
+        run.values[m.key] = {ph: None for ph in PHASES}
+        stored = run.stored.get(m.analysis)
+        if stored is None:
+            continue
+        key = measure_key(m, list(stored.values))
+        if key is None:
+            continue
+        run.value_keys[m.key] = key
+        where = {s: i for i, s in enumerate(stored.steps)}
+        for ph in PHASES:
+            s = run.phase_steps[ph]
+            if s is not None and s in where:
+                run.values[m.key][ph] = reduce_value(stored.values[key][where[s]], m.reduce)

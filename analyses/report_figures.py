@@ -1,0 +1,438 @@
+"""The report's figures: turns the comparison's runs (their metrics and stored analyses) into
+arrays and draws them with `groklens.analyses.figures` (which only draws). Means over seeds,
+neuron counts and checkpoint choices are made here. A figure is made only when its data exists;
+the others are listed with the reason."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from groklens.analyses import figures as F
+from groklens.analyses.compare import Comparison, Group, RunSummary, fmt_number, measure_key
+
+DPI = 110
+
+
+@dataclass
+class FigureSpec:
+    name: str
+    title: str
+    caption: str
+    figure: Any  # matplotlib Figure
+
+
+# ---------------------------------------------------------------------- series helpers
+def _positive(steps: np.ndarray, *arrays: np.ndarray):
+    keep = np.asarray(steps) > 0  # a log step axis has no step 0
+    return (np.asarray(steps)[keep], *[np.asarray(a)[keep] for a in arrays])
+
+
+def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """Mean of several (steps, values) series over the steps every series has; None if < 2."""
+    if len(series) < 2:
+        return None
+    common = set(np.asarray(series[0][0]).tolist())
+    for s, _ in series[1:]:
+        common &= set(np.asarray(s).tolist())
+    if not common:
+        return None
+    steps = np.array(sorted(common))
+    vals = []
+    for s, v in series:
+        idx = {int(x): i for i, x in enumerate(np.asarray(s).tolist())}
+        vals.append(np.asarray(v, dtype=float)[[idx[int(x)] for x in steps]])
+    return steps, np.nanmean(np.stack(vals), axis=0)
+
+
+def run_curves(run: RunSummary) -> F.RunCurves:
+    m = run.metrics
+    steps, tra, tea, trl, tel = _positive(m["step"], m["train_acc"], m["test_acc"], m["train_loss"], m["test_loss"])
+    return F.RunCurves(steps, tra, tea, trl, tel, grok_step=run.grokking, label=run.name)
+
+
+def variant_curves(groups: Sequence[Group], colours: Sequence[str]) -> list[F.VariantCurves]:
+    out = []
+    for g, c in zip(groups, colours):
+        runs = [run_curves(r) for r in g.runs]
+        mean = None
+        if len(runs) > 1:
+            parts = {}
+            for key in ("train_acc", "test_acc", "train_loss", "test_loss"):
+                parts[key] = _mean_over_common([(r.steps, getattr(r, key)) for r in runs])
+            if all(v is not None for v in parts.values()):
+                mean = F.RunCurves(parts["test_acc"][0], *(parts[k][1] for k in
+                                   ("train_acc", "test_acc", "train_loss", "test_loss")), label="mean")
+        out.append(F.VariantCurves(g.label, runs, mean, c))
+    return out
+
+
+def stored_series(run: RunSummary, analysis: str, key: str, reduce: str = "scalar"):
+    """(steps, values) of one stored value over the stored checkpoints, steps > 0; None if absent."""
+    st = run.stored.get(analysis)
+    if st is None or key not in st.values or not st.steps:
+        return None
+    vals = []
+    for v in st.values[key]:
+        a = np.asarray(v, dtype=float).reshape(-1)
+        vals.append(np.nan if a.size == 0 else a[0] if reduce in ("scalar", "first") else a.mean())
+    steps, vals = _positive(np.asarray(st.steps), np.asarray(vals))
+    return (steps, vals) if len(steps) else None
+
+
+def _key_for(run: RunSummary, analysis: str, pattern: str) -> str | None:
+    """The stored value name for `pattern`: '{site}' is the last hidden representation, '{mlp}'
+    the last block's MLP neurons (blocks.{l}.mlp.hook_post)."""
+    st = run.stored.get(analysis)
+    if st is None:
+        return None
+    if "{mlp}" in pattern:
+        prefix = pattern.split("@", 1)[0] + "@"
+        hits = [(int(m.group(1)), k) for k in st.values
+                if (m := re.fullmatch(re.escape(prefix) + r"blocks\.(\d+)\.mlp\.hook_post", k))]
+        return max(hits)[1] if hits else None
+    from groklens.analyses.compare import Measure
+
+    return measure_key(Measure("", analysis, pattern, ""), list(st.values))
+
+
+def measure_lines(groups: Sequence[Group], colours: Sequence[str], analysis: str, pattern: str,
+                  reduce: str = "scalar", label_groups: bool = True) -> list[F.Line]:
+    """Per seed a thin line, per group the mean over seeds bold (one line per group when 1 seed)."""
+    lines = []
+    for g, c in zip(groups, colours):
+        series = []
+        for r in g.runs:
+            key = _key_for(r, analysis, pattern)
+            s = stored_series(r, analysis, key, reduce) if key else None
+            if s is not None:
+                series.append(s)
+        if not series:
+            continue
+        if len(series) == 1:
+            lines.append(F.Line(series[0][0], series[0][1], c, g.label if label_groups else None, bold=True,
+                                marker="o" if len(series[0][0]) < 30 else None))
+            continue
+        for s in series:  # sparse series (few analyzed checkpoints) get markers, so points read as points
+            lines.append(F.Line(s[0], s[1], c, marker="o" if len(s[0]) < 30 else None))
+        mean = _mean_over_common(series)
+        if mean is not None:
+            lines.append(F.Line(mean[0], mean[1], c, g.label if label_groups else None, bold=True))
+        else:
+            lines[-1].label = g.label if label_groups else None
+    return lines
+
+
+def accuracy_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Line]:
+    lines = []
+    for g, c in zip(groups, colours):
+        series = []
+        for r in g.runs:
+            s, acc = _positive(r.metrics["step"], r.metrics["test_acc"])
+            series.append((s, acc))
+            lines.append(F.Line(s, acc, c, None if len(g.runs) > 1 else g.label, bold=len(g.runs) == 1))
+        mean = _mean_over_common(series)
+        if mean is not None:
+            lines.append(F.Line(mean[0], mean[1], c, g.label, bold=True))
+        elif len(g.runs) > 1:
+            lines[-1].label = g.label  # no evaluation shared by every seed: name the group anyway
+    return lines
+
+
+def _yscale(lines: Sequence[F.Line]) -> str:
+    ys = np.concatenate([np.asarray(ln.y, dtype=float) for ln in lines]) if lines else np.zeros(0)
+    ys = ys[np.isfinite(ys)]
+    return "log" if len(ys) and (ys > 0).all() and ys.max() / max(ys.min(), 1e-300) > 20 else "linear"
+
+
+# ---------------------------------------------------------------------- the figures
+def _present(groups: Sequence[Group], analysis: str) -> bool:
+    return any(analysis in r.stored and r.stored[analysis].steps for g in groups for r in g.runs)
+
+
+def _why_missing(groups: Sequence[Group], analysis: str) -> str:
+    return (f"no run has '{analysis}' results in its sidecar: run `groklens analyze RUN.h5 --metric {analysis}` "
+            f"(or `groklens report --analyze`)")
+
+
+def chosen_checkpoints(run: RunSummary, stored_steps: Sequence[int], steps: Sequence[int] | None):
+    """(step, label) pairs for the per-checkpoint grids: the stored steps nearest the asked ones, or
+    nearest to the start, memorization, grokking and the last checkpoint."""
+    from groklens.analyses.compare import nearest_checkpoint
+
+    if not stored_steps:
+        return []
+    if steps:
+        wanted = [(s, f"step {s}") for s in steps]
+    else:
+        wanted = [(stored_steps[0], "start"), (run.memorization, "memorized"), (run.grokking, "grokked"),
+                  (run.checkpoints[-1] if run.checkpoints else None, "end")]
+    out, seen = [], set()
+    for target, label in wanted:
+        s = nearest_checkpoint(stored_steps, target)
+        if s is None:
+            out.append((None, f"{label}: never" if label == "grokked" else label))
+            continue
+        if s in seen:
+            continue
+        seen.add(s)
+        out.append((s, f"step {s} ({label})" if not label.startswith("step") else f"step {s}"))
+    return out
+
+
+def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequence[int] | None):
+    """Spectrum and cluster figures of each group's first run at its chosen checkpoints."""
+    reps = [(g, c, g.runs[0]) for g, c in zip(groups, colours) if "fourier" in g.runs[0].stored
+            and g.runs[0].stored["fourier"].steps]
+    if not reps:
+        return None
+    plans = [chosen_checkpoints(r, r.stored["fourier"].steps, steps) for _, _, r in reps]
+    n_cols = max(len(p) for p in plans)
+    n_freq = max(len(np.asarray(r.stored["fourier"].values["embedding_power"][0]).reshape(-1)) for _, _, r in reps)
+    freqs = np.arange(1, n_freq + 1)
+    power = np.full((len(reps), n_cols, n_freq), np.nan)
+    counts = np.full((len(reps), n_cols, n_freq), np.nan)
+    uncl = np.zeros((len(reps), n_cols))
+    col_labels = [[""] * n_cols for _ in reps]
+    keys = [[[] for _ in range(n_cols)] for _ in reps]
+    thresholds = set()
+    for i, ((_g, _c, r), plan) in enumerate(zip(reps, plans)):
+        st = r.stored["fourier"]
+        where = {s: j for j, s in enumerate(st.steps)}
+        params = json.loads(st.attrs.get("params", "{}"))
+        thr = float(params.get("cluster_threshold", 0.85))
+        thresholds.add(thr)
+        for k, (s, label) in enumerate(plan):
+            col_labels[i][k] = label
+            if s is None:
+                continue
+            j = where[s]
+            pw = np.asarray(st.values["embedding_power"][j], dtype=float).reshape(-1)
+            power[i, k, : len(pw)] = pw
+            keys[i][k] = [int(x) for x in np.asarray(st.values["key_frequencies"][j]).reshape(-1)]
+            nf = np.asarray(st.values["neuron_frequency"][j]).reshape(-1).astype(int)
+            fr = np.asarray(st.values["neuron_fraction"][j], dtype=float).reshape(-1)
+            clustered = (fr >= thr) & (nf >= 1)
+            counts[i, k] = np.bincount(nf[clustered], minlength=n_freq + 1)[1: n_freq + 1]
+            uncl[i, k] = int((~clustered).sum())
+    rows = [f"{g.label}\n({r.name})" if g.n > 1 else g.label for g, _, r in reps]
+    cols = [c for _, c, _ in reps]
+    spec = F.spectrum_grid(freqs, power, rows, col_labels, key_frequencies=keys, colours=cols)
+    clus = F.cluster_grid(freqs, counts, uncl, rows, col_labels,
+                          threshold=thresholds.pop() if len(thresholds) == 1 else None, colours=cols)
+    return spec, clus
+
+
+_OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (trainers/tasks.py)
+
+
+def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
+    """Heat maps of the last attention layer's readout pattern, each group's first run at its
+    chosen checkpoints; None when no run stored the pattern (sidecars written before it existed)."""
+    reps = [(g.label, g.runs[0].stored["attention"], g.runs[0]) for g in groups
+            if "attention" in g.runs[0].stored and g.runs[0].stored["attention"].steps
+            and "pattern" in g.runs[0].stored["attention"].values]
+    if not reps:
+        return None
+    shapes = [np.asarray(st.values["pattern"][0]).shape[1:] for _, st, _ in reps]  # [H, n_ctx]
+    if len(set(shapes)) > 1:  # different head counts or sequence lengths: one figure cannot hold them
+        reps = reps[:1]
+    shape = shapes[0]
+    plans = [chosen_checkpoints(run, st.steps, steps) for _, st, run in reps]
+    n_cols = max(len(p) for p in plans)
+    pats = np.full((len(reps), n_cols, *shape), np.nan)
+    col_labels = [[label for _, label in plan] + [""] * (n_cols - len(plan)) for plan in plans]
+    for i, ((_, st, _), plan) in enumerate(zip(reps, plans)):
+        where = {s: j for j, s in enumerate(st.steps)}
+        for k, (s, _) in enumerate(plan):
+            if s is not None:
+                pats[i, k] = np.asarray(st.values["pattern"][where[s]], dtype=float)[-1]
+    n_heads, n_pos = shape
+    names = _OPERAND_POSITIONS if n_pos == 3 else [str(j) for j in range(n_pos)]
+    rows = [label.replace(" ", "\n") for label, _, _ in reps]  # "norm=ln act_norm_lambda=1": one field a line
+    return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
+
+
+def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[list[FigureSpec], list[tuple[str, str]]]:
+    """Every figure whose data exists, and (title, why) for each that is missing."""
+    groups = comp.groups
+    colours = [F.colour(i) for i in range(len(groups))]
+    thr = comp.threshold
+    figs: list[FigureSpec] = []
+    missing: list[tuple[str, str]] = []
+
+    # training curves and grokking times: from the metrics every run has
+    figs.append(FigureSpec(
+        "curves", "Accuracy and loss against step",
+        "Train (dashed) and test (solid) accuracy and loss, log step axis; one colour per variant, seeds thin "
+        "and the mean over seeds bold (over the evaluations all seeds have); dots: grokking points "
+        f"(first test accuracy >= {thr:g}).",
+        F.training_curves(variant_curves(groups, colours), threshold=thr)))
+    times, cens, means = [], [], []
+    for g in groups:
+        times.append([r.grok_time() if r.grok_time() is not None else np.nan for r in g.runs])
+        cens.append([r.grok_censored for r in g.runs])
+        ok = [r.grokking for r in g.runs if r.grokking is not None]
+        means.append(float(np.mean(ok)) if ok and len(ok) == len(g.runs) else None)
+    figs.append(FigureSpec(
+        "grokking_times", "Grokking time per seed",
+        "Each point is a seed's grokking step; an open triangle is a censored seed, drawn at the step where it "
+        "was censored (it had not grokked by then); the bar is the group mean when every seed grokked.",
+        F.grokking_times([g.label for g in groups], times, cens, means=means, colours=colours)))
+    acc = accuracy_lines(groups, colours)
+    marks = [(m, c) for m, c in zip(means, colours) if m is not None]
+    f = _Figs(groups, colours, thr, acc, marks, steps, figs, missing)
+    for family in (_fourier_figures, _attention_figures, _hessian_figures, _rank_figures, _radial_figures):
+        family(f)
+    return figs, missing
+
+
+@dataclass
+class _Figs:
+    """What every figure family reads, and the lists it adds to."""
+
+    groups: Sequence[Group]
+    colours: Sequence[str]
+    thr: float
+    acc: list  # the test-accuracy lines every analysis figure is aligned with
+    marks: list  # (mean grokking step, colour) per group that grokked
+    steps: Sequence[int] | None
+    figs: list[FigureSpec]
+    missing: list[tuple[str, str]]
+
+
+def _fourier_figures(f: _Figs) -> None:
+    """Fourier FVE over time, the spectrum and the neuron clusters at chosen checkpoints."""
+    groups, colours, thr, acc, marks, steps = f.groups, f.colours, f.thr, f.acc, f.marks, f.steps
+    figs, missing = f.figs, f.missing
+    if _present(groups, "fourier"):
+        panels = [F.Panel(lbl, measure_lines(groups, colours, "fourier", key), ylim=(-0.02, 1.02))
+                  for key, lbl in (("neuron_fve", "FVE, neuron (Nanda)"), ("ls_fve", "FVE, least squares"),
+                                   ("embedding_fve", "FVE, embedding"))]
+        figs.append(FigureSpec(
+            "fourier_fve", "Fourier-circuit FVE against step",
+            "Fraction of variance explained by the key frequencies: neuron activations (Nanda's 2-D block "
+            "definition), least squares on the readout directions (bounded-sphere paper), and the embedding; "
+            "aligned with test accuracy. Definitions: docs/ANALYSES.md.",
+            F.aligned_panels(acc, panels, title="Fourier-circuit FVE", threshold=thr, marks=marks)))
+        grids = fourier_grids(groups, colours, steps)
+        spec, clus = grids
+        which = "first seed of each group" if any(g.n > 1 for g in groups) else "each run"
+        figs.append(FigureSpec(
+            "fourier_spectrum", "Embedding Fourier spectrum at chosen checkpoints",
+            f"Share of the embedding's Fourier power per frequency k (W_E without the '=' row), {which}, at the "
+            "stored checkpoints nearest the start, memorization, grokking and the end; key frequencies outlined.",
+            spec))
+        figs.append(FigureSpec(
+            "neuron_clusters", "Neuron-frequency clusters at chosen checkpoints",
+            f"MLP neurons whose variance lies >= the cluster threshold in one frequency's 2-D block, counted per "
+            f"frequency ({which}, same checkpoints); the rest are unclustered.", clus))
+    else:
+        why = _why_missing(groups, "fourier")
+        missing += [("Fourier-circuit FVE against step", why), ("Embedding Fourier spectrum", why),
+                    ("Neuron-frequency clusters", why)]
+
+def _attention_figures(f: _Figs) -> None:
+    """Attention at the readout position over time and its patterns at chosen checkpoints."""
+    groups, colours, thr, acc, marks, steps = f.groups, f.colours, f.thr, f.acc, f.marks, f.steps
+    figs, missing = f.figs, f.missing
+    if _present(groups, "attention"):
+        mass = measure_lines(groups, colours, "attention", "mass", "mean")
+        mn = measure_lines(groups, colours, "attention", "min_token_mass", "mean")
+        heads = []
+        for g, c in zip(groups, colours):
+            for r in g.runs:
+                st = r.stored.get("attention")
+                if st is None or not st.steps:
+                    continue
+                per = np.stack([np.asarray(v, dtype=float) for v in st.values["mass_per_head"]])  # [n, L, H]
+                s = np.asarray(st.steps)
+                for layer in range(per.shape[1]):
+                    for h in range(per.shape[2]):
+                        x, y = _positive(s, per[:, layer, h])
+                        heads.append(F.Line(x, y, c, style=(0, (1, 1))))
+        panels = [F.Panel("mass on informative tokens\n(mean over heads and inputs)", mass, ylim=(-0.02, 1.02)),
+                  F.Panel("per head (dotted)", heads, ylim=(-0.02, 1.02)),
+                  F.Panel("least-attended informative token\n(mean over inputs)", mn, ylim=(-0.02, 1.02))]
+        figs.append(FigureSpec(
+            "attention", "Attention at the readout position over time",
+            "Attention of the readout query on the informative tokens (a, b): total mass, per head, and the mass "
+            "on the least-attended informative token; uniform attention sits at 2/3 by construction.",
+            F.aligned_panels(acc, panels, title="Attention at the readout position", threshold=thr,
+                             marks=marks)))
+        grid = pattern_grid(groups, steps)
+        if grid is not None:
+            which = "first seed of each group" if any(g.n > 1 for g in groups) else "each run"
+            figs.append(FigureSpec(
+                "attention_patterns", "Attention patterns at the readout position at chosen checkpoints",
+                f"The readout query's attention weights over the source positions (columns) for every head (rows) "
+                f"of the last attention layer, mean over all inputs; {which}, at the stored checkpoints nearest "
+                "the start, memorization, grokking and the end.", grid))
+    else:
+        missing.append(("Attention at the readout position", _why_missing(groups, "attention")))
+
+def _hessian_figures(f: _Figs) -> None:
+    """Hessian top eigenvalue and trace over time."""
+    groups, colours, thr, acc, marks = f.groups, f.colours, f.thr, f.acc, f.marks
+    figs, missing = f.figs, f.missing
+    if _present(groups, "sharpness"):
+        top = measure_lines(groups, colours, "sharpness", "top_eigenvalues", "first")
+        tr = measure_lines(groups, colours, "sharpness", "trace")
+        panels = [F.Panel("Hessian top eigenvalue", top, yscale=_yscale(top)),
+                  F.Panel("Hessian trace (Hutchinson)", tr, yscale=_yscale(tr))]
+        figs.append(FigureSpec(
+            "hessian", "Hessian top eigenvalue and trace over time",
+            "Largest Hessian eigenvalue of the float64 training loss (eigsh, largest algebraic) and its "
+            "Hutchinson trace, weight decay excluded.",
+            F.aligned_panels(acc, panels, title="Sharpness", threshold=thr, marks=marks)))
+    else:
+        missing.append(("Hessian top eigenvalue and trace", _why_missing(groups, "sharpness")))
+
+def _rank_figures(f: _Figs) -> None:
+    """Effective rank over time."""
+    groups, colours, thr, acc, marks = f.groups, f.colours, f.thr, f.acc, f.marks
+    figs, missing = f.figs, f.missing
+    if _present(groups, "rank"):
+        resid = measure_lines(groups, colours, "rank", "roy_vetterli_centred@{site}")
+        mlp = measure_lines(groups, colours, "rank", "roy_vetterli_centred@{mlp}")
+        panels = [F.Panel("effective rank, last hidden\nrepresentation (centred)", resid)]
+        if mlp:
+            panels.append(F.Panel("effective rank,\nMLP neurons (centred)", mlp))
+        figs.append(FigureSpec(
+            "effective_rank", "Effective rank over time",
+            "Roy-Vetterli effective rank exp(entropy of normalised singular values) of the centred activations at "
+            "the readout position over all inputs.",
+            F.aligned_panels(acc, panels, title="Effective rank", threshold=thr, marks=marks)))
+    else:
+        missing.append(("Effective rank over time", _why_missing(groups, "rank")))
+
+def _radial_figures(f: _Figs) -> None:
+    """Radius and rho against the 1/d baseline over time."""
+    groups, colours, thr, acc, marks = f.groups, f.colours, f.thr, f.acc, f.marks
+    figs, missing = f.figs, f.missing
+    if _present(groups, "radial"):
+        radius = measure_lines(groups, colours, "radial", "radius_mean@{site}")
+        rho = measure_lines(groups, colours, "radial", "rho@{site}")
+        baselines = {}
+        for g, c in zip(groups, colours):
+            for r in g.runs:
+                s = stored_series(r, "radial", _key_for(r, "radial", "rho_baseline@{site}") or "", "scalar")
+                if s is not None:
+                    baselines.setdefault(round(float(s[1][0]), 12), c)
+        hl = ([(b, "black", f"isotropic 1/d = {fmt_number(b)}") for b in baselines] if len(baselines) == 1 else
+              [(b, c, f"1/d = {fmt_number(b)}") for b, c in baselines.items()])
+        panels = [F.Panel("activation radius\n||h|| / sqrt(d)", radius, yscale=_yscale(radius)),
+                  F.Panel("radial gradient\nenergy rho", rho, hlines=hl, yscale=_yscale(rho))]
+        figs.append(FigureSpec(
+            "radial", "Radius and rho against the 1/d baseline",
+            "Activation radius of the last hidden representation and its radial gradient energy rho (share of "
+            "each gradient along its activation), against the isotropic baseline 1/d (dotted).",
+            F.aligned_panels(acc, panels, title="Radial-angular decomposition", threshold=thr,
+                             marks=marks)))
+    else:
+        missing.append(("Radius and rho", _why_missing(groups, "radial")))

@@ -1,0 +1,67 @@
+"""The one speed-up definition: T_baseline / T_variant as the ratio of the geometric means of
+the grokking steps over seeds, with a 95% confidence interval from Welch's t-interval on the
+difference of mean log grokking steps (exponentiated); censored seeds make it a bound.
+Used by compare (comparison.txt / .csv / .json) and by the experiments (results.json)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+CI_LEVEL = 0.95
+SPEEDUP_METHOD = "ratio of geometric means; 95% CI: Welch t-interval on mean log grokking step"
+
+
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    a = np.asarray(vals, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def speedup(base: Sequence, runs: Sequence, level: float = CI_LEVEL) -> dict[str, Any]:
+    """T_base / T_runs over runs with grok_time() and grok_censored (analyses/phases.PhaseTimes):
+    ratio of geometric means of grokking steps, Welch t-interval on logs."""
+    from scipy import stats
+
+    tb = [r.grok_time() for r in base]
+    tr = [r.grok_time() for r in runs]
+    out: dict[str, Any] = {"value": None, "ci": None, "bound": None, "ci_note": None, "method": SPEEDUP_METHOD}
+    if any(t is None or t <= 0 for t in tb + tr):
+        out["ci_note"] = "no evaluated grokking time"
+        return out
+    cb = any(r.grok_censored for r in base)
+    cr = any(r.grok_censored for r in runs)
+    if cb and cr:
+        out["ci_note"] = "censored on both sides"
+        return out
+    lb, lr = np.log(tb), np.log(tr)
+    diff = float(lb.mean() - lr.mean())
+    out["value"] = float(math.exp(diff))
+    if cb:
+        out["bound"] = "lower"
+        out["ci_note"] = "baseline censored: a lower bound"
+        return out
+    if cr:
+        out["bound"] = "upper"
+        out["ci_note"] = "censored seed(s): an upper bound"
+        return out
+    nb, nr = len(lb), len(lr)
+    if nb < 2 or nr < 2:
+        out["ci_note"] = "needs >= 2 seeds on both sides"
+        return out
+    vb, vr = float(lb.var(ddof=1)), float(lr.var(ddof=1))
+    se2 = vb / nb + vr / nr
+    if se2 == 0:
+        out["ci"] = [out["value"], out["value"]]
+        return out
+    df = se2 ** 2 / ((vb / nb) ** 2 / (nb - 1) + (vr / nr) ** 2 / (nr - 1))
+    t = float(stats.t.ppf(0.5 + level / 2, df))
+    half = t * math.sqrt(se2)
+    out["ci"] = [math.exp(diff - half), math.exp(diff + half)]
+    out["df"] = df
+    return out
