@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -258,7 +257,3 @@ def _fsync_dir(directory: Path) -> None:
 
 def _first(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def params_from_attrs(attrs: Mapping[str, Any]) -> dict:
-    return json.loads(_text(attrs["params"]))

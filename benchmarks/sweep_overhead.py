@@ -29,14 +29,14 @@ TIMINGS_ENV = "GROKLENS_BENCH_TIMINGS"
 
 
 def timed_execute_task(task: dict) -> list[dict]:
-    """sweeps.execute_task, with the productive parts timed; appends one JSON line per task."""
+    """sweep_tasks.execute_task, with the productive parts timed; appends one JSON line per task."""
     from groklens.checkpoints import TrajectoryWriter
-    from groklens.trainers import loop, sweeps
+    from groklens.trainers import loop, sweep_tasks
 
     t0, started = time.perf_counter(), time.time()
     with Timed(loop.Trainer, "train_step") as st, Timed(loop.Trainer, "evaluate") as ev, \
             Timed(TrajectoryWriter, "write_eval") as ew, Timed(TrajectoryWriter, "write_checkpoint") as ck:
-        out = sweeps.execute_task(task)
+        out = sweep_tasks.execute_task(task)
     record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0, "step_s": st.total, "steps": st.calls,
               "eval_s": ev.total + ew.total, "checkpoint_s": ck.total}
     with open(os.environ[TIMINGS_ENV], "a") as f:
@@ -60,13 +60,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="worker processes of the local executor")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from groklens.trainers import sweeps
+    from groklens.trainers import sweep_executors, sweeps
 
     spec = sweeps.parse_sweep(grid(args.runs, args.steps))
     with tempfile.TemporaryDirectory() as tmp:
         timings = Path(tmp) / "timings.jsonl"
         os.environ[TIMINGS_ENV] = str(timings)  # inherited by the pool's server and workers
-        sweeps.execute_task = timed_execute_task  # what LocalExecutor submits (pickled by name)
+        sweep_executors.execute_task = timed_execute_task  # what LocalExecutor submits (pickled by name)
         t0, started = time.perf_counter(), time.time()
         report = sweeps.run_sweep(spec, Path(tmp) / "sweep", executor="local", workers=args.workers,
                                   progress=False)

@@ -1,0 +1,203 @@
+"""The work of a sweep, cut into tasks: `plan_tasks` groups runs into tasks (one run, or an
+ensemble of runs that can share one batched loop), `execute_task` runs one task in a worker.
+
+A task is a plain dict, so every executor can pickle it:
+{"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int}.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from groklens.config import RunConfig
+from groklens.trainers.sweep_files import (
+    check_same_config,
+    claim_run,
+    error_path,
+    record_failure,
+    run_path,
+    run_state,
+)
+from groklens.trainers.sweep_grid import RunSpec
+
+
+def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemble_size: int,
+               workers: int, threads: int) -> tuple[list[dict], dict[str, str]]:
+    """Tasks for an executor: one per run, or ensembles of runs sharing `ensemble_key`.
+
+    Returns (tasks, fallback) where fallback maps runs that cannot join an ensemble to why.
+    """
+    def entry(r: RunSpec) -> dict:
+        return {"name": r.name, "config": r.config.to_dict(), "path": str(run_path(out_dir, r.name))}
+
+    if not ensemble:
+        return [{"runs": [entry(r)], "ensemble": False, "threads": threads} for r in runs], {}
+    from groklens.trainers.ensemble import ensemble_key, unsupported_reason
+
+    groups: dict[tuple, list[RunSpec]] = {}
+    singles: list[RunSpec] = []
+    fallback: dict[str, str] = {}
+    for r in runs:
+        key = ensemble_key(r.config)
+        if key is None:
+            singles.append(r)
+            fallback[r.name] = unsupported_reason(r.config) or "not supported"
+        else:
+            groups.setdefault(key, []).append(r)
+    # chunks of at most ensemble_size; split further while fewer chunks than workers
+    counts = {k: math.ceil(len(g) / ensemble_size) for k, g in groups.items()}
+    while sum(counts.values()) + len(singles) < workers:
+        splittable = [k for k, g in groups.items() if counts[k] < len(g)]
+        if not splittable:
+            break
+        k = max(splittable, key=lambda k: len(groups[k]) / counts[k])
+        counts[k] += 1
+    tasks = []
+    for k, g in groups.items():
+        for chunk in np.array_split(np.arange(len(g)), counts[k]):
+            members = [g[i] for i in chunk]
+            tasks.append({"runs": [entry(m) for m in members], "ensemble": len(members) > 1, "threads": threads})
+    tasks += [{"runs": [entry(r)], "ensemble": False, "threads": threads} for r in singles]
+    return tasks, fallback
+
+
+def execute_task(task: dict) -> list[dict]:
+    """Run one task (a single run, or an ensemble of runs) in this process.
+
+    `task` = {"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int}.
+    Returns one outcome per run: {"name", "state": done|failed|running, "detail"}. Errors are
+    written to the run's error file here, so they survive a lost coordinator.
+    """
+    import torch
+
+    threads = int(task.get("threads") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    runs = task["runs"]
+    if task.get("ensemble") and len(runs) > 1:
+        return _execute_ensemble(runs)
+    return [_execute_single(r) for r in runs]
+
+
+def _execute_single(run: dict) -> dict:
+    name, path = run["name"], Path(run["path"])
+    with claim_run(path.parent, name) as mine:
+        if not mine:
+            return {"name": name, "state": "running", "detail": "trained by another sweep"}
+        return _execute_claimed(run)
+
+
+def _state_for_retry(path: Path, name: str) -> tuple[str, str]:
+    """run_state, after dropping a failed run's error file: a task that reaches a failed run
+    retries it (its error stays until the retry succeeds or records a new one)."""
+    state, detail = run_state(path.parent, name)
+    if state == "failed":
+        error_path(path.parent, name).unlink(missing_ok=True)  # a retry
+        state, detail = run_state(path.parent, name)
+    return state, detail
+
+
+def _execute_claimed(run: dict) -> dict:
+    from groklens.trainers import loop
+
+    name, path = run["name"], Path(run["path"])
+    try:
+        cfg = RunConfig.from_dict(run["config"])
+        state, detail = _state_for_retry(path, name)
+        if state == "done":
+            return {"name": name, "state": "done", "detail": detail}
+        if state == "running":
+            return {"name": name, "state": "running", "detail": "written by another process"}
+        if state == "interrupted":
+            check_same_config(path, cfg)
+            result = loop.resume(path, progress=False)
+            if result.status == "already complete":
+                _mark_complete(path)
+        else:
+            result = loop.train(cfg, path, force=True, progress=False)
+        return {"name": name, "state": "done", "detail": f"step {result.last_step}"}
+    except Exception as exc:  # noqa: BLE001 - recorded; Ctrl-C and SystemExit (a requeue) go through
+        return record_failure(path, name, exc)
+
+
+def _execute_ensemble(runs: list[dict]) -> list[dict]:
+    with ExitStack() as stack:
+        mine = [r for r in runs if stack.enter_context(claim_run(Path(r["path"]).parent, r["name"]))]
+        outcomes = {r["name"]: {"name": r["name"], "state": "running", "detail": "trained by another sweep"}
+                    for r in runs if r not in mine}
+        outcomes.update({o["name"]: o for o in _execute_ensemble_claimed(mine)} if mine else {})
+    return [outcomes[r["name"]] for r in runs]
+
+
+def _execute_ensemble_claimed(runs: list[dict]) -> list[dict]:
+    outcomes, groups = _sort_members(runs)
+    for kind, group in groups:
+        if not group:
+            continue
+        if len(group) == 1:  # one member: the ordinary loop is the same computation
+            outcomes[group[0]["name"]] = _execute_claimed(group[0])
+        else:
+            outcomes.update(_train_together(kind, group))
+    return [outcomes[r["name"]] for r in runs]
+
+
+def _sort_members(runs: list[dict]) -> tuple[dict[str, dict], list[tuple[str, list[dict]]]]:
+    """The outcomes of members with nothing to train (done, running, broken), and the rest as
+    groups to train together: the fresh ones, and the interrupted ones by their last step."""
+    from groklens.checkpoints import recover
+
+    outcomes: dict[str, dict] = {}
+    fresh: list[dict] = []
+    by_step: dict[int, list[dict]] = {}
+    for run in runs:
+        name, path = run["name"], Path(run["path"])
+        try:
+            state, detail = _state_for_retry(path, name)
+            if state == "done":
+                outcomes[name] = {"name": name, "state": "done", "detail": detail}
+            elif state == "running":
+                outcomes[name] = {"name": name, "state": "running", "detail": "written by another process"}
+            elif state == "interrupted":
+                check_same_config(path, RunConfig.from_dict(run["config"]))
+                by_step.setdefault(recover(path), []).append(run)
+            else:
+                fresh.append(run)
+        except Exception as exc:  # noqa: BLE001
+            outcomes[name] = record_failure(path, name, exc)
+    return outcomes, [("fresh", fresh)] + [("resume", g) for g in by_step.values()]
+
+
+def _train_together(kind: str, group: list[dict]) -> dict[str, dict]:
+    """Train (kind "fresh") or resume (kind "resume") `group` as one ensemble; an outcome per member."""
+    from groklens.trainers.ensemble import resume_ensemble, train_ensemble
+
+    paths = [Path(r["path"]) for r in group]
+    try:
+        if kind == "fresh":
+            results = train_ensemble([RunConfig.from_dict(r["config"]) for r in group], paths, force=True)
+        else:
+            results = resume_ensemble(paths)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the whole ensemble failed: every member records it
+        return {r["name"]: record_failure(Path(r["path"]), r["name"], exc) for r in group}
+    outcomes = {}
+    for r, res in zip(group, results):
+        if res.error is not None:
+            outcomes[r["name"]] = record_failure(res.path, r["name"], res.error)
+        else:
+            outcomes[r["name"]] = {"name": r["name"], "state": "done", "detail": f"step {res.result.last_step}"}
+    return outcomes
+
+
+def _mark_complete(path: Path) -> None:
+    """A run killed after its last checkpoint but before closing: repair it and say so."""
+    from groklens.checkpoints import TrajectoryWriter, recover
+
+    recover(path)
+    TrajectoryWriter.reopen(path).close("completed")
