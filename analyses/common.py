@@ -10,7 +10,7 @@ from groklens.errors import BadInput
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 EVAL_SETS = ("train", "test", "all")
 LOSS_NAMES = CHOICES["loss"]  # the config's list; trainers.regularizers.LOSSES registers these (a test checks)

@@ -47,7 +47,7 @@ import numpy as np
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 CLUSTER_THRESHOLD = 0.85
 RESTRICTED_SKIP = ("mean", "keep")

@@ -21,7 +21,7 @@ from groklens.errors import BadInput
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 
 def norms(model, data: TaskData = None, *, init_params: Mapping[str, torch.Tensor] | None = None) -> dict:

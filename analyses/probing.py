@@ -10,7 +10,7 @@ import numpy as np
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 
 def check(model, data: TaskData, params: dict) -> None:

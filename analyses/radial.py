@@ -31,7 +31,7 @@ from groklens.analyses.common import check_loss, eval_rows, hidden_sites, task_l
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 
 def radial_energy(h: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

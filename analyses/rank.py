@@ -26,7 +26,7 @@ import numpy as np
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 RANKME_EPS = 1e-7
 

@@ -228,7 +228,7 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     return spec, clus
 
 
-_OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (trainers/tasks.py)
+_OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (groklens/tasks.py)
 
 
 def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):

@@ -33,7 +33,7 @@ from groklens.errors import BadInput
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 MIN_TRACE_SAMPLES = 10  # the stopping rule's standard error is too noisy below this
 

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from groklens.trainers import loop
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from torch import nn
 
 from groklens.config import RunConfig, preset

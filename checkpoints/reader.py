@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from groklens.config import RunConfig
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -407,7 +407,7 @@ class Trajectory:
         """The exact inputs, labels and split the run trained on (from the file, not regenerated)."""
         import torch
 
-        from groklens.trainers.tasks import TaskData
+        from groklens.tasks import TaskData
 
         with self._open() as f:
             g = f[C.DATA]

@@ -176,7 +176,7 @@ class RunConfig:
                f"grok_threshold must be in (0, 1]; got {self.grok_threshold}")
         self._validate_variants()
         # task-specific checks (p prime for division, ...) live with the task
-        from groklens.trainers.tasks import TASKS
+        from groklens.tasks import TASKS
 
         task = TASKS.get(self.task)
         task.validate(self)

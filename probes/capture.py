@@ -17,7 +17,7 @@ from groklens.errors import BadInput
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 DEFAULT_BATCH = 4096  # inputs per forward pass (bounds the size of one cache)
 

@@ -15,7 +15,7 @@ import numpy as np
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from groklens.errors import BadInput
 from groklens.probes.capture import DEFAULT_BATCH, capture, check_sites, resolve_position
 
 if TYPE_CHECKING:  # pragma: no cover
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 CLASSIFICATION_TARGETS = ("a", "b", "answer")
 REGRESSION_TARGETS = ("fourier",)

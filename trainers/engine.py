@@ -33,7 +33,7 @@ from groklens.errors import BadInput, RunFailure
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.checkpoints import TrajectoryWriter
     from groklens.config import RunConfig
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 EVAL_CHUNK = 16_384  # inputs per forward pass during evaluation (bounds memory)
 METRIC_NAMES = ["train_loss", "test_loss", "train_acc", "test_acc", "weight_norm", "grad_norm", "lr"]

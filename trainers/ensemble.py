@@ -35,7 +35,7 @@ from groklens.trainers.models import build_model
 from groklens.trainers.regularizers import Batch, active_regularizers, task_loss
 from groklens.trainers.single import REG_EVAL_MAX
 from groklens.trainers.stacked import StackedGrokfast, StackedPerpGrad, adamw_step
-from groklens.trainers.tasks import TASKS, TaskData
+from groklens.tasks import TASKS, TaskData
 
 # Fields that may differ between members of one ensemble.
 PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "stop_after_grok",

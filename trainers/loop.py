@@ -24,7 +24,7 @@ from groklens.trainers.engine import (  # noqa: F401 - re-exported: the names ca
 )
 from groklens.trainers.regularizers import cross_entropy, regularizer_metric_names
 from groklens.trainers.single import SingleRun
-from groklens.trainers.tasks import TASKS, TaskData
+from groklens.tasks import TASKS, TaskData
 
 readout_loss = cross_entropy  # the float64 cross-entropy, under the name earlier code used
 Trainer = SingleRun  # the single-run strategy, under the name earlier code used

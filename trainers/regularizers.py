@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
     from groklens.config import RunConfig
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 
 # ---------------------------------------------------------------------- losses

@@ -44,7 +44,7 @@ from groklens.trainers.engine import Member, Strategy, nonfinite_reason, resolve
 from groklens.trainers.models import build_model
 from groklens.trainers.regularizers import Batch
 from groklens.trainers.single import Lane, RunTensors, split_means
-from groklens.trainers.tasks import TaskData
+from groklens.tasks import TaskData
 
 ENSEMBLE_METRICS = ("train_loss", "test_loss", "train_acc", "test_acc")
 COPY_EXCLUDED = ("lr",)  # metrics shared by every copy, logged once

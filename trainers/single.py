@@ -23,7 +23,7 @@ from groklens.trainers.engine import (
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import AdamW
 from groklens.trainers.regularizers import Batch, build_regularizers, task_loss
-from groklens.trainers.tasks import TaskData
+from groklens.tasks import TaskData
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 REG_EVAL_MAX = EVAL_CHUNK  # training inputs on which regularizer terms are evaluated (a fixed subset if more)

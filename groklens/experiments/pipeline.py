@@ -40,7 +40,7 @@ def _task_shape(cfg_json: str) -> tuple[int, int, int]:
     """(all inputs, sequence length, output vocabulary) of a config's task, from the task registry
     (the task's own grid and vocabulary: no task sizes are hard-coded here)."""
     from groklens.config import RunConfig
-    from groklens.trainers.tasks import TASKS
+    from groklens.tasks import TASKS
 
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     task = TASKS.get(cfg.task)

@@ -10,7 +10,7 @@ from transformer_lens.hook_points import HookPoint
 from groklens.config import RunConfig
 from groklens.trainers.models import build_model
 from groklens.trainers.models.hooked import HookedModel, ModelConfig
-from groklens.trainers.tasks import TASKS, TaskData
+from groklens.tasks import TASKS, TaskData
 
 TINY_MODEL = dict(d_model=16, n_heads=2, d_head=8, d_mlp=32)
 

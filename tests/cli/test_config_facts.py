@@ -48,3 +48,26 @@ def test_the_loss_registry_registers_exactly_the_configs_losses():
     assert sorted(CHOICES["loss"]) == LOSSES.names()
     assert LOSS_NAMES is CHOICES["loss"]
 
+
+
+def test_config_validation_imports_no_room():
+    # the flow of docs/DESIGN.md: config (and the tasks it validates against) come before the
+    # rooms; a task-specific check (p prime for division) still runs
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from groklens.config import RunConfig\n"
+        "from groklens.errors import BadInput\n"
+        "RunConfig(task='div', p=7).validate()\n"
+        "try:\n"
+        "    RunConfig(task='div', p=8).validate()\n"
+        "except BadInput as e:\n"
+        "    print('refused:', e)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('groklens.') and m.split('.')[1] in\n"
+        "      ('trainers', 'checkpoints', 'probes', 'analyses')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "refused:" in out and "prime" in out
+    assert out.strip().endswith("[]")

@@ -7,7 +7,7 @@ import torch
 
 from groklens.trainers.models import build_model
 from groklens.trainers.regularizers import LOSSES
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
 VARIANTS = {

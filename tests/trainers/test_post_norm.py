@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from groklens.errors import BadInput
 from groklens.trainers.models import build_model
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
 

@@ -14,7 +14,7 @@ from groklens.trainers.models import build_model
 from groklens.trainers.regularizers import (
     REGULARIZERS, Batch, effective_rank, stablemax, stablemax_cross_entropy,
 )
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import tiny_config, train_interrupted
 
 

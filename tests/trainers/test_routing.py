@@ -14,7 +14,7 @@ from groklens.errors import BadInput
 from groklens.trainers.loop import resume, train
 from groklens.trainers.models import build_model
 from groklens.trainers.routing import RoutedRun, RouteSampler, ring_kernel, routing_units
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import groklens, tiny_config, train_interrupted
 
 MLP = dict(model="mlp", n_layers=2, d_model=8, d_mlp=32, mlp_bias=True)

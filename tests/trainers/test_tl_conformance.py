@@ -21,7 +21,7 @@ from transformer_lens import FactoredMatrix, SVDInterpreter, patching
 from transformer_lens.utilities import get_act_name
 
 from groklens.trainers.models import build_model
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
 try:

@@ -5,7 +5,7 @@ from transformer_lens import ActivationCache
 
 from groklens.config import RunConfig
 from groklens.trainers.models import build_model
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
 EXPECTED_HOOKS = [

@@ -11,7 +11,7 @@ from groklens.config import PRESETS, RunConfig, preset
 from groklens.errors import BadInput
 from groklens.trainers.loop import train
 from groklens.trainers.models import build_model
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
 SMALL = dict(p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, device="cpu")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
     from groklens.config import RunConfig
-    from groklens.trainers.tasks import TaskData
+    from groklens.tasks import TaskData
 
 MODELS: Registry[Callable[["RunConfig", "TaskData"], "nn.Module"]] = Registry("model")
 

@@ -3,7 +3,7 @@ import pytest
 
 from groklens.config import RunConfig
 from groklens.errors import BadInput
-from groklens.trainers.tasks import S5, TASKS, draw_split, is_prime
+from groklens.tasks import S5, TASKS, draw_split, is_prime
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from groklens.checkpoints import Trajectory
 from groklens.config import PRESETS, RunConfig
 from groklens.errors import BadInput
 from groklens.trainers.loop import train
-from groklens.trainers.tasks import TASKS
+from groklens.tasks import TASKS
 
 
 def _data(**kw):
