@@ -4,6 +4,10 @@ A claim without a number gets a verdict: `agrees`, `disagrees`, or `undetermined
 
 - `agrees` / `disagrees` only when every seed behind the value crossed the threshold, or when a
   censored bound decides the claim on its own:
+  * a speed-up of seeds that all crossed is decided by its 95% interval (analyses/speedup.py),
+    never by the point estimate alone: an interval wholly above the claim's threshold says
+    faster, one wholly at or below it says not faster; an interval that contains the threshold,
+    or none (fewer than 2 seeds on a side), is `undetermined`;
   * a speed-up whose baseline is censored is a lower bound (the true value is larger); one whose
     variant is censored is an upper bound. The bound decides "faster" / "not faster" only in the
     direction it bounds (a lower bound above 1 says faster; an upper bound at or below 1 says not
@@ -37,7 +41,13 @@ def speedup_verdict(sp: dict[str, Any], *, above: float = 1.0, claim_faster: boo
         return undetermined(sp.get("ci_note") or "no grokking time")
     faster = v > above
     if bound is None:
-        holds = faster
+        ci = sp.get("ci")
+        if ci is None:
+            return undetermined(f"no interval: {sp.get('ci_note') or 'too few seeds'}")
+        lo, hi = ci
+        if lo <= above < hi:
+            return undetermined(f"the 95% interval [{lo:.2f}, {hi:.2f}] contains {above:g}")
+        holds = lo > above
     elif bound == "lower" and faster:  # the true speed-up is >= v > above
         holds = True
     elif bound == "upper" and not faster:  # the true speed-up is <= v <= above

@@ -347,9 +347,21 @@ def test_speedup_verdict_only_where_the_bound_decides():
     from groklens.analyses.compare import speedup
     from groklens.experiments.verdicts import speedup_verdict
 
-    crossed = speedup([_R(800, 900), _R(1000, 1100)], [_R(100, 200), _R(200, 300)])
+    crossed = speedup([_R(800, 900), _R(1000, 1100), _R(900, 1000)], [_R(100, 200), _R(110, 210), _R(105, 205)])
+    assert crossed["ci"][0] > 1  # ~8.6x with a tight interval: decided
     assert speedup_verdict(crossed) == "agrees"
     assert speedup_verdict(crossed, above=1.05, claim_faster=False) == "disagrees"
+    # an interval that contains the threshold decides nothing, whatever the point estimate
+    # (0.87x [0.59, 1.27] was "disagrees" under the point-estimate rule)
+    spread = speedup([_R(1550, 1600), _R(2200, 2250), _R(1900, 1950)], [_R(1800, 1850), _R(2450, 2500), _R(2250, 2300)])
+    assert spread["value"] < 1 and spread["ci"][0] < 1 < spread["ci"][1]
+    assert speedup_verdict(spread).startswith("undetermined (the 95% interval")
+    assert speedup_verdict(spread, above=1.05, claim_faster=False).startswith("undetermined (the 95% interval")
+    slower = speedup([_R(100, 200), _R(110, 210), _R(105, 205)], [_R(800, 900), _R(1000, 1100), _R(900, 1000)])
+    assert speedup_verdict(slower) == "disagrees"
+    assert speedup_verdict(slower, above=1.05, claim_faster=False) == "agrees"
+    # one seed on a side: no interval, no verdict
+    assert speedup_verdict(speedup([_R(800, 900)], [_R(100, 200)])).startswith("undetermined (no interval")
     # censored baseline: a lower bound; 3000 / sqrt(100*200) > 1 decides "faster", 100 / 1000 does not
     assert speedup_verdict(speedup([_R(None, 3000)] * 2, [_R(100, 200), _R(200, 300)])) == "agrees"
     assert speedup_verdict(speedup([_R(None, 100)] * 2, [_R(1000, 1100)] * 2)).startswith("undetermined (censored")
