@@ -316,14 +316,16 @@ def test_every_config_field_is_known_to_the_ledger_hash():
 def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     from groklens.experiments.ledger import LEDGER_FORMAT
 
+    # --list reads the checkout's committed ledgers too (docs/results/), which hold quick and
+    # paper runs; smoke runs are never committed, so the smoke scale sees only this ledger
     led = tmp_path / "led"
     led.mkdir()
     entries = [{"arm": "base", "seed": s, "config_hash": str(s), "arm_hash": "x", "wall_s": w, "device": "cpu (x86_64, 2 cores)"}
                for s, w in ((1, 100.0), (2, 300.0))]
-    (led / "grokfast.quick.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
-                                                          "scale": "quick", "runs": entries}))
+    (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
+                                                          "scale": "smoke", "runs": entries}))
     items = json.loads(groklens("reproduce", "--list", "--json", "--ledger", str(led), check=True).stdout)
-    q = next(i for i in items if i["name"] == "grokfast")["scales"]["quick"]
+    q = next(i for i in items if i["name"] == "grokfast")["scales"]["smoke"]
     assert q["measured"]["n"] == 2 and q["measured"]["mean_s"] == pytest.approx(200.0)
     assert q["fits_basis"] == "measured" and q["fits_cpu"] is True
     text = groklens("reproduce", "--list", "--ledger", str(led), check=True).stdout
