@@ -294,7 +294,7 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
 
 @dataclass
 class _Figs:
-    """What every figure family reads, and the lists it adds to."""
+    """What every figure family reads, the lists it adds to, and the steps they share."""
 
     groups: Sequence[Group]
     colours: Sequence[str]
@@ -305,134 +305,138 @@ class _Figs:
     figs: list[FigureSpec]
     missing: list[tuple[str, str]]
 
+    def lacks(self, analysis: str, *titles: str) -> bool:
+        """True, with each title listed as missing and why, when no run stored `analysis`."""
+        if _present(self.groups, analysis):
+            return False
+        why = _why_missing(self.groups, analysis)
+        self.missing += [(t, why) for t in titles]
+        return True
+
+    def lines(self, analysis: str, pattern: str, reduce: str = "scalar") -> list[F.Line]:
+        return measure_lines(self.groups, self.colours, analysis, pattern, reduce)
+
+    def over_time(self, name: str, title: str, caption: str, panels: list, panel_title: str) -> None:
+        """A figure of `panels` against step, aligned with test accuracy and the grokking marks."""
+        self.figs.append(FigureSpec(name, title, caption, F.aligned_panels(
+            self.acc, panels, title=panel_title, threshold=self.thr, marks=self.marks)))
+
+    def which_runs(self) -> str:
+        return "first seed of each group" if any(g.n > 1 for g in self.groups) else "each run"
+
 
 def _fourier_figures(f: _Figs) -> None:
     """Fourier FVE over time, the spectrum and the neuron clusters at chosen checkpoints."""
-    groups, colours, thr, acc, marks, steps = f.groups, f.colours, f.thr, f.acc, f.marks, f.steps
-    figs, missing = f.figs, f.missing
-    if _present(groups, "fourier"):
-        panels = [F.Panel(lbl, measure_lines(groups, colours, "fourier", key), ylim=(-0.02, 1.02))
-                  for key, lbl in (("neuron_fve", "FVE, neuron (Nanda)"), ("ls_fve", "FVE, least squares"),
-                                   ("embedding_fve", "FVE, embedding"))]
-        figs.append(FigureSpec(
-            "fourier_fve", "Fourier-circuit FVE against step",
-            "Fraction of variance explained by the key frequencies: neuron activations (Nanda's 2-D block "
-            "definition), least squares on the readout directions (bounded-sphere paper), and the embedding; "
-            "aligned with test accuracy. Definitions: docs/ANALYSES.md.",
-            F.aligned_panels(acc, panels, title="Fourier-circuit FVE", threshold=thr, marks=marks)))
-        grids = fourier_grids(groups, colours, steps)
-        spec, clus = grids
-        which = "first seed of each group" if any(g.n > 1 for g in groups) else "each run"
-        figs.append(FigureSpec(
-            "fourier_spectrum", "Embedding Fourier spectrum at chosen checkpoints",
-            f"Share of the embedding's Fourier power per frequency k (W_E without the '=' row), {which}, at the "
-            "stored checkpoints nearest the start, memorization, grokking and the end; key frequencies outlined.",
-            spec))
-        figs.append(FigureSpec(
-            "neuron_clusters", "Neuron-frequency clusters at chosen checkpoints",
-            f"MLP neurons whose variance lies >= the cluster threshold in one frequency's 2-D block, counted per "
-            f"frequency ({which}, same checkpoints); the rest are unclustered.", clus))
-    else:
-        why = _why_missing(groups, "fourier")
-        missing += [("Fourier-circuit FVE against step", why), ("Embedding Fourier spectrum", why),
-                    ("Neuron-frequency clusters", why)]
+    if f.lacks("fourier", "Fourier-circuit FVE against step", "Embedding Fourier spectrum",
+               "Neuron-frequency clusters"):
+        return
+    panels = [F.Panel(lbl, f.lines("fourier", key), ylim=(-0.02, 1.02))
+              for key, lbl in (("neuron_fve", "FVE, neuron (Nanda)"), ("ls_fve", "FVE, least squares"),
+                               ("embedding_fve", "FVE, embedding"))]
+    f.over_time(
+        "fourier_fve", "Fourier-circuit FVE against step",
+        "Fraction of variance explained by the key frequencies: neuron activations (Nanda's 2-D block "
+        "definition), least squares on the readout directions (bounded-sphere paper), and the embedding; "
+        "aligned with test accuracy. Definitions: docs/ANALYSES.md.", panels, "Fourier-circuit FVE")
+    spec, clus = fourier_grids(f.groups, f.colours, f.steps)
+    which = f.which_runs()
+    f.figs.append(FigureSpec(
+        "fourier_spectrum", "Embedding Fourier spectrum at chosen checkpoints",
+        f"Share of the embedding's Fourier power per frequency k (W_E without the '=' row), {which}, at the "
+        "stored checkpoints nearest the start, memorization, grokking and the end; key frequencies outlined.",
+        spec))
+    f.figs.append(FigureSpec(
+        "neuron_clusters", "Neuron-frequency clusters at chosen checkpoints",
+        f"MLP neurons whose variance lies >= the cluster threshold in one frequency's 2-D block, counted per "
+        f"frequency ({which}, same checkpoints); the rest are unclustered.", clus))
+
+
+def _head_lines(f: _Figs) -> list[F.Line]:
+    """The attention mass of every head of every run, dotted, over time."""
+    heads = []
+    for g, c in zip(f.groups, f.colours):
+        for r in g.runs:
+            st = r.stored.get("attention")
+            if st is None or not st.steps:
+                continue
+            per = np.stack([np.asarray(v, dtype=float) for v in st.values["mass_per_head"]])  # [n, L, H]
+            s = np.asarray(st.steps)
+            for layer in range(per.shape[1]):
+                for h in range(per.shape[2]):
+                    x, y = _positive(s, per[:, layer, h])
+                    heads.append(F.Line(x, y, c, style=(0, (1, 1))))
+    return heads
+
 
 def _attention_figures(f: _Figs) -> None:
     """Attention at the readout position over time and its patterns at chosen checkpoints."""
-    groups, colours, thr, acc, marks, steps = f.groups, f.colours, f.thr, f.acc, f.marks, f.steps
-    figs, missing = f.figs, f.missing
-    if _present(groups, "attention"):
-        mass = measure_lines(groups, colours, "attention", "mass", "mean")
-        mn = measure_lines(groups, colours, "attention", "min_token_mass", "mean")
-        heads = []
-        for g, c in zip(groups, colours):
-            for r in g.runs:
-                st = r.stored.get("attention")
-                if st is None or not st.steps:
-                    continue
-                per = np.stack([np.asarray(v, dtype=float) for v in st.values["mass_per_head"]])  # [n, L, H]
-                s = np.asarray(st.steps)
-                for layer in range(per.shape[1]):
-                    for h in range(per.shape[2]):
-                        x, y = _positive(s, per[:, layer, h])
-                        heads.append(F.Line(x, y, c, style=(0, (1, 1))))
-        panels = [F.Panel("mass on informative tokens\n(mean over heads and inputs)", mass, ylim=(-0.02, 1.02)),
-                  F.Panel("per head (dotted)", heads, ylim=(-0.02, 1.02)),
-                  F.Panel("least-attended informative token\n(mean over inputs)", mn, ylim=(-0.02, 1.02))]
-        figs.append(FigureSpec(
-            "attention", "Attention at the readout position over time",
-            "Attention of the readout query on the informative tokens (a, b): total mass, per head, and the mass "
-            "on the least-attended informative token; uniform attention sits at 2/3 by construction.",
-            F.aligned_panels(acc, panels, title="Attention at the readout position", threshold=thr,
-                             marks=marks)))
-        grid = pattern_grid(groups, steps)
-        if grid is not None:
-            which = "first seed of each group" if any(g.n > 1 for g in groups) else "each run"
-            figs.append(FigureSpec(
-                "attention_patterns", "Attention patterns at the readout position at chosen checkpoints",
-                f"The readout query's attention weights over the source positions (columns) for every head (rows) "
-                f"of the last attention layer, mean over all inputs; {which}, at the stored checkpoints nearest "
-                "the start, memorization, grokking and the end.", grid))
-    else:
-        missing.append(("Attention at the readout position", _why_missing(groups, "attention")))
+    if f.lacks("attention", "Attention at the readout position"):
+        return
+    unit = (-0.02, 1.02)
+    panels = [F.Panel("mass on informative tokens\n(mean over heads and inputs)", f.lines("attention", "mass", "mean"),
+                      ylim=unit),
+              F.Panel("per head (dotted)", _head_lines(f), ylim=unit),
+              F.Panel("least-attended informative token\n(mean over inputs)",
+                      f.lines("attention", "min_token_mass", "mean"), ylim=unit)]
+    f.over_time(
+        "attention", "Attention at the readout position over time",
+        "Attention of the readout query on the informative tokens (a, b): total mass, per head, and the mass "
+        "on the least-attended informative token; uniform attention sits at 2/3 by construction.",
+        panels, "Attention at the readout position")
+    grid = pattern_grid(f.groups, f.steps)
+    if grid is not None:
+        f.figs.append(FigureSpec(
+            "attention_patterns", "Attention patterns at the readout position at chosen checkpoints",
+            f"The readout query's attention weights over the source positions (columns) for every head (rows) "
+            f"of the last attention layer, mean over all inputs; {f.which_runs()}, at the stored checkpoints "
+            "nearest the start, memorization, grokking and the end.", grid))
+
 
 def _hessian_figures(f: _Figs) -> None:
     """Hessian top eigenvalue and trace over time."""
-    groups, colours, thr, acc, marks = f.groups, f.colours, f.thr, f.acc, f.marks
-    figs, missing = f.figs, f.missing
-    if _present(groups, "sharpness"):
-        top = measure_lines(groups, colours, "sharpness", "top_eigenvalues", "first")
-        tr = measure_lines(groups, colours, "sharpness", "trace")
-        panels = [F.Panel("Hessian top eigenvalue", top, yscale=_yscale(top)),
-                  F.Panel("Hessian trace (Hutchinson)", tr, yscale=_yscale(tr))]
-        figs.append(FigureSpec(
-            "hessian", "Hessian top eigenvalue and trace over time",
-            "Largest Hessian eigenvalue of the float64 training loss (eigsh, largest algebraic) and its "
-            "Hutchinson trace, weight decay excluded.",
-            F.aligned_panels(acc, panels, title="Sharpness", threshold=thr, marks=marks)))
-    else:
-        missing.append(("Hessian top eigenvalue and trace", _why_missing(groups, "sharpness")))
+    if f.lacks("sharpness", "Hessian top eigenvalue and trace"):
+        return
+    top, tr = f.lines("sharpness", "top_eigenvalues", "first"), f.lines("sharpness", "trace")
+    f.over_time(
+        "hessian", "Hessian top eigenvalue and trace over time",
+        "Largest Hessian eigenvalue of the float64 training loss (eigsh, largest algebraic) and its "
+        "Hutchinson trace, weight decay excluded.",
+        [F.Panel("Hessian top eigenvalue", top, yscale=_yscale(top)),
+         F.Panel("Hessian trace (Hutchinson)", tr, yscale=_yscale(tr))], "Sharpness")
+
 
 def _rank_figures(f: _Figs) -> None:
     """Effective rank over time."""
-    groups, colours, thr, acc, marks = f.groups, f.colours, f.thr, f.acc, f.marks
-    figs, missing = f.figs, f.missing
-    if _present(groups, "rank"):
-        resid = measure_lines(groups, colours, "rank", "roy_vetterli_centred@{site}")
-        mlp = measure_lines(groups, colours, "rank", "roy_vetterli_centred@{mlp}")
-        panels = [F.Panel("effective rank, last hidden\nrepresentation (centred)", resid)]
-        if mlp:
-            panels.append(F.Panel("effective rank,\nMLP neurons (centred)", mlp))
-        figs.append(FigureSpec(
-            "effective_rank", "Effective rank over time",
-            "Roy-Vetterli effective rank exp(entropy of normalised singular values) of the centred activations at "
-            "the readout position over all inputs.",
-            F.aligned_panels(acc, panels, title="Effective rank", threshold=thr, marks=marks)))
-    else:
-        missing.append(("Effective rank over time", _why_missing(groups, "rank")))
+    if f.lacks("rank", "Effective rank over time"):
+        return
+    panels = [F.Panel("effective rank, last hidden\nrepresentation (centred)",
+                      f.lines("rank", "roy_vetterli_centred@{site}"))]
+    mlp = f.lines("rank", "roy_vetterli_centred@{mlp}")
+    if mlp:
+        panels.append(F.Panel("effective rank,\nMLP neurons (centred)", mlp))
+    f.over_time(
+        "effective_rank", "Effective rank over time",
+        "Roy-Vetterli effective rank exp(entropy of normalised singular values) of the centred activations at "
+        "the readout position over all inputs.", panels, "Effective rank")
+
 
 def _radial_figures(f: _Figs) -> None:
     """Radius and rho against the 1/d baseline over time."""
-    groups, colours, thr, acc, marks = f.groups, f.colours, f.thr, f.acc, f.marks
-    figs, missing = f.figs, f.missing
-    if _present(groups, "radial"):
-        radius = measure_lines(groups, colours, "radial", "radius_mean@{site}")
-        rho = measure_lines(groups, colours, "radial", "rho@{site}")
-        baselines = {}
-        for g, c in zip(groups, colours):
-            for r in g.runs:
-                s = stored_series(r, "radial", _key_for(r, "radial", "rho_baseline@{site}") or "", "scalar")
-                if s is not None:
-                    baselines.setdefault(round(float(s[1][0]), 12), c)
-        hl = ([(b, "black", f"isotropic 1/d = {fmt_number(b)}") for b in baselines] if len(baselines) == 1 else
-              [(b, c, f"1/d = {fmt_number(b)}") for b, c in baselines.items()])
-        panels = [F.Panel("activation radius\n||h|| / sqrt(d)", radius, yscale=_yscale(radius)),
-                  F.Panel("radial gradient\nenergy rho", rho, hlines=hl, yscale=_yscale(rho))]
-        figs.append(FigureSpec(
-            "radial", "Radius and rho against the 1/d baseline",
-            "Activation radius of the last hidden representation and its radial gradient energy rho (share of "
-            "each gradient along its activation), against the isotropic baseline 1/d (dotted).",
-            F.aligned_panels(acc, panels, title="Radial-angular decomposition", threshold=thr,
-                             marks=marks)))
-    else:
-        missing.append(("Radius and rho", _why_missing(groups, "radial")))
+    if f.lacks("radial", "Radius and rho"):
+        return
+    radius, rho = f.lines("radial", "radius_mean@{site}"), f.lines("radial", "rho@{site}")
+    baselines = {}
+    for g, c in zip(f.groups, f.colours):
+        for r in g.runs:
+            s = stored_series(r, "radial", _key_for(r, "radial", "rho_baseline@{site}") or "", "scalar")
+            if s is not None:
+                baselines.setdefault(round(float(s[1][0]), 12), c)
+    hl = ([(b, "black", f"isotropic 1/d = {fmt_number(b)}") for b in baselines] if len(baselines) == 1 else
+          [(b, c, f"1/d = {fmt_number(b)}") for b, c in baselines.items()])
+    f.over_time(
+        "radial", "Radius and rho against the 1/d baseline",
+        "Activation radius of the last hidden representation and its radial gradient energy rho (share of "
+        "each gradient along its activation), against the isotropic baseline 1/d (dotted).",
+        [F.Panel("activation radius\n||h|| / sqrt(d)", radius, yscale=_yscale(radius)),
+         F.Panel("radial gradient\nenergy rho", rho, hlines=hl, yscale=_yscale(rho))],
+        "Radial-angular decomposition")
