@@ -35,7 +35,7 @@ def undetermined(why: str) -> str:
 
 def speedup_verdict(sp: dict[str, Any], *, above: float = 1.0, claim_faster: bool = True) -> str:
     """Verdict on "speed-up > above" (claim_faster) or "speed-up <= above" (not), from a speed-up
-    dict of `compare.speedup` (value, bound: None | lower | upper, ci_note)."""
+    dict of `compare.speedup` (value, ci, bound: None | lower | upper, ci_note)."""
     v, bound = sp.get("value"), sp.get("bound")
     if v is None:
         return undetermined(sp.get("ci_note") or "no grokking time")
