@@ -422,7 +422,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def demo(out_dir, scale, force, workers, quiet) -> None:
     """Train standard, bounded-sphere, uniform-attention and activation-norm models; compare; report."""
-    from groklens.demo import run_demo
+    from groklens.experiments.demo import run_demo
 
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
 

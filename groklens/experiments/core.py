@@ -192,10 +192,14 @@ class Experiment:
     scales: dict[str, Scale]
     plan: Callable[[Scale, str], Plan]
     read: Callable[[Context], list[Row]]
-    analyses: Callable[[Scale, str], list[tuple[str, dict[str, Any], str]]]  # (name, params, where: end|phases|every)
+    # (name, params, where): where is end | phases | every (about 20 along, and the phases), or
+    # a checkpoint choice of analyses/runner.choose_checkpoints ('every:2+phases')
+    analyses: Callable[[Scale, str], list[tuple[str, dict[str, Any], str]]]
+    seeds: dict[str, int] | None = None  # seeds by scale when not DEFAULT_SEEDS
+    published: bool = True  # False: no published numbers to reproduce (the demo)
 
     def seeds_default(self, scale: str) -> int:
-        return DEFAULT_SEEDS[scale]
+        return (self.seeds or DEFAULT_SEEDS)[scale]
 
 
 @dataclass

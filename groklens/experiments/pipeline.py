@@ -13,7 +13,7 @@ from typing import Any
 
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.core import (
-    CPU_FLOPS, Context, DEFAULT_SEEDS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END,
+    CPU_FLOPS, Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END,
     Result, SCALES, STEP_OVERHEAD_S, Scale, _fmt_duration
 )
 
@@ -99,7 +99,7 @@ def listing(ledger_dir: str | Path | None = None) -> list[dict[str, Any]]:
         e = EXPERIMENTS.get(name)
         item = {"name": e.name, "summary": e.summary, "scales": {}}
         for scale in SCALES:
-            n = DEFAULT_SEEDS[scale]
+            n = e.seeds_default(scale)
             cfgs = [c for _, _, c in run_configs(e, scale, n)]
             secs = estimate_seconds(cfgs)
             measured = measured_wall(dirs, e.name, scale)
@@ -257,7 +257,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
 
     # 2. analyze the new runs and record them in the ledger
     new = ready + todo
-    notes = _analyze(exp, sc, scale, [r.path for r in new], progress)
+    notes = _analyze(exp, sc, scale, [r.path for r in new], n_workers, progress)
     keys = _measure_keys(exp, sc, scale)
     for r in new:
         led.add(summarize_run(r.path, name, r.variant, r.seed, keys))
@@ -332,14 +332,15 @@ def _run_wall(arms: dict[str, list[Any]]) -> str:
 
 
 # an experiment's analysis places (Experiment.analyses) -> analyses/runner.choose_checkpoints
+# (other places are checkpoint choices already)
 _WHERE = {"end": "end", "phases": "phases", "every": "about:20+phases"}
 
 
-def _analyze(exp: Experiment, sc: Scale, scale: str, paths: list[Path], progress: bool) -> list[str]:
+def _analyze(exp: Experiment, sc: Scale, scale: str, paths: list[Path], workers: int, progress: bool) -> list[str]:
     from groklens.analyses.runner import analyze_runs
 
-    requests = [(name, params, _WHERE[where]) for name, params, where in exp.analyses(sc, scale)]
-    return analyze_runs(paths, requests, progress=progress) if requests else []
+    requests = [(name, params, _WHERE.get(where, where)) for name, params, where in exp.analyses(sc, scale)]
+    return analyze_runs(paths, requests, workers=workers, progress=progress) if requests else []
 
 
 def _json_default(x):

@@ -1,5 +1,6 @@
 """groklens demo end to end at the smoke scale: trains the four variants, analyzes, prints the
-table, writes the report, says where it is; refuses to overwrite runs without --force."""
+table, writes the report, says where it is; refuses to overwrite runs without --force. The demo
+is the experiment "demo" of the registry, run through the reproduce pipeline."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import re
 
 import pytest
 
-from groklens.demo import SCALES, VARIANTS, run_names
+from groklens import experiments as E
+from groklens.experiments.demo import SCALES, VARIANTS, run_names
 from tests.helpers import groklens
 
 
@@ -28,10 +30,16 @@ def test_smoke_demo_end_to_end(smoke):
     assert lines[-1].startswith("demo finished in ") and lines[-1].endswith(f"report: {index.resolve()}")
     assert index.exists()
     # every run trained, with its analyses beside it
-    names = [name for _, name, _ in run_names(SCALES["smoke"])]
-    assert len(names) == len(VARIANTS) * len(SCALES["smoke"].seeds)
+    names = run_names("smoke")
+    assert len(names) == len(VARIANTS) * 2
     for name in names:
         assert (out / "runs" / f"{name}.h5").exists() and (out / "runs" / f"{name}.analyses.h5").exists()
+    # the reproduce pipeline's records: every run in the ledger, the rows in results.json
+    ledger = json.loads((out / "ledger" / "demo.smoke.json").read_text())
+    assert sorted(f"{r['arm']}_s{r['seed']}" for r in ledger["runs"]) == sorted(names)
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["measure"].split(", ", 1)[0] for r in rows[:4]] == ["grok step"] * 4
+    assert len(rows) == 4 + 3 and all(r["published"]["value"] is None and r["ratio"] is None for r in rows)
     # the printed table: one row per variant, the standard model the baseline
     head = next(i for i, ln in enumerate(lines) if ln.startswith("variant "))
     rows = lines[head + 2: head + 2 + len(VARIANTS)]
@@ -83,11 +91,15 @@ def test_demo_scales_are_the_reproduce_scales():
     assert set(SCALES) == set(REPRODUCE_SCALES)
 
 
-def test_demo_scales_are_valid_configs():
-    from groklens.config import RunConfig
-
-    for sc in SCALES.values():
-        for _variant, _run, cfg in run_names(sc):
-            RunConfig.from_dict(cfg)  # every demo run is a valid config
-    paper = dict(run_names(SCALES["paper"])[0][2])
-    assert paper["p"] == 113 and paper["train_frac"] == 0.3 and paper["d_model"] == 128 and paper["d_mlp"] == 512
+def test_demo_is_the_registry_experiment_with_its_own_seeds_and_schedule():
+    exp = E.get_experiment("demo")
+    assert not exp.published and exp.scales is SCALES
+    for scale in SCALES:
+        runs = E.run_configs(exp, scale, exp.seeds_default(scale))  # every demo run is a valid config
+        assert [name for _, name, _ in runs] == run_names(scale)
+    assert (exp.seeds_default("quick"), exp.seeds_default("smoke")) == (3, 2)
+    paper = E.run_configs(exp, "paper", 1)[0][2]
+    assert (paper.p, paper.train_frac, paper.d_model, paper.d_mlp) == (113, 0.3, 128, 512)
+    # the cheap default set at every second checkpoint, sharpness at every tenth; both at the phases
+    where = {name: w for name, _, w in exp.analyses(SCALES["quick"], "quick")}
+    assert where.pop("sharpness") == "every:10+phases" and set(where.values()) == {"every:2+phases"}

@@ -1,0 +1,197 @@
+"""The demo (`groklens demo`, `make demo`): an experiment without published numbers.
+
+Grokking and four ways it changes: a standard (pre-LayerNorm) transformer, a bounded-sphere
+transformer, a uniform-attention transformer and an activation-norm-regularized one on one small
+modular-addition task, three seeds each (two at smoke). Its rows are our grokking steps and the
+speed-ups over the standard model; there is nothing published to set beside them.
+
+Scales:
+  quick   the small task below, on CPU; chosen by measurement so that the standard model groks
+          visibly late and the other three early (docs/CLI.md gives the numbers measured while
+          choosing it)
+  paper   the canonical p=113 setup (Nanda et al.; 30% of pairs, d_model 128, 4 heads, d_mlp
+          512): meant for a GPU
+  smoke   a tiny end-to-end check for the test suite; it proves the pipeline, not grokking
+
+`groklens demo` is `groklens reproduce demo` into OUT (default ./demo-out) that always trains
+afresh: OUT/runs/VARIANT_sSEED.h5 (+ .analyses.h5 sidecars), OUT/ledger, OUT/report (index.html,
+figures, comparison.csv/json), OUT/comparison.txt and results.json. Existing demo runs are never
+overwritten without `force`; nothing else in OUT is touched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from groklens.errors import BadInput
+from groklens.experiments.core import Context, Experiment, Plan, Published, Row, Scale, _register, grok_row, speedup_row
+
+# The variants: each a switch of the one transformer (docs/VARIANTS.md). The baseline is a
+# standard pre-LayerNorm transformer; "uniform" and "act_norm" change only their one switch.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "standard": {"norm": "ln"},
+    "sphere": {"norm": "sphere", "unembed": "bounded"},
+    "uniform": {"norm": "ln", "attention": "uniform"},
+    "act_norm": {"norm": "ln", "act_norm_lambda": 1.0},
+}
+BASELINE = "standard"
+LABELS = {"standard": "standard (pre-LayerNorm)", "sphere": "bounded sphere", "uniform": "uniform attention",
+          "act_norm": "activation-norm penalty (lambda 1)"}
+SOURCE = "the demo (no published number)"
+
+
+def demo_scale(base: dict[str, Any], note: str, seeds: int, analyze_every: int,
+               sparse: list[tuple[str, dict[str, Any]]], sparse_every: int) -> Scale:
+    """A demo scale: the cheap default analyses at every `analyze_every`-th checkpoint, the costly
+    `sparse` ones at every `sparse_every`-th; both at memorization, grokking and the end too."""
+    return Scale(base, note, {"seeds": seeds, "analyze_every": analyze_every, "sparse_analyses": sparse,
+                              "sparse_every": sparse_every})
+
+
+SCALES: dict[str, Scale] = {
+    "quick": demo_scale(
+        dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, lr=3e-3, weight_decay=1.0,
+             steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4, device="cpu"),
+        "p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU", seeds=3, analyze_every=2,
+        # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
+        sparse=[("sharpness", {"top_k": 1, "trace_samples": 10})], sparse_every=10),
+    "paper": demo_scale(
+        dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3, weight_decay=1.0,
+             steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10, device="auto"),
+        "the canonical p=113 setup (Nanda et al. 2023), meant for a GPU", seeds=3, analyze_every=2,
+        sparse=[("sharpness", {"top_k": 3, "trace_samples": 30})], sparse_every=4),
+    "smoke": demo_scale(
+        dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3, weight_decay=1.0,
+             steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
+        "smoke: a tiny pipeline check (p=7, d_model 16, 40 steps; does not grok)", seeds=2, analyze_every=1,
+        sparse=[("sharpness", {"top_k": 1, "trace_samples": 4})], sparse_every=4),
+}
+
+
+def cheap_analyses() -> list[tuple[str, dict[str, Any]]]:
+    """The default analysis set (analyses/registry.py) that the comparison and the report show,
+    each with its cheap parameters: the demo has minutes, not hours."""
+    from groklens.analyses.compare import ANALYSES_USED
+    from groklens.analyses.registry import default_requests
+
+    return default_requests(ANALYSES_USED, cheap=True)
+
+
+def _plan(sc: Scale, scale: str) -> Plan:
+    return Plan(VARIANTS, BASELINE, sc.base)
+
+
+def _analyses(sc: Scale, scale: str) -> list[tuple[str, dict[str, Any], str]]:
+    every, sparse_every = sc.extra["analyze_every"], sc.extra["sparse_every"]
+    return ([(n, p, f"every:{every}+phases") for n, p in cheap_analyses()]
+            + [(n, p, f"every:{sparse_every}+phases") for n, p in sc.extra["sparse_analyses"]])
+
+
+def _read(ctx: Context) -> list[Row]:
+    none = Published(None, "none", SOURCE)
+    rows = [grok_row(ctx, f"grok step, {LABELS[v]}", none, v, ctx.sc.note) for v in VARIANTS]
+    rows += [speedup_row(ctx, f"speed-up over the standard model: {LABELS[v]}", none, BASELINE, v, ctx.sc.note)
+             for v in VARIANTS if v != BASELINE]
+    return rows
+
+
+_register(Experiment(
+    "demo",
+    "the demo: a standard, a bounded-sphere, a uniform-attention and an activation-norm transformer on one "
+    "modular-addition task (no published numbers)",
+    SCALES, _plan, _read, _analyses, seeds={s: sc.extra["seeds"] for s, sc in SCALES.items()}, published=False))
+
+
+# ---------------------------------------------------------------------- `groklens demo`
+DEFAULT_OUT = "demo-out"  # ignored by git (.gitignore)
+RENAMED_SCALES = {"laptop": "quick"}  # old spelling -> name: refused with a hint
+
+
+@dataclass
+class DemoResult:
+    out_dir: Path
+    runs: list[Path]
+    report: Path | None
+    table: str
+    wall_s: float
+    notes: list[str]
+
+
+def run_names(scale: str) -> list[str]:
+    """The run names of the demo at `scale` (reproduce's: VARIANT_sSEED)."""
+    return [f"{v}_s{seed}" for v in VARIANTS for seed in range(1, SCALES[scale].extra["seeds"] + 1)]
+
+
+def _check_out(out: Path, scale: str, force: bool, workers: int | None) -> None:
+    from groklens.trainers.sweeps import run_path
+
+    if scale in RENAMED_SCALES:
+        raise BadInput(f"--scale {scale} is now called {RENAMED_SCALES[scale]} (the scale names of `reproduce`)")
+    if scale not in SCALES:
+        raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{out} exists and is not a directory")
+    if not out.exists() and not out.parent.is_dir():
+        raise BadInput(f"directory {out.parent} does not exist")
+    for d in (out / "runs", out / "report", out / "ledger"):
+        if d.exists() and not d.is_dir():
+            raise BadInput(f"{d} exists and is not a directory")
+    existing = [p for p in (run_path(out / "runs", n) for n in run_names(scale)) if p.exists()]
+    if existing and not force:
+        shown = ", ".join(p.name for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
+        raise BadInput(f"{out / 'runs'} already holds demo runs ({shown}); use --force to train them again, "
+                       f"or -o another directory")
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be >= 1; got {workers}")
+
+
+def _clear(out: Path, scale: str) -> None:
+    """The demo's own files of this scale, by exact name (runs, sidecars, error records, its
+    ledger): the demo always trains afresh; nothing else in OUT is touched."""
+    from groklens.checkpoints import sidecar_path
+    from groklens.experiments.ledger import ledger_path
+    from groklens.trainers.sweeps import error_path, run_path
+
+    for name in run_names(scale):
+        p = run_path(out / "runs", name)
+        p.unlink(missing_ok=True)
+        sidecar_path(p).unlink(missing_ok=True)
+        error_path(out / "runs", name).unlink(missing_ok=True)
+    ledger_path(out / "ledger", "demo", scale).unlink(missing_ok=True)
+
+
+def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "quick", force: bool = False,
+             workers: int | None = None, progress: bool = True, echo: Callable[[str], None] = print) -> DemoResult:
+    """`reproduce demo` into OUT (its ledger OUT/ledger), always training afresh: existing demo
+    runs are refused without `force`; prints the comparison table and where the report is."""
+    from groklens.experiments.pipeline import reproduce
+
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    _check_out(out, scale, force, workers)
+    out.mkdir(exist_ok=True)
+    _clear(out, scale)
+    sc = SCALES[scale]
+    if scale == "paper":
+        import torch
+
+        if not torch.cuda.is_available():
+            echo("groklens demo: no CUDA device here; the paper scale on CPU takes many hours")
+    echo(f"groklens demo --scale {scale} ({sc.note}): {len(run_names(scale))} runs ({', '.join(VARIANTS)} x "
+         f"{sc.extra['seeds']} seeds) into {out / 'runs'}")
+    res = reproduce("demo", scale, out, workers=workers, ledger_dir=out / "ledger", progress=progress,
+                    echo=lambda _m: None)
+    table = (out / "comparison.txt").read_text().rstrip("\n")
+    echo("")
+    echo(table)
+    echo("")
+    for note in res.notes:
+        echo(note)
+    wall = time.perf_counter() - t0
+    where = res.report.resolve() if res.report else "none (no run files)"
+    echo(f"demo finished in {wall:.0f} s; report: {where}")
+    return DemoResult(out, res.runs, res.report, table, wall, res.notes)
