@@ -202,3 +202,16 @@ def test_check_refuses_bad_hyperparameters(params, message):
     model, data = tiny_transformer(p=5)
     with pytest.raises(BadInput, match=message):
         check(model, data, params)
+
+
+@pytest.mark.slow
+def test_compare_reads_llc_at_the_end(tmp_path):
+    from groklens.analyses import compute
+    from groklens.analyses.compare import compare
+
+    path = tmp_path / "run.h5"
+    train_tiny(path)
+    last = int(Trajectory(path).steps[-1])
+    res = compute(path, "llc", steps=[last], chains=2, draws=6, burnin=2, minibatch=8)
+    row, = compare([path]).rows()
+    assert row["analyses"]["llc"]["end"]["mean"] == pytest.approx(float(res["llc_mean"][0]))
