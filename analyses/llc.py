@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
 TRACE_BINS = 20
 SEED_STRIDE = 1_000_003  # > any number of chains
 # calibrated on the demo's p=23 runs (docs/ANALYSES.md, "llc"); devinterp 2.x has no default
-DEFAULT_LR = 3e-6
-DEFAULT_LOCALIZATION = 3e4
+DEFAULT_LR = 5e-7
+DEFAULT_LOCALIZATION = 1e5
 
 
 
@@ -215,7 +215,7 @@ def llc(
     nbeta: float | None = None,
     chains: int = 4,
     draws: int = 200,
-    burnin: int = 20,
+    burnin: int = 50,
     minibatch: int = 32,
     eval_set: str = "train",
     loss: str | None = None,

@@ -15,7 +15,7 @@ HEADLINE = {"attention": ["mass"], "fourier": ["neuron_fve", "restricted_loss_al
             "grokking": ["thresholds"], "llc": ["llc_mean", "llc_per_chain"], "norms": ["weight_norm"], "probe": ["accuracy"],
             "radial": ["rho@blocks.0.hook_resid_post", "radius_mean@blocks.0.hook_resid_post"],
             "rank": ["rankme@blocks.0.hook_resid_post"], "sharpness": ["top_eigenvalues", "trace"]}
-CHEAP = {"sharpness": {"top_k": 1, "trace_samples": 3}, "llc": {"chains": 2, "draws": 4, "minibatch": 8},
+CHEAP = {"sharpness": {"top_k": 1, "trace_samples": 3}, "llc": {"chains": 2, "draws": 4, "burnin": 2, "minibatch": 8},
          "probe": {"site": "blocks.0.hook_resid_post", "target": "answer"}}
 
 

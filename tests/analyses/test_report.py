@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
         for name in ("fourier", "attention", "rank", "radial"):
             compute(paths[key], name, every=2)
         compute(paths[key], "sharpness", every=3, top_k=1, trace_samples=4)
-        compute(paths[key], "llc", every=3, chains=2, draws=4, minibatch=8)
+        compute(paths[key], "llc", every=3, chains=2, draws=4, burnin=2, minibatch=8)
     return paths
 
 
