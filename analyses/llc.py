@@ -122,6 +122,23 @@ def _holder(model):
     return Holder(model)
 
 
+@contextlib.contextmanager
+def _kept_global_rngs(device: str):
+    """devinterp seeds the global random, numpy and torch generators per chain: the caller's
+    (the next analysis's) draws must not depend on whether llc ran before them."""
+    import random
+
+    import torch
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
 def _blocks(x: np.ndarray, k: int) -> np.ndarray:
     """Means of k near-equal consecutive blocks along the last axis (fewer when it is shorter)."""
     parts = np.array_split(x, min(k, x.shape[-1]), axis=-1)
@@ -146,7 +163,7 @@ def sgld_llc(model, row_loss: Callable, n_rows: int, *, lr: float, localization:
     gc.freeze()
     try:
         # devinterp warns per failed chain (we count them) and draws a progress bar per chain
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), _kept_global_rngs(device):
             warnings.simplefilter("ignore")
             tree = sample(_holder(model), rows.dataset, {}, lr=float(lr), n_beta=nb, num_chains=chains,
                           num_draws=draws, num_burnin_steps=burnin, batch_size=minibatch, localization=float(localization),

@@ -215,3 +215,16 @@ def test_compare_reads_llc_at_the_end(tmp_path):
     res = compute(path, "llc", steps=[last], chains=2, draws=6, burnin=2, minibatch=8)
     row, = compare([path]).rows()
     assert row["analyses"]["llc"]["end"]["mean"] == pytest.approx(float(res["llc_mean"][0]))
+
+
+def test_global_generators_are_left_as_they_were():
+    import random
+
+    x, y, w_star = _problem(2, seed=2)
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    sgld_llc(Regular(w_star).double(), lambda m, rows: 0.5 * (m(x[rows]) - y[rows]) ** 2, N, lr=LR,
+             localization=GAMMA, nbeta=NB, chains=1, draws=4, burnin=0, minibatch=N)
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]) and got[2] == expected[2]
