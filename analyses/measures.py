@@ -39,6 +39,7 @@ MEASURES: tuple[Measure, ...] = (
     Measure("radius", "radial", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
     Measure("rho", "radial", "rho@{site}", "radial gradient energy rho"),
     Measure("rho_baseline", "radial", "rho_baseline@{site}", "isotropic baseline of rho (1/d)"),
+    Measure("llc", "llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)"),
 )
 ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 

@@ -100,6 +100,11 @@ def _load_builtins() -> None:
         "grokking", grokking.grokking_table, signature_defaults(grokking.grokking_table),
         "memorization and grokking steps per accuracy threshold (test accuracy >= threshold), with censoring",
         kind="run"))
+    llc = mod("llc")
+    ANALYSES.register("llc")(Analysis(
+        "llc", llc.llc, signature_defaults(llc.llc),
+        "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
+        check=llc.check, in_default_set=False))
     ANALYSES.register("probe")(Analysis(
         "probe", probing.probe, signature_defaults(probing.probe),
         "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",

@@ -287,7 +287,8 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
     acc = accuracy_lines(groups, colours)
     marks = [(m, c) for m, c in zip(means, colours) if m is not None]
     f = _Figs(groups, colours, thr, acc, marks, steps, figs, missing)
-    for family in (_fourier_figures, _attention_figures, _hessian_figures, _rank_figures, _radial_figures):
+    for family in (_fourier_figures, _attention_figures, _hessian_figures, _llc_figures, _rank_figures,
+                   _radial_figures):
         family(f)
     return figs, missing
 
@@ -403,6 +404,20 @@ def _hessian_figures(f: _Figs) -> None:
         "Hutchinson trace, weight decay excluded.",
         [F.Panel("Hessian top eigenvalue", top, yscale=_yscale(top)),
          F.Panel("Hessian trace (Hutchinson)", tr, yscale=_yscale(tr))], "Sharpness")
+
+
+def _llc_figures(f: _Figs) -> None:
+    """The local learning coefficient over time, with its spread over SGLD chains."""
+    if f.lacks("llc", "Local learning coefficient over time"):
+        return
+    mean, spread = f.lines("llc", "llc_mean"), f.lines("llc", "llc_std")
+    f.over_time(
+        "llc", "Local learning coefficient over time",
+        "LLC estimate n*beta (E[L] - L(w*)) by devinterp's SGLD at each analyzed checkpoint, mean over chains, "
+        "and the standard deviation across chains; the sampler's hyperparameters and how to calibrate them: "
+        "docs/ANALYSES.md, \"llc\".",
+        [F.Panel("LLC (mean over chains)", mean), F.Panel("LLC spread\n(std across chains)", spread)],
+        "Local learning coefficient")
 
 
 def _rank_figures(f: _Figs) -> None:

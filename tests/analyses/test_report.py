@@ -17,7 +17,7 @@ from tests.analyses.test_compare import make_runs
 from tests.helpers import groklens, tiny_config
 
 ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "attention",
-               "attention_patterns", "hessian", "effective_rank", "radial"}
+               "attention_patterns", "hessian", "llc", "effective_rank", "radial"}
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,7 @@ def runs(tmp_path_factory):
         for name in ("fourier", "attention", "rank", "radial"):
             compute(paths[key], name, every=2)
         compute(paths[key], "sharpness", every=3, top_k=1, trace_samples=4)
+        compute(paths[key], "llc", every=3, chains=2, draws=4, burnin=2, minibatch=8)
     return paths
 
 
@@ -81,7 +82,7 @@ def test_missing_figures_are_listed_with_the_reason(runs, tmp_path):
     res = build_report([runs["sphere_s2"]], tmp_path / "rep")  # nothing stored for this run
     assert {p.stem[4:] for p in res.figures} == {"curves", "grokking_times"}
     titles = [t for t, _ in res.missing]
-    assert len(titles) == 7 and any("Hessian" in t for t in titles)
+    assert len(titles) == 8 and any("Hessian" in t for t in titles)
     assert all("groklens analyze" in why for _, why in res.missing)
     page = parse(res.index)
     assert "missing" in page.ids and "Fourier" in res.index.read_text()

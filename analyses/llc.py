@@ -1,0 +1,260 @@
+"""The local learning coefficient (LLC) by SGLD, through devinterp (docs/ANALYSES.md, "llc").
+
+  LLC_hat(w*) = n*beta * (E_w[L_n(w)] - L_n(w*)),   beta = 1 / log n by default
+
+w* is the checkpoint, L_n the run's own task loss (cross-entropy, or its StableMax loss) at the
+readout position(s), a per-input mean over the evaluation set of n inputs (default: the run's
+training inputs), weight decay and regularizer terms excluded. The expectation is over the
+localized tempered posterior exp(-n*beta L_n(w) - gamma/2 ||w - w*||^2), sampled by devinterp's
+SGLD (`devinterp.slt.sampling.sample` with its SGMCMC.sgld optimizer): `chains` chains of
+`burnin` + `draws` steps of size `lr`, minibatches of `minibatch` inputs, localization
+gamma = `localization`, inverse temperature `nbeta` (None: n / log n). devinterp feeds the loss
+through its `evaluate` hook; here that is the run's per-input loss, each "sequence" devinterp
+sees being one input's row index. L_n(w*) is devinterp's init loss (its mean over 32
+minibatches at w*). Each chain's estimate averages its loss over the draws (the steps after
+burn-in, as Lau et al. 2023); with burnin 0 it is devinterp's `compute_llc` exactly
+(llc_devinterp, which always averages every step).
+
+Diagnostics (devinterp 2.x computes no MALA acceptance; these show an uncalibrated sampler):
+  trace         [chains, <= TRACE_BINS] n*beta (L - L_n(w*)) over every step (burn-in
+                included), in equal consecutive blocks: flat after burn-in once a chain mixed
+  trace_drift   [chains] n*beta x (mean loss over the second half of the draws - first half):
+                ~0 when stationary; >> 0 the chain still climbs (too few steps, lr too small);
+                < 0 it finds lower loss than w* (not a minimum: the LLC can come out negative)
+  failed_chains chains whose loss went non-finite (lr too large): llc_mean is then NaN
+  distance      [chains] ||w - w*|| at the last step, and grad_noise [chains], the mean over
+                the draws of ||gradient step|| / ||noise step|| (devinterp's save_metrics
+                norms; NaN unless save_metrics, which makes a step ~2.5x slower)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import io
+import math
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from groklens.analyses.common import check_loss, eval_rows, task_loss
+from groklens.errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from groklens.tasks import TaskData
+
+TRACE_BINS = 20
+SEED_STRIDE = 1_000_003  # > any number of chains
+# calibrated on the demo's p=23 runs (docs/ANALYSES.md, "llc"); devinterp 2.x has no default
+DEFAULT_LR = 5e-7
+DEFAULT_LOCALIZATION = 1e5
+
+
+
+def _positive_int(name: str, v, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise BadInput(f"llc: {name} must be an integer >= {lo}; got {v!r}")
+    return v
+
+
+def _positive_number(name: str, v, *, zero: bool = False) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero else v > 0)
+    if not ok:
+        raise BadInput(f"llc: {name} must be a {'non-negative' if zero else 'positive'} finite number; got {v!r}")
+    return float(v)
+
+
+def check_hyperparameters(*, lr, localization, nbeta, chains, draws, burnin, minibatch, seed, n_rows: int) -> None:
+    _positive_number("lr", lr)
+    _positive_number("localization", localization, zero=True)
+    if nbeta is not None:
+        _positive_number("nbeta", nbeta)
+    _positive_int("chains", chains, 1)
+    _positive_int("draws", draws, 2)  # the drift compares two halves of the draws
+    _positive_int("burnin", burnin, 0)
+    _positive_int("seed", seed, 0)
+    if _positive_int("minibatch", minibatch, 1) > n_rows:
+        raise BadInput(f"llc: minibatch ({minibatch}) is larger than the evaluation set ({n_rows} inputs)")
+    if n_rows < 2:
+        raise BadInput("llc: the evaluation set needs at least 2 inputs")
+
+
+def default_nbeta(n: int) -> float:
+    """n / log n: beta = 1 / log n (Watanabe's WBIC temperature) for n inputs; the same formula
+    as devinterp.utils.default_nbeta, which applies it to the minibatch size instead."""
+    from devinterp.utils import default_nbeta as _default
+
+    return float(_default(int(n)))
+
+
+class _Rows:
+    """devinterp's dataset and loss: each "sequence" is [row, row], its one "token" loss the
+    model's loss on input `row` (devinterp reads per-token losses of shape [batch, seq - 1])."""
+
+    def __init__(self, row_loss: Callable, n_rows: int):
+        from datasets import Dataset
+
+        self.row_loss = row_loss
+        self.dataset = Dataset.from_dict({"input_ids": [[i, i] for i in range(n_rows)]}).with_format("torch")
+
+    def loss_fn(self, holder, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.row_loss(holder.model, input_ids[:, 0]).unsqueeze(1)
+
+
+def _holder(model):
+    """The model inside a plain module: devinterp moves TransformerLens-like models (a cfg with
+    n_heads) with TL's .to(print_details=...), which our hooked models do not take."""
+    from torch import nn
+
+    class Holder(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+    return Holder(model)
+
+
+@contextlib.contextmanager
+def _kept_global_rngs(device: str):
+    """devinterp seeds the global random, numpy and torch generators per chain: the caller's
+    (the next analysis's) draws must not depend on whether llc ran before them."""
+    import random
+
+    import torch
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def _blocks(x: np.ndarray, k: int) -> np.ndarray:
+    """Means of k near-equal consecutive blocks along the last axis (fewer when it is shorter)."""
+    parts = np.array_split(x, min(k, x.shape[-1]), axis=-1)
+    return np.stack([p.mean(-1) for p in parts], axis=-1)
+
+
+def sgld_llc(model, row_loss: Callable, n_rows: int, *, lr: float, localization: float, nbeta: float | None,
+             chains: int, draws: int, burnin: int, minibatch: int, seed: int = 0, save_metrics: bool = False) -> dict:
+    """The LLC at `model`'s parameters for the per-input loss row_loss(model, rows [b]) -> [b]
+    over rows 0..n_rows-1, sampled by devinterp; see the module docstring for the values."""
+    check_hyperparameters(lr=lr, localization=localization, nbeta=nbeta, chains=chains, draws=draws, burnin=burnin,
+                          minibatch=minibatch, seed=seed, n_rows=n_rows)
+    from devinterp.slt.llc import compute_llc
+    from devinterp.slt.sampling import sample
+
+    nb = default_nbeta(n_rows) if nbeta is None else float(nbeta)
+    rows = _Rows(row_loss, n_rows)
+    device = str(next(model.parameters()).device)
+    tmp = Path(tempfile.mkdtemp(prefix="groklens-llc-"))
+    # devinterp runs gc.collect() around every chain: ~1 s each over torch's and transformers'
+    # objects; frozen, they are skipped (new garbage is still collected)
+    gc.freeze()
+    try:
+        # devinterp warns per failed chain (we count them) and draws a progress bar per chain
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), _kept_global_rngs(device):
+            warnings.simplefilter("ignore")
+            tree = sample(_holder(model), rows.dataset, {}, lr=float(lr), n_beta=nb, num_chains=chains,
+                          num_draws=draws, num_burnin_steps=burnin, batch_size=minibatch, localization=float(localization),
+                          # chain c draws from init_seed + c: seeds far apart share no chain
+                          init_seed=seed * SEED_STRIDE, device=device, save_metrics=bool(save_metrics),
+                          output_path=tmp / "samples.zarr",
+                          loss_fn=rows.loss_fn)
+        summary = compute_llc(tree)
+        trace = np.asarray(summary["loss_trace"].values, dtype=np.float64)  # [chains, burnin + draws]
+        init_loss = float(summary["init_loss"].values)
+        devinterp_llc = np.asarray(summary["llc_per_chain"].values, dtype=np.float64)
+        metrics = {k: np.asarray(tree.dataset[f"metrics_{k}"].values, dtype=np.float64)
+                   for k in ("distance", "scaled_grad", "noise")} if save_metrics else None
+        tree.close()
+    finally:
+        gc.unfreeze()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _summarise(trace, init_loss, nb, burnin, metrics, devinterp_llc)
+
+
+def _summarise(trace, init_loss, nb, burnin, metrics, devinterp_llc) -> dict:
+    failed = ~np.isfinite(trace).all(axis=1)
+    drawn = trace[:, burnin:]
+    per_chain = nb * (drawn.mean(axis=1) - init_loss)
+    half = drawn.shape[1] // 2
+    drift = nb * (drawn[:, half:].mean(axis=1) - drawn[:, :half].mean(axis=1))
+    n = len(per_chain)
+    ok = not failed.any()
+    if metrics is None:
+        distance = ratio = np.full(n, np.nan)
+    else:
+        distance = metrics["distance"][:, -1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = (metrics["scaled_grad"][:, burnin:] / metrics["noise"][:, burnin:]).mean(axis=1)
+    return {
+        "llc_mean": float(per_chain.mean()) if ok else float("nan"),
+        "llc_std": float(per_chain.std(ddof=1)) if ok and n > 1 else float("nan"),
+        "llc_per_chain": np.where(failed, np.nan, per_chain),
+        "llc_devinterp": float(devinterp_llc.mean()) if ok else float("nan"),
+        "init_loss": init_loss,
+        "nbeta": nb,
+        "trace": _blocks(nb * (trace - init_loss), TRACE_BINS),
+        "trace_drift": np.where(failed, np.nan, drift),
+        "failed_chains": int(failed.sum()),
+        "distance": distance,
+        "grad_noise": ratio,
+    }
+
+
+HYPERPARAMETERS = ("lr", "localization", "nbeta", "chains", "draws", "burnin", "minibatch", "seed")
+
+
+def check(model, data: TaskData, params: dict) -> None:
+    rows = eval_rows(data, params.get("eval_set", "train"))
+    check_loss(params.get("loss"))
+    defaults = inspect.signature(llc).parameters
+    check_hyperparameters(**{k: params.get(k, defaults[k].default) for k in HYPERPARAMETERS}, n_rows=len(rows))
+
+
+def llc(
+    model,
+    data: TaskData,
+    *,
+    lr: float = DEFAULT_LR,
+    localization: float = DEFAULT_LOCALIZATION,
+    nbeta: float | None = None,
+    chains: int = 4,
+    draws: int = 200,
+    burnin: int = 50,
+    minibatch: int = 32,
+    eval_set: str = "train",
+    loss: str | None = None,
+    seed: int = 0,
+    save_metrics: bool = False,
+) -> dict:
+    """LLC at one checkpoint (module docstring): llc_mean, llc_std (across chains, ddof 1),
+    llc_per_chain, llc_devinterp, init_loss, nbeta (the value used), trace, trace_drift,
+    failed_chains, distance, grad_noise, n_params. The same seed at every checkpoint (common
+    random numbers: the curve's steps differ by the checkpoint, not the noise). `loss` None
+    means cross-entropy (`compute` passes the run's training loss)."""
+    params = {k: v for k, v in locals().items() if k in HYPERPARAMETERS}
+    check(model, data, {**params, "eval_set": eval_set, "loss": loss})
+    rows = eval_rows(data, eval_set)
+    kind = check_loss(loss)
+    device = next(model.parameters()).device
+    inputs, labels = data.inputs[rows].to(device), data.labels[rows].to(device)
+
+    def row_loss(m, idx: torch.Tensor) -> torch.Tensor:
+        idx = idx.to(device)
+        return task_loss(m(inputs[idx]), labels[idx], data, kind, reduction="none")
+
+    out = sgld_llc(model, row_loss, len(rows), **params, save_metrics=save_metrics)
+    out["n_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return out
