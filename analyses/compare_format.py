@@ -81,8 +81,9 @@ def format_table(comp: Comparison) -> str:
     missing = missing_measures(comp)
     if missing:
         lines.append("")
+        metric = " ".join(f"--metric {n}" for n in dict.fromkeys(m.analysis for m, _ in missing))
         lines.append("missing: " + "; ".join(f"{m.label} ({why})" for m, why in missing)
-                     + " — `groklens analyze RUN.h5` or `groklens compare --analyze` computes them")
+                     + f" — `groklens compare --analyze {metric}` (or `groklens analyze RUN.h5 {metric}`) computes them")
     lines += [f"note: {n}" for n in comp.notes]
     return "\n".join(lines)
 

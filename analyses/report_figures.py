@@ -157,7 +157,7 @@ def _present(groups: Sequence[Group], analysis: str) -> bool:
 
 def _why_missing(groups: Sequence[Group], analysis: str) -> str:
     return (f"no run has '{analysis}' results in its sidecar: run `groklens analyze RUN.h5 --metric {analysis}` "
-            f"(or `groklens report --analyze`)")
+            f"(or `groklens report --analyze --metric {analysis}`)")
 
 
 def chosen_checkpoints(run: RunSummary, stored_steps: Sequence[int], steps: Sequence[int] | None):

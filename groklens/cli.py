@@ -320,7 +320,8 @@ _GROUP_BY_HELP = ("'run': one row per run; 'variant': one row per group of runs 
               help="Compute analyses missing at the memorization, grokking and last checkpoints (kept in each "
                    "run's sidecar); otherwise they are shown as missing.")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
-              help="With --analyze: fourier, attention, sharpness, rank or radial (repeatable; default: all that apply).")
+              help="With --analyze: fourier, attention, sharpness, rank, radial or llc (repeatable; default: all that "
+                   "apply but llc).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quiet) -> None:

@@ -320,3 +320,22 @@ def test_cli_compare_prints_table_csv_json(runs):
     assert len(data["rows"]) == 4 and not data["grouped"]
     text = groklens("compare", *paths, "--format", "csv", check=True).stdout
     assert text.splitlines()[0].startswith("variant,n,runs")
+
+
+def test_compare_analyze_computes_the_llc_only_when_asked(tmp_path, monkeypatch):
+    """SGLD is minutes per run: `compare --analyze` leaves it out unless `--metric llc` names it,
+    and the missing-measures hint names the command that computes what is missing."""
+    import groklens.analyses.runner as runner
+    from groklens.analyses.measures import ANALYSES_USED
+
+    path = tmp_path / "r.h5"
+    from groklens.trainers.loop import train
+
+    train(tiny_config(**{**BASE, "steps": 30}, seed=1), path, progress=False)
+    asked = []
+    monkeypatch.setattr(runner, "analyze_runs", lambda paths, requests, **kw: asked.append([n for n, _ in requests]) or [])
+    compare([path], analyze=True)
+    compare([path], analyze=True, metrics=["llc"])
+    assert asked == [[n for n in ANALYSES_USED if n != "llc"], ["llc"]]
+    table = compare([path]).format("table")
+    assert "--metric llc" in table.split("missing: ", 1)[1]
