@@ -221,10 +221,11 @@ def test_results_md_replaces_rows_of_the_same_experiment_and_scale(tmp_path):
     assert text.startswith("# Title\n\nintro kept\n")
     rows = [ln for ln in text.splitlines() if ln.startswith("| `groklens reproduce")]
     assert len(rows) == 2
-    assert "reproduce y --scale quick --seeds 2` | quick | m | 2 (src) | 3.0 | 1.5 |" in rows[0]
-    assert "65 s (whole command)" in rows[0]
-    assert "reproduce x --scale quick --seeds 3` | quick | m | 2 (src) | 4.0 | 2 |" in rows[1]
-    assert "2 min per run (mean of 3, max 3 min; cpu)" in rows[1]
+    # x's rows stay where they were (first), y's after them
+    assert "reproduce x --scale quick --seeds 3` | quick | m | 2 (src) | 4.0 | 2 |" in rows[0]
+    assert "2 min per run (mean of 3, max 3 min; cpu)" in rows[0]
+    assert "reproduce y --scale quick --seeds 2` | quick | m | 2 (src) | 3.0 | 1.5 |" in rows[1]
+    assert "65 s (whole command)" in rows[1]
 
 
 def test_cli_runs_one_experiment_and_writes_its_rows(tmp_path):
