@@ -369,9 +369,15 @@ def _analyze_one(task: dict[str, Any]) -> list[str]:
     from groklens.checkpoints import Trajectory
 
     if _in_worker():
+        import scipy.sparse.linalg  # noqa: F401  (loads scipy's own BLAS, so that the limit below reaches it)
         import torch
+        from threadpoolctl import threadpool_limits
 
-        torch.set_num_threads(1)  # one run per core
+        # one run per core: torch's threads and the BLAS pools of numpy/scipy (eigsh, SVDs), whose
+        # default of one thread per core made two workers slower than one (the demo's analyses:
+        # 245 s with 2 workers, 211 s with 1, 77 s with the 2 workers at one thread each)
+        torch.set_num_threads(1)
+        threadpool_limits(1)
     traj = Trajectory(task["path"])
     notes: list[str] = []
     for spec, requests in task["groups"].items():
