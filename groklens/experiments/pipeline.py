@@ -385,11 +385,14 @@ def update_results_md(path: str | Path, result: Result) -> Path:
     # rows come from the ledger (every recorded seed): a rerun with any --seeds replaces the
     # experiment's rows at that scale
     key = f"| `{command_text(result.name, result.scale, 0).rsplit(' --seeds', 1)[0]} --seeds "
-    old = [ln for ln in body.strip("\n").splitlines() if ln.strip() and ln not in (_HEAD, _RULE)]
-    at = next((i for i, ln in enumerate(old) if ln.startswith(key)), len(old))  # where the old rows were
-    kept = [ln for ln in old if not ln.startswith(key)]
-    at -= sum(1 for ln in old[:at] if ln.startswith(key))
-    lines = [_HEAD, _RULE] + kept[:at] + result_lines(result) + kept[at:]
+    new, rows = result_lines(result), []
+    for ln in body.strip("\n").splitlines():
+        if ln.startswith(key):  # the new rows go where the first old one stood
+            rows += new
+            new = []
+        elif ln.strip() and ln not in (_HEAD, _RULE):
+            rows.append(ln)
+    lines = [_HEAD, _RULE] + rows + new
     from groklens.fileio import write_text_atomic
 
     return write_text_atomic(path, f"{head}{RESULTS_BEGIN}\n" + "\n".join(lines) + f"\n{RESULTS_END}{tail}")
