@@ -44,41 +44,34 @@ LABELS = {"standard": "standard (pre-LayerNorm)", "sphere": "bounded sphere", "u
 SOURCE = "the demo (no published number)"
 
 
-def demo_scale(base: dict[str, Any], note: str, seeds: int, analyze_every: int,
-               sparse: list[tuple[str, dict[str, Any]]], sparse_every: int) -> Scale:
+SEEDS = {"quick": 3, "paper": 3, "smoke": 2}
+
+
+def demo_scale(base: dict[str, Any], note: str, analyze_every: int, sparse: list[tuple[str, dict[str, Any]]],
+               sparse_every: int) -> Scale:
     """A demo scale: the cheap default analyses at every `analyze_every`-th checkpoint, the costly
     `sparse` ones at every `sparse_every`-th; both at memorization, grokking and the end too."""
-    return Scale(base, note, {"seeds": seeds, "analyze_every": analyze_every, "sparse_analyses": sparse,
-                              "sparse_every": sparse_every})
+    return Scale(base, note, {"analyze_every": analyze_every, "sparse_analyses": sparse, "sparse_every": sparse_every})
 
 
 SCALES: dict[str, Scale] = {
     "quick": demo_scale(
         dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, lr=3e-3, weight_decay=1.0,
              steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4, device="cpu"),
-        "p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU", seeds=3, analyze_every=2,
+        "p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU", analyze_every=2,
         # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
         sparse=[("sharpness", {"top_k": 1, "trace_samples": 10})], sparse_every=10),
     "paper": demo_scale(
         dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3, weight_decay=1.0,
              steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10, device="auto"),
-        "the canonical p=113 setup (Nanda et al. 2023), meant for a GPU", seeds=3, analyze_every=2,
+        "the canonical p=113 setup (Nanda et al. 2023), meant for a GPU", analyze_every=2,
         sparse=[("sharpness", {"top_k": 3, "trace_samples": 30})], sparse_every=4),
     "smoke": demo_scale(
         dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3, weight_decay=1.0,
              steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
-        "smoke: a tiny pipeline check (p=7, d_model 16, 40 steps; does not grok)", seeds=2, analyze_every=1,
+        "smoke: a tiny pipeline check (p=7, d_model 16, 40 steps; does not grok)", analyze_every=1,
         sparse=[("sharpness", {"top_k": 1, "trace_samples": 4})], sparse_every=4),
 }
-
-
-def cheap_analyses() -> list[tuple[str, dict[str, Any]]]:
-    """The default analysis set (analyses/registry.py) that the comparison and the report show,
-    each with its cheap parameters: the demo has minutes, not hours."""
-    from groklens.analyses.compare import ANALYSES_USED
-    from groklens.analyses.registry import default_requests
-
-    return default_requests(ANALYSES_USED, cheap=True)
 
 
 def _plan(sc: Scale, scale: str) -> Plan:
@@ -86,8 +79,13 @@ def _plan(sc: Scale, scale: str) -> Plan:
 
 
 def _analyses(sc: Scale, scale: str) -> list[tuple[str, dict[str, Any], str]]:
+    """The default analysis set that the comparison and the report show, with each analysis's cheap
+    parameters (the demo has minutes, not hours), and the sparse ones."""
+    from groklens.analyses.measures import ANALYSES_USED
+    from groklens.analyses.registry import default_requests
+
     every, sparse_every = sc.extra["analyze_every"], sc.extra["sparse_every"]
-    return ([(n, p, f"every:{every}+phases") for n, p in cheap_analyses()]
+    return ([(n, p, f"every:{every}+phases") for n, p in default_requests(ANALYSES_USED, cheap=True)]
             + [(n, p, f"every:{sparse_every}+phases") for n, p in sc.extra["sparse_analyses"]])
 
 
@@ -103,7 +101,7 @@ _register(Experiment(
     "demo",
     "the demo: a standard, a bounded-sphere, a uniform-attention and an activation-norm transformer on one "
     "modular-addition task (no published numbers)",
-    SCALES, _plan, _read, _analyses, seeds={s: sc.extra["seeds"] for s, sc in SCALES.items()}, published=False))
+    SCALES, _plan, _read, _analyses, seeds=SEEDS, published=False))
 
 
 # ---------------------------------------------------------------------- `groklens demo`
@@ -122,21 +120,21 @@ class DemoResult:
 
 
 def run_names(scale: str) -> list[str]:
-    """The run names of the demo at `scale` (reproduce's: VARIANT_sSEED)."""
-    return [f"{v}_s{seed}" for v in VARIANTS for seed in range(1, SCALES[scale].extra["seeds"] + 1)]
+    """The run names of the demo at `scale`, as reproduce names them."""
+    from groklens.experiments.pipeline import get_experiment, run_configs
+
+    exp = get_experiment("demo")
+    return [name for _, name, _ in run_configs(exp, scale, exp.seeds_default(scale))]
 
 
 def _check_out(out: Path, scale: str, force: bool, workers: int | None) -> None:
+    """reproduce's checks of the arguments, and the demo's own, before anything is removed."""
+    from groklens.experiments.pipeline import _check_args, get_experiment
     from groklens.trainers.sweeps import run_path
 
     if scale in RENAMED_SCALES:
         raise BadInput(f"--scale {scale} is now called {RENAMED_SCALES[scale]} (the scale names of `reproduce`)")
-    if scale not in SCALES:
-        raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"{out} exists and is not a directory")
-    if not out.exists() and not out.parent.is_dir():
-        raise BadInput(f"directory {out.parent} does not exist")
+    _check_args(get_experiment("demo"), "demo", scale, None, workers, out, None)
     for d in (out / "runs", out / "report", out / "ledger"):
         if d.exists() and not d.is_dir():
             raise BadInput(f"{d} exists and is not a directory")
@@ -145,8 +143,6 @@ def _check_out(out: Path, scale: str, force: bool, workers: int | None) -> None:
         shown = ", ".join(p.name for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
         raise BadInput(f"{out / 'runs'} already holds demo runs ({shown}); use --force to train them again, "
                        f"or -o another directory")
-    if workers is not None and workers < 1:
-        raise BadInput(f"--workers must be >= 1; got {workers}")
 
 
 def _clear(out: Path, scale: str) -> None:
@@ -182,7 +178,7 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, scale: str = "quick", force: 
         if not torch.cuda.is_available():
             echo("groklens demo: no CUDA device here; the paper scale on CPU takes many hours")
     echo(f"groklens demo --scale {scale} ({sc.note}): {len(run_names(scale))} runs ({', '.join(VARIANTS)} x "
-         f"{sc.extra['seeds']} seeds) into {out / 'runs'}")
+         f"{SEEDS[scale]} seeds) into {out / 'runs'}")
     res = reproduce("demo", scale, out, workers=workers, ledger_dir=out / "ledger", progress=progress,
                     echo=lambda _m: None)
     table = (out / "comparison.txt").read_text().rstrip("\n")
