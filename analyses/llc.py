@@ -245,7 +245,8 @@ def llc(
     random numbers: the curve's steps differ by the checkpoint, not the noise). `loss` None
     means cross-entropy (`compute` passes the run's training loss)."""
     params = {k: v for k, v in locals().items() if k in HYPERPARAMETERS}
-    check(model, data, {**params, "eval_set": eval_set, "loss": loss})
+    # eval_rows and check_loss refuse a bad eval_set / loss, sgld_llc bad hyperparameters: the
+    # runner's check() already ran once for all checkpoints
     rows = eval_rows(data, eval_set)
     kind = check_loss(loss)
     device = next(model.parameters()).device
