@@ -385,19 +385,15 @@ def _plain(x: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- entry points
-# shown when stored, computed only when asked (--metric): SGLD costs ~10-25 s per checkpoint of a
-# small model on a CPU and its hyperparameters want calibrating per model (docs/ANALYSES.md)
-ON_REQUEST = ("llc",)
-
-
 def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = None, *,
                     threshold: float = 0.95, progress: bool = False) -> list[str]:
-    """Compute the asked analyses (default: those the comparison shows but ON_REQUEST) at each run's memorization,
-    grokking and last checkpoints where the sidecar lacks them; returns notes on skipped ones."""
+    """Compute the asked analyses (default: those the comparison shows but the ones computed only
+    when named) at each run's memorization, grokking and last checkpoints where the sidecar lacks
+    them; returns notes on skipped ones."""
     from groklens.analyses.registry import get
     from groklens.analyses.runner import analyze_runs
 
-    names = list(dict.fromkeys(metrics or [n for n in ANALYSES_USED if n not in ON_REQUEST]))
+    names = list(dict.fromkeys(metrics or [n for n in ANALYSES_USED if not get(n).only_when_named]))
     for n in names:
         get(n)  # unknown -> BadInput before anything is computed
         if n not in ANALYSES_USED:

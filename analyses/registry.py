@@ -34,6 +34,9 @@ class Analysis:
     needs_init: bool = False  # func takes init_params= (the step-0 checkpoint)
     needs_step: bool = False  # func takes step= (the checkpoint's step, e.g. to seed its probes)
     in_default_set: bool = True  # in the default set (default_names()): what analyze, report and demo compute
+    # computed only when named (--metric), never by any default, compare --analyze's included:
+    # minutes per run, with hyperparameters to calibrate per model
+    only_when_named: bool = False
     tasks: tuple[str, ...] | None = None  # the tasks it applies to (None: all)
     # overrides of `defaults` for a cheap first look (`groklens demo`), where the default costs
     # much more than it tells there
@@ -104,7 +107,7 @@ def _load_builtins() -> None:
     ANALYSES.register("llc")(Analysis(
         "llc", llc.llc, signature_defaults(llc.llc),
         "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
-        check=llc.check, in_default_set=False))
+        check=llc.check, in_default_set=False, only_when_named=True))
     ANALYSES.register("probe")(Analysis(
         "probe", probing.probe, signature_defaults(probing.probe),
         "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",
