@@ -113,6 +113,8 @@ class RunConfig:
     log_checkpoints: int = 0  # extra log-spaced checkpoints before the first regular one
     grok_threshold: float = 0.95
     stop_after_grok: int = 0  # >0: stop this many evaluations after test acc >= grok_threshold
+    stop_test_loss: float = 0.0  # >0: the stop rule counts evaluations after test loss <= this instead
+    stop_min_steps: int = 0  # the stop rule never ends a run before this step
     device: str = "auto"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -164,7 +166,7 @@ class RunConfig:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "steps",
                      "eval_every", "checkpoint_every"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1; got {getattr(self, name)}")
-        for name in ("warmup_steps", "batch_size", "log_checkpoints", "stop_after_grok"):
+        for name in ("warmup_steps", "batch_size", "log_checkpoints", "stop_after_grok", "stop_min_steps"):
             _check(getattr(self, name) >= 0, f"{name} must be >= 0; got {getattr(self, name)}")
         for name in ("seed", "data_seed"):  # torch and numpy take seeds in [0, 2**63)
             _check(0 <= getattr(self, name) < 2**63, f"{name} must be in 0 <= {name} < 2**63; got {getattr(self, name)}")
@@ -172,6 +174,10 @@ class RunConfig:
                f"checkpoint_every ({self.checkpoint_every}) is larger than the run (steps={self.steps})")
         _check(self.eval_every <= self.steps,
                f"eval_every ({self.eval_every}) is larger than the run (steps={self.steps})")
+        _check(math.isfinite(self.stop_test_loss) and self.stop_test_loss >= 0,
+               f"stop_test_loss must be >= 0; got {self.stop_test_loss}")
+        _check(self.stop_test_loss == 0 or self.routing_copies == 1,
+               "stop_test_loss is for single runs; a routed run stops on its copies' test accuracy")
         _check(0.0 < self.grok_threshold <= 1.0,
                f"grok_threshold must be in (0, 1]; got {self.grok_threshold}")
         self._validate_variants()

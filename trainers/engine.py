@@ -15,7 +15,8 @@ analysis reports (0.95, 0.99) and the run's grok_threshold.
 
 Step s means "after s optimizer updates": step 0 is the initialisation. A member stops when
 its loss or gradient is not finite (its last good checkpoint stays), or `stop_after_grok`
-evaluations after its test accuracy first reached `grok_threshold`.
+evaluations after its test accuracy first reached `grok_threshold` (or, with `stop_test_loss`,
+after its test loss first fell to that value), never before step `stop_min_steps`.
 """
 
 from __future__ import annotations
@@ -121,6 +122,14 @@ def stop_accuracy(row: dict, cfg: "RunConfig"):
     return np.min([row[f"copy{m}.test_acc"] for m in range(cfg.routing_copies)], axis=0)
 
 
+def stop_event(row: dict, cfg: "RunConfig") -> bool:
+    """Whether a row is the event the stop rule counts from: test loss <= stop_test_loss when
+    that is set (Nanda's cleanup), test accuracy >= grok_threshold otherwise."""
+    if cfg.stop_test_loss > 0:
+        return bool(row["test_loss"] <= cfg.stop_test_loss)
+    return bool(stop_accuracy(row, cfg) >= cfg.grok_threshold)
+
+
 def phases_reached(row: dict, cfg: "RunConfig") -> set[str]:
     """The phase events a row (or, on resume, any row of the metric series) has reached:
     '<copy>train_acc>=t' (memorization) and '<copy>test_acc>=t' (grokking) for each threshold
@@ -195,10 +204,10 @@ def _evaluate(strategy: Strategy, step: int, bar) -> tuple[list[int], list[int]]
             phase.append(i)
         if member.evals_after_grok is not None:
             member.evals_after_grok += 1
-        elif stop_accuracy(row, cfg) >= cfg.grok_threshold:
+        elif stop_event(row, cfg):
             member.evals_after_grok = 0
         if cfg.stop_after_grok and member.evals_after_grok is not None \
-                and member.evals_after_grok >= cfg.stop_after_grok:
+                and member.evals_after_grok >= cfg.stop_after_grok and step >= cfg.stop_min_steps:
             stopping.append(i)
     bar.set_postfix_str(_postfix(rows[0]), refresh=False)
     return stopping, phase
@@ -216,7 +225,8 @@ def _commit(strategy: Strategy, indices: list[int], step: int, on_commit) -> Non
 def _finish(strategy: Strategy, stopping: list[int], step: int) -> None:
     for i in stopping:
         member = strategy.members[i]
-        status = f"completed: stopped {member.cfg.stop_after_grok} evaluations after grokking"
+        event = f"test loss <= {member.cfg.stop_test_loss:g}" if member.cfg.stop_test_loss > 0 else "grokking"
+        status = f"completed: stopped {member.cfg.stop_after_grok} evaluations after {event}"
         member.writer.close(status)
         member.result = TrainResult(member.writer.path, step, status)
     strategy.keep([i for i in range(len(strategy.members)) if i not in stopping])

@@ -38,7 +38,8 @@ THRESHOLDS = (0.5, 0.9, 0.95, 0.99)  # accuracy >= threshold (the sphere paper's
 GROK_THRESHOLD = 0.95  # the threshold the rows read
 # Fields added after the first ledger entries, with the value that reproduces the behaviour from
 # before they existed. A field at this value is left out of the hash.
-LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled"}
+LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled",
+                                   "stop_test_loss": 0.0, "stop_min_steps": 0}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
