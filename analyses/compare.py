@@ -407,6 +407,26 @@ def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = 
     return notes
 
 
+def run_notes(runs: Sequence[RunSummary], threshold: float) -> list[str]:
+    """Facts of single runs a reader must not miss: a run that crossed the threshold and then
+    collapsed (or fell back and recovered), and a Fourier key set that is most of the frequencies."""
+    from groklens.analyses.fourier import trivial_key_note
+    from groklens.analyses.grokking import collapse, collapse_text
+
+    out = []
+    for r in runs:
+        text = collapse_text(collapse(r.metrics, threshold))
+        if text:
+            out.append(f"{r.path.name}: {text} (threshold {threshold:g})")
+        stored = r.stored.get("fourier")
+        if stored is not None and "n_key_frequencies" in stored.values and r.config.get("p"):
+            n = [float(np.asarray(v).reshape(-1)[0]) for v in stored.values["n_key_frequencies"]]
+            note = trivial_key_note(stored.steps, n, int(r.config["p"]), where=f"{r.path.name}: ")
+            if note:
+                out.append(note.removeprefix("warning: "))
+    return out
+
+
 def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
             group_by: str | Sequence[str] | None = None, threshold: float = 0.95, analyze: bool = False,
             metrics: Sequence[str] | None = None, progress: bool = False) -> Comparison:
@@ -424,6 +444,7 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
     groups_by = parse_group_by(group_by, runs)
     if analyze:
         notes += compute_missing(runs, metrics, threshold=threshold, progress=progress)
+    notes += run_notes(runs, threshold)
     groups = make_groups(runs, groups_by)
     base = None
     if baseline is not None:

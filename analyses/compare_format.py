@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from typing import TYPE_CHECKING, Any
 
 from groklens.analyses.measures import MEASURES, Measure
@@ -169,8 +170,14 @@ def fmt_speedup(sp: dict | None) -> str:
     sign = {"lower": ">= ", "upper": "<= "}.get(sp["bound"] or "", "")
     text = f"{sign}{sp['value']:.2f}x"
     if sp["ci"] is not None:
-        return f"{text} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}]"
+        return f"{text} {fmt_interval(sp['ci'])}" + (" (one-sided: censored at the cap)" if sp["bound"] else "")
     return f"{text} (CI n/a: {sp['ci_note']})"
+
+
+def fmt_interval(ci) -> str:
+    """[lo, hi]; a one-sided interval as [lo, inf) or [0, hi]."""
+    lo, hi = ci
+    return f"[{lo:.2f}, inf)" if math.isinf(hi) else f"[{lo:.2f}, {hi:.2f}]"
 
 
 def fmt_number(v: float) -> str:

@@ -50,7 +50,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
 
 CLUSTER_THRESHOLD = 0.85
+TRIVIAL_KEY_SHARE = 0.5  # a key set holding more than this share of the frequencies explains little
 RESTRICTED_SKIP = ("mean", "keep")
+
+
+def trivial_key_note(steps: Sequence[int], n_keys: Sequence[float], p: int, where: str = "") -> str | None:
+    """A warning when Nanda's key set covers more than TRIVIAL_KEY_SHARE of the p//2 frequencies
+    at some checkpoint (at small p every frequency owns a neuron, even at initialization): the
+    key-set means (neuron and embedding FVE, the LS key mean, restricted loss) then say little."""
+    m = p // 2
+    hit = [(int(s), int(n)) for s, n in zip(steps, n_keys) if n is not None and np.isfinite(n) and n > TRIVIAL_KEY_SHARE * m]
+    if not hit:
+        return None
+    shown = ", ".join(f"{n} at step {s}" for s, n in hit[:3]) + (f", ... ({len(hit)} checkpoints)" if len(hit) > 3 else "")
+    return (f"warning: {where}Nanda's key set holds more than half of the {m} frequencies ({shown} of {m}): "
+            "the key-set FVEs (neuron, embedding, least-squares key mean) are near 1 by construction; read the "
+            "top-5 least-squares FVE or the restricted / excluded loss with a fixed key set instead")
 
 
 # ---------------------------------------------------------------------- the basis
@@ -404,6 +419,8 @@ def fourier(
 
     out = neuron_fve(grid.to_grid(post), check_key_frequencies(key_frequencies, p), cluster_threshold)
     ks = [int(k) for k in out["key_frequencies"]]
+    out["n_key_frequencies"] = len(ks)
+    out["key_share"] = len(ks) / (p // 2)  # > TRIVIAL_KEY_SHARE: the key-set FVEs are near 1 by construction
     ks_clustered = [int(k) for k in out["key_frequencies_clustered"]]
 
     def w(name):

@@ -33,6 +33,37 @@ def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
     return out
 
 
+def collapse(metrics: Mapping[str, np.ndarray], threshold: float = 0.95, prefix: str = "") -> dict:
+    """Whether a run generalized and stayed there: `crossed` (first step with test accuracy >=
+    threshold, None if never), `fell_below` (the first later evaluation below it, None if none),
+    `final_test_acc`, and `collapsed`: it crossed and its last evaluation is below the threshold
+    (a run that dipped and recovered has `fell_below` set but is not collapsed)."""
+    steps = np.asarray(metrics["step"])
+    acc = np.asarray(metrics.get(prefix + "test_acc", []), dtype=float)
+    if not len(steps) or not len(acc):
+        return {"crossed": None, "fell_below": None, "final_test_acc": None, "collapsed": False}
+    crossed = first_crossing(steps, acc, threshold)
+    fell = None
+    if crossed is not None:
+        after = np.nonzero((steps > crossed) & (acc < threshold))[0]
+        fell = int(steps[after[0]]) if len(after) else None
+    final = float(acc[-1]) if np.isfinite(acc[-1]) else None
+    return {"crossed": crossed, "fell_below": fell, "final_test_acc": final,
+            "collapsed": crossed is not None and (final is None or final < threshold)}
+
+
+def collapse_text(c: Mapping) -> str:
+    """'' for a run that crossed and stayed; 'crossed at N, collapsed at M, final test acc x' or
+    'crossed at N, fell below at M, recovered (final test acc x)' otherwise."""
+    if c.get("crossed") is None or c.get("fell_below") is None and not c.get("collapsed"):
+        return ""
+    final = "non-finite" if c.get("final_test_acc") is None else f"{c['final_test_acc']:.3f}"
+    at = f" at {c['fell_below']}" if c.get("fell_below") is not None else ""
+    if c.get("collapsed"):
+        return f"crossed at {c['crossed']}, collapsed{at}, final test acc {final}"
+    return f"crossed at {c['crossed']}, fell below{at}, recovered (final test acc {final})"
+
+
 def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = (0.95, 0.99)) -> dict:
     """Per threshold (in the given order): memorization and grokking steps, -1 where censored,
     and whether each is censored (never crossed by `last_step`, the last evaluated step)."""
@@ -89,6 +120,9 @@ def format_summary(summary: Mapping) -> str:
             f"@{key:<7} memorized {censored_text(summary['memorization_step'][key], summary)}, "
             f"grokked {censored_text(summary['grokking_step'][key], summary)}"
         )
+    c = summary.get("collapse") or {}
+    if collapse_text(c):
+        lines.append(f"collapse {collapse_text(c)} (threshold {c['threshold']:g})")
     routing = summary.get("routing")
     if routing:  # a routed run: the lines above are copy 0's
         per_copy = ", ".join(censored_text(g["0.95"], summary) for g in routing["copy_grokking_step"])

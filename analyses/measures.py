@@ -32,6 +32,7 @@ MEASURES: tuple[Measure, ...] = (
     Measure("fve_neuron", "fourier", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
     Measure("fve_ls", "fourier", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
     Measure("fve_ls_top5", "fourier", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
+    Measure("n_key_freqs", "fourier", "n_key_frequencies", "key frequencies (Nanda's set): how many"),
     Measure("attn_mass", "attention", "mass", "attention mass on informative tokens", "mean"),
     Measure("hessian_top", "sharpness", "top_eigenvalues", "Hessian top eigenvalue", "first"),
     Measure("hessian_trace", "sharpness", "trace", "Hessian trace (Hutchinson)"),

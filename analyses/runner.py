@@ -309,8 +309,8 @@ def _compute_one(j: _Job, model, data, init, step: int, cfg) -> None:
 def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
     """The checkpoints of `traj` that `spec` names: '+'-joined parts, each 'all', 'end' (the last
     checkpoint), 'phases' (those standing for memorization, grokking and the end, see
-    analyses/phases.py), 'every:N' (every N-th, plus the last) or 'about:N' (about N spread
-    along, plus the last)."""
+    analyses/phases.py), 'phases@T' (the same at accuracy threshold T, e.g. phases@0.99),
+    'every:N' (every N-th, plus the last) or 'about:N' (about N spread along, plus the last)."""
     available = [int(s) for s in traj.steps]
     out: set[int] = set()
     for part in str(spec).split("+"):
@@ -319,15 +319,22 @@ def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
             out |= set(available)
         elif kind == "end":
             out |= set(available[-1:])
-        elif kind == "phases":
+        elif kind == "phases" or kind.startswith("phases@"):
             from groklens.analyses.phases import run_phases
 
-            out |= set(run_phases(traj, threshold).checkpoint_steps())
+            at = kind.partition("@")[2]
+            try:
+                t = float(at) if at else threshold
+            except ValueError:
+                t = -1.0
+            if not 0 < t <= 1:
+                raise ValueError(f"checkpoint choice {part!r}: phases@T needs a threshold T in (0, 1]")
+            out |= set(run_phases(traj, t).checkpoint_steps())
         elif kind in ("every", "about") and n.isdigit() and int(n) >= 1:
             every = int(n) if kind == "every" else max(1, len(available) // int(n))
             out |= set(select_steps(available, every=every)) if available else set()
         else:
-            raise ValueError(f"checkpoint choice {part!r} is not all, end, phases, every:N or about:N")
+            raise ValueError(f"checkpoint choice {part!r} is not all, end, phases, phases@T, every:N or about:N")
     return sorted(out)
 
 
@@ -436,8 +443,19 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
         results = compute_many(Trajectory(run, copy=copy), [(m, parsed.get(m, {})) for m in chosen],
                                steps=parse_steps(steps), every=every,
                                recompute=recompute, progress=progress, notes=None if asked else notes)
-    notes += eps_notes(results)
+    notes += eps_notes(results) + key_notes(results, Trajectory(run, copy=copy).config_dict.get("p"))
     return {name: r.to_json() for name, r in results.items()}, notes
+
+
+def key_notes(results: dict[str, AnalysisResult], p: int | None) -> list[str]:
+    """The fourier analysis' warning when its key set is most of the frequencies (small p)."""
+    from groklens.analyses.fourier import trivial_key_note
+
+    r = results.get("fourier")
+    if r is None or not p or "n_key_frequencies" not in r.values:
+        return []
+    note = trivial_key_note(r.steps, [float(np.asarray(v).reshape(-1)[0]) for v in r.values["n_key_frequencies"]], p)
+    return [note] if note else []
 
 
 def eps_notes(results: dict[str, AnalysisResult]) -> list[str]:

@@ -24,7 +24,7 @@ WORKERS=4              # training processes sharing the GPU (small models: one a
 DRY=0
 PY=${PYTHON:-python}
 # priority order: the headline first; fourier-fve reads bounded-sphere's own runs (no training)
-EXPERIMENTS=(bounded-sphere fourier-fve uniform-attention s5-control stablemax grokfast activation-norm geomdr
+EXPERIMENTS=(bounded-sphere fourier-fve uniform-attention progress-measures s5-control stablemax grokfast activation-norm geomdr
              structural-attention nanogpt-addition scaling-law)
 
 while [ $# -gt 0 ]; do

@@ -427,7 +427,7 @@ class Trajectory:
     # ------------------------------------------------------------------ summary
     def summary(self, thresholds: tuple[float, ...] = (0.95, 0.99)) -> dict:
         """What `groklens info --json` prints."""
-        from groklens.analyses.grokking import grokking_times
+        from groklens.analyses.grokking import collapse, grokking_times
 
         metrics = self.metrics
         steps = self.steps
@@ -460,6 +460,8 @@ class Trajectory:
             "memorization_step": times["memorization_step"],
             "grokking_step": times["grokking_step"],
             "censored_at": times["last_step"],
+            "collapse": {**collapse(metrics, self.config_dict.get("grok_threshold", thresholds[0])),
+                         "threshold": self.config_dict.get("grok_threshold", thresholds[0])},
         }
 
 

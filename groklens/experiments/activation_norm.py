@@ -7,7 +7,8 @@ from groklens.experiments.core import (
     ACTNORM, Context, Experiment, Plan, Published, Row, Scale, _QUICK, _QUICK_NOTE, _SMOKE, _SMOKE_NOTE,
     _an_actnorm, _an_none, _register, _scale, grok_row, speedup_row
 )
-from groklens.experiments.verdicts import mean_flag, ratio_verdict
+from groklens.experiments.verdicts import (
+    fmt_ci, generalized_arms, mean_flag, paired_interval, ratio_verdict, undetermined, welch_log_ratio)
 
 
 # ---------------------------------------------------------------------- activation-norm
@@ -30,35 +31,54 @@ def _read_actnorm(ctx: Context) -> list[Row]:
                                 f"{m}_base", f"{m}_actnorm", diff))
     for m, label in (("tf", "no-norm transformer"), ("mlp", "MLP")):
         for v in (f"{m}_base", f"{m}_actnorm"):
-            ratio, rtext = _rho_ratio(ctx, v)
+            ratio, ci, n, rtext = _rho_ratio(ctx, v)
+            verdict = ""
+            if "actnorm" in v:  # Proposition ii is about the solution the penalty finds
+                why = generalized_arms({"the penalty arm": ctx.group(v).runs})
+                verdict = undetermined(why) if why else ratio_verdict(ratio, ci, below=True, missing=rtext, n=n)
             rows.append(Row(f"radial gradient energy rho / (1/d) at the end, {label}, {'penalty' if 'actnorm' in v else 'baseline'}",
                             Published(None, "rho below the isotropic 1/d baseline (Proposition ii; no number)", ACTNORM),
-                            ratio, rtext, diff,
-                            ratio_verdict(ratio, below=True, missing=rtext) if "actnorm" in v else ""))
-        r_base, tb = ctx.measure(f"{m}_base", "hessian_top", "end")
-        r_act, ta = ctx.measure(f"{m}_actnorm", "hessian_top", "end")
-        ratio = r_act / r_base if r_act is not None and r_base not in (None, 0) else None
-        text = f"{ratio:.3g} (penalty {ta} / baseline {tb})" if ratio is not None else f"penalty {ta} / baseline {tb}"
-        rows.append(Row(f"Hessian top eigenvalue at the end, penalty / baseline, {label}",
-                        Published(None, "flatter minima (Proposition iii; no number)", ACTNORM), ratio, text, diff,
-                        ratio_verdict(ratio, below=True, missing=text)))
+                            ratio, rtext, diff, verdict))
+        rows.append(_hessian_row(ctx, m, label, diff))
         rad, rtext = ctx.measure(f"{m}_actnorm", "radius", "end")
         rows.append(Row(f"activation radius ||h||/sqrt(d) at the end, {label}, penalty",
                         Published(1.0, "held softly on the sqrt(d) sphere (radius 1)", ACTNORM), rad, rtext, diff))
     return rows
 
 
-def _rho_ratio(ctx: Context, variant: str) -> tuple[float | None, str]:
+def _hessian_row(ctx: Context, m: str, label: str, diff: str) -> Row:
+    """Top Hessian eigenvalue at the end, penalty / baseline: the ratio of geometric means over
+    seeds with Welch's interval on the logs; a flat-minimum comparison only between arms that
+    both generalized."""
+    base, act = ctx.group(f"{m}_base").runs, ctx.group(f"{m}_actnorm").runs
+    vb = [r.value("hessian_top", "end") for r in base]
+    va = [r.value("hessian_top", "end") for r in act]
+    vb, va = [v for v in vb if v is not None], [v for v in va if v is not None]
+    ratio, ci = welch_log_ratio(va, vb)
+    _, tb = ctx.measure(f"{m}_base", "hessian_top", "end")
+    _, ta = ctx.measure(f"{m}_actnorm", "hessian_top", "end")
+    ci_text = f" {fmt_ci(ci)}" if ci is not None else ""
+    text = (f"{ratio:.3g}{ci_text} (penalty {ta} / baseline {tb})" if ratio is not None
+            else f"penalty {ta} / baseline {tb}")
+    why = generalized_arms({"the penalty arm": act, "the baseline": base})
+    verdict = undetermined(why) if why else ratio_verdict(
+        ratio, ci, below=True, missing=text, n=min(len(va), len(vb)))
+    return Row(f"Hessian top eigenvalue at the end, penalty / baseline, {label}",
+               Published(None, "flatter minima (Proposition iii; no number)", ACTNORM), ratio, text, diff, verdict)
+
+
+def _rho_ratio(ctx: Context, variant: str) -> tuple[float | None, list | None, int, str]:
     """Mean over seeds of rho / its isotropic baseline 1/d (both stored by the radial analysis at
-    the site compare reads), with n."""
+    the site compare reads), its t-interval over seeds, n, and the text."""
     runs = ctx.group(variant).runs
     ratios = [r.value("rho", "end") / r.value("rho_baseline", "end") for r in runs
               if r.value("rho", "end") is not None and r.value("rho_baseline", "end")]
     _, rtext = ctx.measure(variant, "rho", "end")
     if not ratios:
-        return None, f"rho {rtext}"
-    mean = sum(ratios) / len(ratios)
-    return mean, f"{mean:.3g} {mean_flag(len(ratios), len(runs))} (rho {rtext})"
+        return None, None, 0, f"rho {rtext}"
+    mean, ci = paired_interval(ratios)
+    ci_text = f" {fmt_ci(ci)}" if ci is not None else ""
+    return mean, ci, len(ratios), f"{mean:.3g}{ci_text} {mean_flag(len(ratios), len(runs))} (rho {rtext})"
 
 
 # ---------------------------------------------------------------------- nanogpt-addition

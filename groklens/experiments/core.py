@@ -120,7 +120,8 @@ class Context:
 
     def grok(self, variant: str) -> tuple[float | None, str, bool]:
         """Mean grokking step over seeds (a censored seed counts its last step: the mean is then a
-        lower bound), its text (mean ± std [min-max] (n)), censored?"""
+        lower bound), its text (mean ± std [min-max] (n); the final test accuracy; collapsed
+        runs named), censored?"""
         runs = self.group(variant).runs
         times = [r.grok_time() for r in runs]
         if not runs or any(t is None for t in times):
@@ -130,11 +131,28 @@ class Context:
         cens = sum(r.grok_censored for r in runs)
         sd = (sum((t - mean) ** 2 for t in times) / (n - 1)) ** 0.5 if n > 1 else None
         if cens == n:
-            return mean, f"> {min(times):,.0f} (n={n}, all censored)", True
+            return mean, f"> {min(times):,.0f} (n={n}, all censored){self.final_text(variant)}", True
         text = f"{mean:,.0f}" + (f" ± {sd:,.0f} [{min(times):,.0f}-{max(times):,.0f}]" if sd is not None else "")
         text = (">= " if cens else "") + text
         text += f" (n={n}" + (f", {cens} censored: a lower bound)" if cens else ")")
-        return mean, text, cens > 0
+        return mean, text + self.final_text(variant), cens > 0
+
+    def final_text(self, variant: str) -> str:
+        """'; final test acc 0.99 [0.98-1.00]' and, for runs that crossed and then fell back,
+        'seed 2 crossed at N, collapsed at M, final test acc x'."""
+        from groklens.analyses.grokking import collapse_text
+
+        runs = self.group(variant).runs
+        accs = [r.final_test_acc for r in runs if r.final_test_acc is not None]
+        text = ""
+        if accs:
+            mean = sum(accs) / len(accs)
+            text = f"; final test acc {mean:.3f}" + (f" [{min(accs):.3f}-{max(accs):.3f}]" if len(accs) > 1 else "")
+        bad = [f"seed {r.seed} {collapse_text(r.collapse)}" for r in runs if collapse_text(r.collapse)]
+        return text + ("; " + "; ".join(bad) if bad else "")
+
+    def collapsed(self, *variants: str) -> int:
+        return sum(r.collapsed for v in variants for r in self.group(v).runs)
 
     def speedup(self, base: str, variant: str) -> tuple[float | None, str, dict[str, Any]]:
         """T_base / T_variant: compare.speedup's definition (ratio of geometric means of the grokking
@@ -146,6 +164,9 @@ class Context:
             return None, "n/a (no runs)", {"value": None, "bound": None, "ci_note": "no runs"}
         sp = speedup(rb, rv)
         text = fmt_speedup(sp) + f" (n={len(rb)} / {len(rv)})"
+        sp["collapsed"] = self.collapsed(base, variant)
+        if sp["collapsed"]:
+            text += f"; {sp['collapsed']} run(s) crossed and then collapsed"
         return sp["value"], text, sp
 
     def measure(self, variant: str, key: str, phase: str) -> tuple[float | None, str]:
@@ -170,19 +191,24 @@ class Context:
             return "no runs"
         return notes[0] if notes else "not stored"
 
-    def phase_ratio(self, variant: str, key: str, num: str, den: str) -> tuple[float | None, str]:
-        """Mean over seeds of measure(num phase) / measure(den phase), over the seeds with both."""
+    def phase_ratio(self, variant: str, key: str, num: str, den: str) -> tuple[float | None, str, list | None, int]:
+        """Mean over seeds of measure(num phase) / measure(den phase), over the seeds with both, its
+        paired 95% t-interval (None for fewer than 2 seeds), and n; the text shows the two phases'
+        means over those same seeds."""
         from groklens.analyses.compare import fmt_number
+        from groklens.experiments.verdicts import fmt_ci, paired_interval
 
         runs = self.group(variant).runs
         pairs = [(r.value(key, num), r.value(key, den)) for r in runs]
-        ratios = [a / b for a, b in pairs if a is not None and b not in (None, 0)]
-        if not ratios:
-            return None, f"at {num}: {self.measure(variant, key, num)[1]}; at {den}: {self.measure(variant, key, den)[1]}"
-        mean = sum(ratios) / len(ratios)
-        _, tn = self.measure(variant, key, num)
-        _, td = self.measure(variant, key, den)
-        return mean, f"{fmt_number(mean)} {mean_flag(len(ratios), len(runs))} ({tn} / {td})"
+        pairs = [(a, b) for a, b in pairs if a is not None and b not in (None, 0)]
+        if not pairs:
+            return None, f"at {num}: {self.measure(variant, key, num)[1]}; at {den}: {self.measure(variant, key, den)[1]}", None, 0
+        mean, ci = paired_interval([a / b for a, b in pairs])
+        n = len(pairs)
+        mn, md = sum(a for a, _ in pairs) / n, sum(b for _, b in pairs) / n
+        ci_text = f" {fmt_ci(ci)}" if ci is not None else ""
+        return mean, (f"{fmt_number(mean)}{ci_text} {mean_flag(n, len(runs))} (paired means: {fmt_number(mn)} at {num} / "
+                      f"{fmt_number(md)} at {den})"), ci, n
 
 
 @dataclass
@@ -217,6 +243,7 @@ class Result:
     ledger: Path | None = None
     run_wall: str = ""  # measured wall time per run, from the ledger
     trained: int = 0  # runs trained (or resumed) by this command
+    run_lines: list[str] = field(default_factory=list)  # the per-run table of docs/RESULTS.md (pipeline.run_table)
 
     def to_json(self) -> dict[str, Any]:
         return {"experiment": self.name, "scale": self.scale, "seeds": self.seeds, "out_dir": str(self.out_dir),
@@ -274,7 +301,8 @@ def speedup_row(ctx: Context, measure: str, published: Published, base: str, var
                 verdict: bool = False) -> Row:
     """A speed-up row (ratio of geometric means, Welch interval); `verdict`: the claim "faster"."""
     ours, text, sp = ctx.speedup(base, variant)
-    return Row(measure, published, ours, text, differs, speedup_verdict(sp) if verdict else "", sp.get("bound") or "")
+    return Row(measure, published, ours, text, differs,
+               speedup_verdict(sp, collapsed=sp.get("collapsed", 0)) if verdict else "", sp.get("bound") or "")
 
 
 def _lr_tag(lr: float) -> str:
@@ -286,10 +314,6 @@ def _lr_tag(lr: float) -> str:
 # ---------------------------------------------------------------------- analyses per experiment
 def _an_none(sc: Scale, scale: str):
     return []
-
-
-def _an_fve(sc: Scale, scale: str):
-    return [("fourier", {}, "end")]
 
 
 def _an_actnorm(sc: Scale, scale: str):

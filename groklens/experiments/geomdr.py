@@ -41,10 +41,10 @@ def _read_geomdr(ctx: Context) -> list[Row]:
     else:
         rows.insert(0, Row("best speed-up of GeomDR over AdamW", Published(52.0, "up to 52x", GEOMDR), None,
                            "n/a (no grokking time)", diff))
-    ratio, text = ctx.phase_ratio("base", "eff_rank", "grokking", "memorization")
+    ratio, text, ci, n = ctx.phase_ratio("base", "eff_rank", "grokking", "memorization")
     rows.append(Row("baseline: effective rank (Roy-Vetterli, centred, last hidden layer) at grokking / at memorization",
                     Published(None, "effective dimensionality collapses before grokking (< 1; no number)", GEOMDR),
-                    ratio, text, ctx.sc.note, ratio_verdict(ratio, below=True, missing=text)))
+                    ratio, text, ctx.sc.note, ratio_verdict(ratio, ci, below=True, missing=text, n=n)))
     return rows
 
 

@@ -36,6 +36,8 @@ from groklens.fileio import write_text_atomic
 LEDGER_FORMAT = 1
 THRESHOLDS = (0.5, 0.9, 0.95, 0.99)  # accuracy >= threshold (the sphere paper's rule is >; docs/RESULTS.md)
 GROK_THRESHOLD = 0.95  # the threshold the rows read
+GENERALIZED = 0.99  # the phase "generalized": first evaluation with test accuracy >= this
+GENERALIZED_PHASE = "generalized"
 # Fields added after the first ledger entries, with the value that reproduces the behaviour from
 # before they existed. A field at this value is left out of the hash.
 LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled",
@@ -186,7 +188,7 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
     """The ledger entry of one finished run (see the module docstring)."""
     import groklens
     from groklens.analyses.compare import load_run
-    from groklens.analyses.grokking import grokking_times
+    from groklens.analyses.grokking import collapse, grokking_times
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(path)
@@ -195,6 +197,15 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
     times = grokking_times(metrics, THRESHOLDS)
     run = load_run(path, GROK_THRESHOLD)
     with_values = {k: {ph: _finite(v) for ph, v in run.values[k].items()} for k in measures if k in run.values}
+    # "generalized": the first evaluation with test accuracy >= GENERALIZED (the sphere paper's
+    # FVE checkpoint), read as load_run's grokking phase at that threshold
+    run99 = load_run(path, GENERALIZED)
+    for k in with_values:
+        with_values[k][GENERALIZED_PHASE] = _finite(run99.values[k]["grokking"])
+    phase_steps = {**run.phase_steps, GENERALIZED_PHASE: run99.phase_steps.get("grokking")}
+    phase_notes = dict(run.phase_notes)
+    if run99.phase_notes.get("grokking"):
+        phase_notes[GENERALIZED_PHASE] = run99.phase_notes["grokking"].replace("grokking", f"test accuracy {GENERALIZED:g}")
     from groklens.checkpoints.constants import ATTR_GROKLENS_VERSION
     from groklens.checkpoints.reader import open_trajectory_file
 
@@ -210,9 +221,10 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "last_step": times["last_step"], "censored": grok is None,
         "status": traj.status,
         "final": {k: _finite(v[-1]) for k, v in metrics.items() if len(v) and k != "step"},
+        "collapse": collapse(metrics, GROK_THRESHOLD),
         "measures": with_values,
-        "phase_checkpoints": {ph: s for ph, s in run.phase_steps.items()},
-        "phase_notes": dict(run.phase_notes),
+        "phase_checkpoints": phase_steps,
+        "phase_notes": phase_notes,
         "groklens_version": trained_by or groklens.__version__,
         "recorded_by": groklens.__version__,
         "wall_s": wall_seconds(path), "wall_source": "file created -> last write",
@@ -236,6 +248,13 @@ class LedgerRun(PhaseTimes):
         self.values = entry.get("measures", {})
         self.phase_notes = entry.get("phase_notes", {})
         self.wall_s = entry.get("wall_s")
+        self.final_test_acc = entry.get("final", {}).get("test_acc")
+        # entries recorded before collapse was stored: from the grok step and the final accuracy
+        # (when it first fell back is then unknown)
+        self.collapse = entry.get("collapse") or {
+            "crossed": self.grokking, "fell_below": None, "final_test_acc": self.final_test_acc,
+            "collapsed": self.grokking is not None and (self.final_test_acc is None or self.final_test_acc < threshold)}
+        self.collapsed = bool(self.collapse.get("collapsed"))
 
     def value(self, key: str, phase: str) -> float | None:
         v = self.values.get(key, {}).get(phase)

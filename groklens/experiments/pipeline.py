@@ -226,7 +226,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
     reads only what is finished (a study that grows run by run): missing runs are listed, not trained."""
-    from groklens.experiments.ledger import Ledger, LedgerRun, arm_hash, ledger_path, summarize_run
+    from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
 
     t0 = time.perf_counter()
     exp = get_experiment(name)
@@ -274,13 +274,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     report = _compare_and_report(out, all_paths, present.get(plan.baseline or "", []), notes)
 
     # 4. rows from the ledger: every recorded seed of each variant with the current config
-    arms, apart = {}, []
-    for variant, cfg in {r.variant: r.cfg for r in held + new}.items():
-        ah = arm_hash(cfg.to_dict())
-        arms[variant] = [LedgerRun(e) for e in led.current(variant, ah)]
-        apart += _apart_note(led, variant, ah, cfg.to_dict())
-    ctx = Context(name, scale, sc, plan, arms, out)
-    rows = exp.read(ctx)
+    rows, arms, apart = ledger_rows(exp, scale, seeds, led, out)
     wall = time.perf_counter() - t0
     notes += apart
     if skipped:
@@ -288,11 +282,27 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     notes.append(f"time: training {t_train:.0f} s, analyses {t_an:.0f} s, total {wall:.0f} s; "
                  f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
     result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, notes, led.path,
-                    _run_wall(arms), len(todo))
+                    _run_wall(arms), len(todo), run_table(arms))
     (out / "results.json").write_text(json.dumps(result.to_json(), indent=1, default=_json_default))
     if results_md is not None:
         update_results_md(results_md, result)
     return result
+
+
+def ledger_rows(exp: Experiment, scale: str, seeds: int, led, out: Path) -> tuple[list[Any], dict[str, list[Any]],
+                                                                              list[str]]:
+    """(rows, arms, notes on entries of other configs) read from the ledger alone: every recorded
+    seed of each variant whose config, seed aside, is the current one. No run file is needed, so
+    docs/RESULTS.md's rows can be recomputed from the committed ledgers (tests/test_results_md.py)."""
+    from groklens.experiments.ledger import LedgerRun, arm_hash
+
+    sc = exp.scales[scale]
+    arms, apart = {}, []
+    for variant, cfg in {v: c for v, _, c in run_configs(exp, scale, seeds)}.items():
+        ah = arm_hash(cfg.to_dict())
+        arms[variant] = [LedgerRun(e) for e in led.current(variant, ah)]
+        apart += _apart_note(led, variant, ah, cfg.to_dict())
+    return exp.read(Context(exp.name, scale, sc, exp.plan(sc, scale), arms, out)), arms, apart
 
 
 def _compare_and_report(out: Path, paths: list[Path], baseline: list[Path], notes: list[str]) -> Path | None:
@@ -373,6 +383,46 @@ def result_lines(result: Result) -> list[str]:
     return lines
 
 
+RUNS_SECTION = "## The runs behind the rows"
+
+
+def _runs_markers(name: str, scale: str) -> tuple[str, str]:
+    return f"<!-- runs {name} {scale}: written by `groklens reproduce` from the ledger -->", f"<!-- end runs {name} {scale} -->"
+
+
+def run_table(arms: dict[str, list[Any]]) -> list[str]:
+    """One line per ledger run behind the rows: grokking steps, where it ended, collapse."""
+    from groklens.analyses.grokking import collapse_text
+
+    lines = ["| arm | seed | memorized @0.95 | grokked @0.95 | grokked @0.99 | last step | final test acc | "
+             "after crossing | wall time |", "|---|---|---|---|---|---|---|---|---|"]
+    for variant, runs in arms.items():
+        for r in sorted(runs, key=lambda r: r.seed):
+            e = r.entry
+            g99 = e["grokking_step"].get("0.99")
+            acc = r.final_test_acc
+            lines.append("| " + " | ".join(_cell(c) for c in (
+                variant, r.seed, _steps_text(r.memorization), _steps_text(r.grokking), _steps_text(g99),
+                f"{e['last_step']:,}", "—" if acc is None else f"{acc:.3f}", collapse_text(r.collapse) or ("stayed" if "collapse" in e else "ended above (dips not recorded)"),
+                _fmt_duration(r.wall_s) if isinstance(r.wall_s, (int, float)) else "—")) + " |")
+    return lines
+
+
+def _steps_text(step: int | None) -> str:
+    return "never" if step is None else f"{step:,}"
+
+
+def _put_runs_block(text: str, result: Result) -> str:
+    begin, end = _runs_markers(result.name, result.scale)
+    block = f"{begin}\n**{result.name}, {result.scale}** (`{result.command}`)\n\n" + "\n".join(result.run_lines) + f"\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
+    if RUNS_SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{RUNS_SECTION}\n\nPer run, from the ledger (the rows above are computed from these entries).\n"
+    return text.rstrip("\n") + f"\n\n{block}\n"
+
+
 def update_results_md(path: str | Path, result: Result) -> Path:
     """Put `result`'s rows in the reproduce table of `path`, replacing earlier rows of the same
     experiment and scale; create the file (or the table section) when missing."""
@@ -395,7 +445,8 @@ def update_results_md(path: str | Path, result: Result) -> Path:
     lines = [_HEAD, _RULE] + rows + new
     from groklens.fileio import write_text_atomic
 
-    return write_text_atomic(path, f"{head}{RESULTS_BEGIN}\n" + "\n".join(lines) + f"\n{RESULTS_END}{tail}")
+    text = f"{head}{RESULTS_BEGIN}\n" + "\n".join(lines) + f"\n{RESULTS_END}{tail}"
+    return write_text_atomic(path, _put_runs_block(text, result) if result.run_lines else text)
 
 
 def format_result(result: Result) -> str:

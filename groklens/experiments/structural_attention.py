@@ -37,11 +37,11 @@ def _read_struct(ctx: Context) -> list[Row]:
     rows.append(Row("exponent of the delay (grok - memorization) in KL strength beta",
                     Published(-1.0, "delay shortened inversely with the KL strength", STRUCT), e, text, diff))
     base = ctx.plan.baseline
-    ratio, text = ctx.phase_ratio(base, "attn_mass", "grokking", "memorization")
+    ratio, text, ci, n = ctx.phase_ratio(base, "attn_mass", "grokking", "memorization")
     rows.append(Row("attention mass on informative tokens (readout query), at grokking / at memorization, baseline",
                     Published(None, "attention must reach enough mass on every informative token; the memorizing MLP "
                               "starves it first (> 1; no number)", STRUCT), ratio, text, diff,
-                    ratio_verdict(ratio, below=False, missing=text)))
+                    ratio_verdict(ratio, ci, below=False, missing=text, n=n)))
     for b in x["betas"]:
         if b > 0:
             rows.append(speedup_row(ctx, f"speed-up of the KL intervention beta {b:g}",

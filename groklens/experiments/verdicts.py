@@ -1,22 +1,30 @@
 """Verdict rules of `groklens reproduce`, in one place.
 
-A claim without a number gets a verdict: `agrees`, `disagrees`, or `undetermined (why)`.
+A claim without a number gets a verdict: `agrees`, `disagrees`, or `undetermined (why)`. One
+rule decides all of them: **a 95% interval that lies wholly on one side of the claim's
+threshold**. An interval that contains the threshold, or no interval (fewer than 2 seeds), is
+`undetermined`; the point estimate alone never decides.
 
-- `agrees` / `disagrees` only when every seed behind the value crossed the threshold, or when a
-  censored bound decides the claim on its own:
-  * a speed-up of seeds that all crossed is decided by its 95% interval (analyses/speedup.py),
-    never by the point estimate alone: an interval wholly above the claim's threshold says
-    faster, one wholly at or below it says not faster; an interval that contains the threshold,
-    or none (fewer than 2 seeds on a side), is `undetermined`;
-  * a speed-up whose baseline is censored is a lower bound (the true value is larger); one whose
-    variant is censored is an upper bound. The bound decides "faster" / "not faster" only in the
-    direction it bounds (a lower bound above 1 says faster; an upper bound at or below 1 says not
-    faster); otherwise the verdict is `undetermined (censored)`.
-  * "this run does (not) grok" from runs that never crossed: only when the step cap is at least
-    `FAR` times the reference time (the published grokking time, or, where none is published, our
-    baseline's measured one); a shorter cap cannot tell "never" from "later".
-- a measure read at a phase (at memorization / at grokking): only from the seeds that have a
-  value there (compare's phase rule); with none it is `undetermined (missing: why)`.
+- A speed-up (analyses/speedup.py): the ratio of geometric means with Welch's interval on the
+  log steps. A censored seed enters at its step cap, which makes the ratio a bound and its
+  interval one-sided in the direction the censoring bounds: [lo, inf) when the baseline has
+  censored seeds (the true speed-up is larger), [0, hi] when the variant has. So a lower bound
+  can only show "faster" (lo above the threshold) and an upper bound only "not faster" (hi at or
+  below it). Censored on both sides: undetermined.
+- A ratio of one measure at two phases (at grokking / at memorization): the mean of the per-seed
+  ratios over the seeds that have both values, with a paired t-interval (n - 1 degrees of
+  freedom); the means shown beside it are over the same seeds.
+- An end-of-run comparison (a measure of the final model, e.g. sharpness of a flat minimum, or
+  rho of the solution found): only between arms whose seeds all generalized; otherwise
+  `undetermined (compares a grokked with an ungrokked model: ...)`.
+- Collapse: a run whose test accuracy crossed the threshold and then ended below it is
+  collapsed (ledger.collapse_of). A verdict that rests on such runs (a speed-up or "learns and
+  generalizes") is undetermined, with the count.
+- "This run does (not) grok" from runs that never crossed: only when the step cap is at least
+  `FAR` times the reference time (the published grokking time, or, where none is published, our
+  baseline's measured one); a shorter cap cannot tell "never" from "later".
+- A measure read at a phase: only from the seeds that have a value there (compare's phase rule);
+  with none it is `undetermined (missing: why)`.
 """
 
 from __future__ import annotations
@@ -27,35 +35,103 @@ from typing import Any
 
 FAR = 10.0  # a cap this many times the reference time decides "does not grok"
 UNDETERMINED = "undetermined"
+CI_LEVEL = 0.95
 
 
 def undetermined(why: str) -> str:
     return f"{UNDETERMINED} ({why})"
 
 
-def speedup_verdict(sp: dict[str, Any], *, above: float = 1.0, claim_faster: bool = True) -> str:
-    """Verdict on "speed-up > above" (claim_faster) or "speed-up <= above" (not), from a speed-up
-    dict of `compare.speedup` (value, ci, bound: None | lower | upper, ci_note)."""
-    v, bound = sp.get("value"), sp.get("bound")
-    if v is None:
-        return undetermined(sp.get("ci_note") or "no grokking time")
-    faster = v > above
-    if bound is None:
-        ci = sp.get("ci")
-        if ci is None:
-            return undetermined(f"no interval: {sp.get('ci_note') or 'too few seeds'}")
-        lo, hi = ci
-        if lo <= above < hi:
-            return undetermined(f"the 95% interval [{lo:.2f}, {hi:.2f}] contains {above:g}")
-        holds = lo > above
-    elif bound == "lower" and faster:  # the true speed-up is >= v > above
-        holds = True
-    elif bound == "upper" and not faster:  # the true speed-up is <= v <= above
-        holds = False
+def fmt_ci(ci: Sequence[float]) -> str:
+    lo, hi = ci
+    return f"[{lo:.3g}, inf)" if math.isinf(hi) else f"[{lo:.3g}, {hi:.3g}]"
+
+
+def interval_verdict(ci: Sequence[float] | None, threshold: float, *, claim_above: bool, no_ci: str) -> str:
+    """The one rule: `claim_above` is the claim "value > threshold" (else "value <= threshold");
+    agrees / disagrees only when the interval lies wholly on one side of the threshold."""
+    if ci is None:
+        return undetermined(f"no interval: {no_ci}")
+    lo, hi = ci
+    if lo > threshold:
+        above = True
+    elif hi <= threshold:
+        above = False
     else:
-        return undetermined(f"censored: the {'baseline' if bound == 'lower' else 'variant'}'s bound "
-                            f"({v:.2f}x) does not decide it")
-    return "agrees" if holds == claim_faster else "disagrees"
+        return undetermined(f"the 95% interval {fmt_ci(ci)} contains {threshold:g}")
+    return "agrees" if above == claim_above else "disagrees"
+
+
+def speedup_verdict(sp: dict[str, Any], *, above: float = 1.0, claim_faster: bool = True,
+                    collapsed: int = 0) -> str:
+    """Verdict on "speed-up > above" (claim_faster) or "speed-up <= above" (not), from a speed-up
+    dict of `analyses.speedup.speedup` (value, ci (one-sided when censored), bound, ci_note);
+    `collapsed`: runs behind it that crossed and then ended below the threshold."""
+    if sp.get("value") is None:
+        return undetermined(sp.get("ci_note") or "no grokking time")
+    if collapsed:
+        return undetermined(f"{collapsed} run(s) behind it crossed and then collapsed")
+    return interval_verdict(sp.get("ci"), above, claim_above=claim_faster,
+                            no_ci=sp.get("ci_note") or "too few seeds")
+
+
+def paired_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, list[float] | None]:
+    """(mean, t-interval of the mean) of per-seed values (e.g. paired ratios); no interval for n < 2."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, [mean - half, mean + half]
+
+
+def welch_log_ratio(a: Sequence[float], b: Sequence[float],
+                    level: float = CI_LEVEL) -> tuple[float | None, list[float] | None]:
+    """Ratio of geometric means a / b of two independent positive samples with Welch's interval
+    on the difference of mean logs (the speed-up's definition, for any positive measure)."""
+    from scipy import stats
+
+    if not a or not b or any(v <= 0 for v in [*a, *b]):
+        return None, None
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    ma, mb = sum(la) / len(la), sum(lb) / len(lb)
+    ratio = math.exp(ma - mb)
+    if len(la) < 2 or len(lb) < 2:
+        return ratio, None
+    va = sum((x - ma) ** 2 for x in la) / (len(la) - 1)
+    vb = sum((x - mb) ** 2 for x in lb) / (len(lb) - 1)
+    se2 = va / len(la) + vb / len(lb)
+    if se2 == 0:
+        return ratio, [ratio, ratio]
+    df = se2 ** 2 / ((va / len(la)) ** 2 / (len(la) - 1) + (vb / len(lb)) ** 2 / (len(lb) - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(se2)
+    return ratio, [math.exp(ma - mb - half), math.exp(ma - mb + half)]
+
+
+def ratio_verdict(ratio: float | None, ci: Sequence[float] | None, *, below: bool, missing: str,
+                  n: int | None = None) -> str:
+    """Verdict on "ratio < 1" (below) or "ratio > 1" (not), from its interval."""
+    if ratio is None:
+        return undetermined(f"missing: {missing}")
+    no_ci = f"n={n}: a paired interval needs >= 2 seeds" if n is not None else "too few seeds"
+    return interval_verdict(ci, 1.0, claim_above=not below, no_ci=no_ci)
+
+
+def generalized_arms(arms: dict[str, Sequence[Any]]) -> str | None:
+    """None when every seed of every named arm generalized (crossed and did not collapse); else
+    the reason an end-of-run comparison of them is undetermined."""
+    parts = []
+    for label, runs in arms.items():
+        k = sum(1 for r in runs if not r.grok_censored and not getattr(r, "collapsed", False))
+        if k < len(runs) or not runs:
+            parts.append(f"{label} generalized on {k} of {len(runs)} seeds")
+    if not parts:
+        return None
+    return "compares a grokked with an ungrokked model: " + "; ".join(parts) if len(arms) > 1 else \
+        "read on a model that did not generalize: " + "; ".join(parts)
 
 
 def groks_verdict(runs: Sequence[Any], *, should_grok: bool, reference: float | None, reference_what: str) -> str:
@@ -68,6 +144,9 @@ def groks_verdict(runs: Sequence[Any], *, should_grok: bool, reference: float | 
     if 0 < k < n:
         return undetermined(f"{k} of {n} seeds grokked")
     if k == n:
+        collapsed = sum(bool(getattr(r, "collapsed", False)) for r in runs)
+        if collapsed:
+            return undetermined(f"{collapsed} of {n} seeds crossed and then collapsed")
         return "agrees" if should_grok else "disagrees"
     cap = min(r.last_step for r in runs if r.last_step is not None) if any(r.last_step for r in runs) else 0
     if reference is None or not math.isfinite(reference) or reference <= 0:
@@ -77,13 +156,6 @@ def groks_verdict(runs: Sequence[Any], *, should_grok: bool, reference: float | 
                             f"({reference:.0f})")
     return ("disagrees" if should_grok else "agrees") + (f" (no seed grokked by step {cap}, >= {FAR:g}x the "
                                                          f"{reference_what} {reference:.0f})")
-
-
-def ratio_verdict(ratio: float | None, *, below: bool, missing: str) -> str:
-    """Verdict on "ratio < 1" (below) or "ratio > 1" (not) of a measure read at two phases."""
-    if ratio is None:
-        return undetermined(f"missing: {missing}")
-    return "agrees" if (ratio < 1) == below else "disagrees"
 
 
 def mean_flag(n_have: int, n_row: int) -> str:

@@ -48,7 +48,7 @@ def test_paper_scale_is_the_published_sphere_setup():
 def test_fourier_fve_paper_rows_come_from_the_bounded_sphere_runs():
     sphere = {n: c.to_dict() for _, n, c in E.run_configs(E.get_experiment("bounded-sphere"), "paper", 3)}
     fve = {n: c.to_dict() for _, n, c in E.run_configs(E.get_experiment("fourier-fve"), "paper", 3)}
-    assert set(fve) == {f"{a}_lr6e-4_s{s}" for a in ("ln", "sphere_wd1") for s in (1, 2, 3)}
+    assert set(fve) == {f"{a}_lr6e-4_s{s}" for a in ("ln", "sphere_wd1", "sphere_wd0") for s in (1, 2, 3)}
     assert all(fve[n] == sphere[n] for n in fve)  # same names, same configs: the same files
 
 
@@ -367,13 +367,83 @@ def test_speedup_verdict_only_where_the_bound_decides():
     assert speedup_verdict(slower, above=1.05, claim_faster=False) == "agrees"
     # one seed on a side: no interval, no verdict
     assert speedup_verdict(speedup([_R(800, 900)], [_R(100, 200)])).startswith("undetermined (no interval")
-    # censored baseline: a lower bound; 3000 / sqrt(100*200) > 1 decides "faster", 100 / 1000 does not
-    assert speedup_verdict(speedup([_R(None, 3000)] * 2, [_R(100, 200), _R(200, 300)])) == "agrees"
-    assert speedup_verdict(speedup([_R(None, 100)] * 2, [_R(1000, 1100)] * 2)).startswith("undetermined (censored")
-    # censored variant: an upper bound; <= 1 decides "not faster", > 1 does not
-    assert speedup_verdict(speedup([_R(100, 200)] * 2, [_R(None, 1000)] * 2)) == "disagrees"
-    assert speedup_verdict(speedup([_R(5000, 5100)] * 2, [_R(None, 1000)] * 2)).startswith("undetermined")
     assert speedup_verdict(speedup([_R(None, 100)], [_R(None, 100)])).startswith("undetermined")
+
+
+def _welch_log_ci(base, runs):
+    """Welch's 95% interval on the difference of mean log times, by scipy's own t-test (an
+    independent computation of what analyses/speedup.py does by hand)."""
+    from scipy import stats
+
+    res = stats.ttest_ind(np.log([r.grok_time() for r in base]), np.log([r.grok_time() for r in runs]), equal_var=False)
+    ci = res.confidence_interval(0.95)
+    return math.exp(ci.low), math.exp(ci.high)
+
+
+def test_censored_speedups_get_a_one_sided_interval_and_decide_only_its_way():
+    from groklens.analyses.compare import speedup
+    from groklens.experiments.verdicts import speedup_verdict
+
+    # every baseline seed censored at its cap 3000, the variant tight: [lo, inf) with lo the
+    # lower end of the interval computed as if 3000 were the grokking steps
+    base, fast = [_R(None, 3000), _R(None, 3000), _R(None, 3100)], [_R(100, 200), _R(110, 210), _R(105, 205)]
+    sp = speedup(base, fast)
+    lo, _ = _welch_log_ci(base, fast)
+    assert sp["bound"] == "lower" and sp["ci"][1] == math.inf and sp["ci"][0] == pytest.approx(lo, rel=1e-9)
+    assert lo > 1 and speedup_verdict(sp) == "agrees"
+    # a lower bound never shows "not faster": claim "<= 1.05" is disagreed with only when lo > 1.05
+    assert speedup_verdict(sp, above=1.05, claim_faster=False) == "disagrees"
+    # the s5-control case: partly censored baseline, an interval whose lower end is below the
+    # threshold (the point bound 1.28x alone said "disagrees")
+    partly = speedup([_R(None, 6000), _R(None, 6000), _R(5500, 6000)], [_R(4000, 4400), _R(5400, 5800), _R(4800, 5200)])
+    assert partly["bound"] == "lower" and partly["value"] > 1.05 and partly["ci"][0] < 1.05
+    assert speedup_verdict(partly, above=1.05, claim_faster=False).startswith("undetermined (the 95% interval")
+    # a censored variant: [0, hi]; decides "not faster" only when hi <= 1, never "faster"
+    slow = speedup([_R(100, 200), _R(110, 210)], [_R(None, 1000), _R(None, 1100)])
+    _, hi = _welch_log_ci([_R(100, 200), _R(110, 210)], [_R(None, 1000), _R(None, 1100)])
+    assert slow["bound"] == "upper" and slow["ci"][0] == 0 and slow["ci"][1] == pytest.approx(hi, rel=1e-9)
+    assert speedup_verdict(slow) == "disagrees"
+    # the uniform-attention case: one variant seed censored, a wide interval: undetermined
+    wide = speedup([_R(1400, 1500), _R(2150, 2250), _R(1750, 1850)], [_R(1400, 1500), _R(4900, 5000), _R(None, 6000)])
+    assert wide["bound"] == "upper" and wide["ci"][1] > 1
+    assert speedup_verdict(wide).startswith("undetermined (the 95% interval")
+    assert speedup_verdict(speedup([_R(5000, 5100)] * 2, [_R(None, 1000)] * 2)).startswith("undetermined")
+    # a censored side with one seed: no interval
+    assert speedup_verdict(speedup([_R(None, 3000)], [_R(100, 200), _R(110, 210)])).startswith("undetermined (no interval")
+
+
+def test_collapsed_runs_and_ungrokked_arms_decide_nothing():
+    from groklens.analyses.compare import speedup
+    from groklens.experiments.verdicts import generalized_arms, speedup_verdict
+
+    crossed = speedup([_R(800, 900), _R(1000, 1100), _R(900, 1000)], [_R(100, 200), _R(110, 210), _R(105, 205)])
+    assert speedup_verdict(crossed, collapsed=1).startswith("undetermined (1 run(s) behind it crossed and then collapsed")
+    grokked, never = [_R(100, 200)] * 2, [_R(None, 200), _R(150, 200)]
+    assert generalized_arms({"penalty": grokked, "baseline": grokked}) is None
+    why = generalized_arms({"penalty": never, "baseline": grokked})
+    assert why.startswith("compares a grokked with an ungrokked model") and "penalty generalized on 1 of 2" in why
+    collapsed = _R(100, 200)
+    collapsed.collapsed = True
+    assert "generalized on 1 of 2" in generalized_arms({"arm": [collapsed, _R(100, 200)]})
+
+
+def test_phase_ratios_are_decided_by_a_paired_interval():
+    from scipy import stats
+
+    from groklens.experiments.verdicts import paired_interval, ratio_verdict
+
+    ratios = [0.55, 0.60, 0.62, 0.58]
+    mean, ci = paired_interval(ratios)
+    ref = stats.ttest_1samp(ratios, 1.0).confidence_interval(0.95)  # scipy's own one-sample interval
+    assert mean == pytest.approx(np.mean(ratios)) and ci == pytest.approx([ref.low, ref.high], rel=1e-12)
+    assert ratio_verdict(mean, ci, below=True, missing="") == "agrees"
+    assert ratio_verdict(mean, ci, below=False, missing="") == "disagrees"
+    # two seeds far apart (the structural-attention case): the interval contains 1
+    mean2, ci2 = paired_interval([0.75, 1.14])
+    assert ratio_verdict(mean2, ci2, below=False, missing="").startswith("undetermined (the 95% interval")
+    one, none = paired_interval([0.9])
+    assert none is None and ratio_verdict(one, none, below=True, missing="", n=1).startswith("undetermined (no interval: n=1")
+    assert ratio_verdict(None, None, below=True, missing="no checkpoint").startswith("undetermined (missing")
 
 
 def test_groks_verdict_needs_a_cap_far_beyond_the_reference():
