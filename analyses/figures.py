@@ -11,6 +11,8 @@ caller (`groklens.analyses.report`). They never touch pyplot's global state: fig
                      (used for Fourier FVE, attention mass, Hessian, effective rank, radius/rho)
   spectrum_grid      embedding Fourier power per frequency at chosen checkpoints
   cluster_grid       neurons per key frequency (Nanda's clustering) at chosen checkpoints
+  progress_measures  Nanda's figure: train, test, restricted and excluded loss (log y) and the
+                     total sum of squared weights against step, the three phases shaded
 """
 
 from __future__ import annotations
@@ -326,3 +328,55 @@ def pattern_grid(patterns: np.ndarray, row_labels: Sequence[str], col_labels: Se
     fig.suptitle("Attention pattern of the readout query (mean over inputs)", fontsize=9)
     return fig
 
+
+
+# ---------------------------------------------------------------------- Nanda's progress measures
+@dataclass
+class ProgressPanel:
+    """One run's progress-measure curves (analyses/progress.py) and its phase boundaries."""
+
+    label: str
+    steps: np.ndarray  # evaluations
+    train_loss: np.ndarray
+    test_loss: np.ndarray
+    weight_sq: np.ndarray
+    ck_steps: np.ndarray  # checkpoints with restricted / excluded loss
+    restricted: np.ndarray
+    excluded: np.ndarray
+    phases: Sequence[tuple[float, float, str]] = ()  # (start, end, name) shaded
+    key_text: str = ""
+
+
+PHASE_COLOURS = ("#fde0c5", "#d5e8d4", "#dae8fc")
+
+
+def progress_measures(panels: Sequence[ProgressPanel], *, ax=None) -> Figure:
+    """Per run a column: losses on a log y axis (train, test, restricted and excluded loss, as in
+    Nanda et al.'s figure) above the total sum of squared weights, on a linear step axis (the
+    phases are long stretches of steps), the phases shaded; the key set in each column's title."""
+    n = len(panels)
+    if ax is not None:
+        axes = np.asarray(ax).reshape(2, n)
+        fig = axes[0, 0].figure
+    else:
+        fig = Figure(figsize=(max(6.5, 4.6 * n), 5.6), layout="constrained")
+        axes = fig.subplots(2, n, sharex="col", squeeze=False, gridspec_kw={"height_ratios": [2, 1]})
+    for j, p in enumerate(panels):
+        top, bottom = axes[0, j], axes[1, j]
+        top.plot(p.steps, p.train_loss, color=PALETTE[0], lw=1.4, label="train loss")
+        top.plot(p.steps, p.test_loss, color=PALETTE[1], lw=1.4, label="test loss")
+        if len(p.ck_steps):
+            top.plot(p.ck_steps, p.restricted, color=PALETTE[2], lw=1.4, marker=".", ms=3, label="restricted loss")
+            top.plot(p.ck_steps, p.excluded, color=PALETTE[3], lw=1.4, marker=".", ms=3, label="excluded loss")
+        top.set_yscale("log")
+        bottom.plot(p.steps, p.weight_sq, color="black", lw=1.4)
+        bottom.set_ylabel("sum of squared weights", fontsize=8)
+        for a in (top, bottom):
+            for (lo, hi, name), c in zip(p.phases, PHASE_COLOURS):
+                a.axvspan(lo, hi, color=c, alpha=0.6, lw=0, label=name if a is top else None)
+            a.grid(alpha=0.25, lw=0.4)
+        top.set_ylabel("loss (log)")
+        top.set_title(f"{p.label}\n{p.key_text}", fontsize=8)
+        bottom.set_xlabel("step")
+        top.legend(fontsize=7, loc="upper right", frameon=False)
+    return fig

@@ -348,6 +348,26 @@ def resolve_sites(model, site: str | None) -> dict:
     return names
 
 
+KEY_SET_LAST = "last"  # key_frequencies="last": the key set of the run's last checkpoint (Nanda's curves)
+
+
+def resolve_params(traj, params: dict) -> dict:
+    """key_frequencies="last" -> the list of Nanda's key frequencies at the run's last checkpoint,
+    so that every checkpoint is measured against one fixed set, as his progress-measure curves
+    are; the list is what is stored with the results (a later "last" resolves to the same list)."""
+    if params.get("key_frequencies") != KEY_SET_LAST:
+        return params
+    from groklens.probes.capture import capture
+    from groklens.probes.grid import modular_grid
+
+    model, data = traj.model(int(traj.steps[-1])), traj.dataset()
+    names = resolve_sites(model, params.get("site"))
+    grid = modular_grid(data, "the Fourier analysis")
+    post = capture(model, data.inputs, [names["site"]], position=int(data.readout_pos))[names["site"]].double().numpy()
+    keys = neuron_fve(grid.to_grid(post))["key_frequencies"]
+    return {**params, "key_frequencies": [int(k) for k in keys]}
+
+
 def check(model, data: TaskData, params: dict) -> dict:
     from groklens.probes.grid import modular_grid
 

@@ -41,6 +41,9 @@ class Analysis:
     # overrides of `defaults` for a cheap first look (`groklens demo`), where the default costs
     # much more than it tells there
     cheap_params: dict[str, Any] = field(default_factory=dict)
+    # (trajectory, params) -> params: a parameter value that names something of the run
+    # (fourier's key_frequencies="last") made concrete before the parameters are checked and stored
+    resolve: Callable[..., dict] | None = None
 
 
 # keyword arguments of an analysis function that are plumbing, not parameters of the measure
@@ -78,7 +81,7 @@ def _load_builtins() -> None:
     ANALYSES.register("fourier")(Analysis(
         "fourier", fourier.fourier, signature_defaults(fourier.fourier),
         "Fourier circuit: Nanda's key frequencies, neuron/embedding/least-squares FVE, restricted/excluded loss",
-        check=fourier.check, tasks=MODULAR_TASKS))
+        check=fourier.check, tasks=MODULAR_TASKS, resolve=fourier.resolve_params))
     ANALYSES.register("attention")(Analysis(
         "attention", attention.attention_mass, signature_defaults(attention.attention_mass),
         "attention mass of the readout query on informative tokens, per layer and head",
@@ -103,6 +106,11 @@ def _load_builtins() -> None:
         "grokking", grokking.grokking_table, signature_defaults(grokking.grokking_table),
         "memorization and grokking steps per accuracy threshold (test accuracy >= threshold), with censoring",
         kind="run"))
+    ablation = mod("ablation")
+    ANALYSES.register("freq_ablation")(Analysis(
+        "freq_ablation", ablation.frequency_ablation, signature_defaults(ablation.frequency_ablation),
+        "loss and accuracy with Fourier frequencies removed from the embedding or a hook site (through a hook)",
+        check=ablation.check, tasks=MODULAR_TASKS, in_default_set=False))
     llc = mod("llc")
     ANALYSES.register("llc")(Analysis(
         "llc", llc.llc, signature_defaults(llc.llc),

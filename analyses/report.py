@@ -180,17 +180,21 @@ def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str):
 
 # ---------------------------------------------------------------------- entry point
 def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | None, every: int | None,
-                       progress: bool = False) -> list[str]:
-    """Run the report's analyses along each run's checkpoints (every `every`-th), keeping results."""
+                       progress: bool = False, params: Sequence[str] = ()) -> list[str]:
+    """Run the report's analyses along each run's checkpoints (every `every`-th, and always the
+    phase checkpoints, so the table's memorization and grokking cells are filled), keeping results;
+    `params`: METRIC.KEY=VALUE as `groklens analyze --param`."""
     from groklens.analyses.compare import ANALYSES_USED
     from groklens.analyses.registry import default_names, get
-    from groklens.analyses.runner import analyze_runs
+    from groklens.analyses.runner import analyze_runs, parse_params
 
     # unless told: the default set, of what the figures draw (the comparison's analyses)
     names = list(dict.fromkeys(metrics or default_names(ANALYSES_USED)))
     for n in names:
         get(n)
-    return analyze_runs(paths, [(n, {}) for n in names], checkpoints=f"every:{every}" if every else "all",
+    parsed = parse_params(params, names)
+    return analyze_runs(paths, [(n, parsed.get(n, {})) for n in names],
+                        checkpoints=f"every:{every}+phases" if every else "all",
                         skip_inapplicable=not metrics, progress=progress)
 
 
@@ -198,7 +202,7 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
                  baseline: str | Path | None = None, group_by: str | Sequence[str] | None = "variant",
                  threshold: float = 0.95, analyze: bool = False, metrics: Sequence[str] | None = None,
                  every: int | None = None, steps: Sequence[int] | None = None, progress: bool = False,
-                 comparison: Comparison | None = None) -> ReportResult:
+                 comparison: Comparison | None = None, params: Sequence[str] = ()) -> ReportResult:
     """Write the figures, comparison.csv/json and index.html into out_dir (see the module docstring)."""
     if fmt not in FORMATS:
         raise BadInput(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
@@ -211,6 +215,8 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
         raise BadInput(f"directory {out.parent} does not exist")
     if metrics and not analyze:
         raise BadInput("--metric chooses what --analyze computes; give --analyze too")
+    if params and not analyze:
+        raise BadInput("--param sets what --analyze computes; give --analyze too")
     if every is not None and (isinstance(every, bool) or every < 1):
         raise BadInput(f"--every must be a positive integer; got {every!r}")
     inputs = [Path(p) for p in paths] + ([Path(baseline)] if baseline else [])
@@ -219,7 +225,7 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
     notes: list[str] = []
     if analyze:
         run_paths = [r.path for g in comp.groups for r in g.runs]
-        notes += analyze_for_report(run_paths, metrics, every, progress=progress)
+        notes += analyze_for_report(run_paths, metrics, every, progress=progress, params=params)
         comp = compare(paths, baseline=baseline, group_by=group_by, threshold=threshold)
     if any(np.any(np.asarray(r.metrics["step"]) > 0) for g in comp.groups for r in g.runs):
         specs, missing = make_figures(comp, steps)

@@ -287,8 +287,8 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
     acc = accuracy_lines(groups, colours)
     marks = [(m, c) for m, c in zip(means, colours) if m is not None]
     f = _Figs(groups, colours, thr, acc, marks, steps, figs, missing)
-    for family in (_fourier_figures, _attention_figures, _hessian_figures, _llc_figures, _rank_figures,
-                   _radial_figures):
+    for family in (_fourier_figures, _progress_figures, _attention_figures, _hessian_figures, _llc_figures,
+                   _rank_figures, _radial_figures):
         family(f)
     return figs, missing
 
@@ -350,6 +350,40 @@ def _fourier_figures(f: _Figs) -> None:
         "neuron_clusters", "Neuron-frequency clusters at chosen checkpoints",
         f"MLP neurons whose variance lies >= the cluster threshold in one frequency's 2-D block, counted per "
         f"frequency ({which}, same checkpoints); the rest are unclustered.", clus))
+
+
+def progress_panel(run: RunSummary) -> F.ProgressPanel | None:
+    """Nanda's progress-measure curves of one run with its phases (analyses/progress.py); None when
+    no restricted / excluded loss is stored at two or more checkpoints."""
+    from groklens.analyses.progress import phase_boundaries, progress_curves
+
+    c = progress_curves(run.path)
+    if len(c.ck_steps) < 2:
+        return None
+    ph = phase_boundaries(c)
+    bounds = [0, ph["memorization_end"], ph["circuit_formation_end"], ph["cleanup_end"]]
+    names = ("memorization", "circuit formation", "cleanup")
+    phases = [(lo, hi, n) for lo, hi, n in zip(bounds, bounds[1:], names) if lo is not None and hi is not None]
+    return F.ProgressPanel(run.name, c.steps, c.train_loss, c.test_loss, c.weight_sq, c.ck_steps, c.restricted,
+                           c.excluded, phases, c.key_source)
+
+
+def _progress_figures(f: _Figs) -> None:
+    """Nanda's progress measures of the first run of each group that has them."""
+    title = "Progress measures (Nanda et al.): losses and weight norm against step"
+    panels = [p for g in f.groups if (p := progress_panel(g.runs[0])) is not None]
+    if not panels:
+        f.missing.append((title, "no run has the fourier analysis stored at two or more checkpoints: run `groklens "
+                                 "analyze RUN.h5 --metric fourier --param fourier.key_frequencies=last`"))
+        return
+    from groklens.analyses.progress import PHASE_RULE
+
+    f.figs.append(FigureSpec(
+        "progress_measures", title,
+        f"{f.which_runs().capitalize()}: train and test loss (every evaluation), restricted and excluded loss "
+        "(the checkpoints analyzed, with the key set in the title: fixed = one set for every checkpoint, as Nanda "
+        "computes the curves), log loss axis; below, the total sum of squared weights. Phases shaded by our rule: "
+        f"{PHASE_RULE}.", F.progress_measures(panels)))
 
 
 def _head_lines(f: _Figs) -> list[F.Line]:

@@ -171,7 +171,7 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
     jobs = []
     for name, params in requests:
         a = get(name)
-        p = canonical_params(a, params)
+        p = canonical_params(a, a.resolve(traj, dict(params)) if a.resolve else params)
         jobs.append(_Job(a, p, params_json(p)))
     data = traj.dataset()
     chosen, model0, jobs = _validate(traj, jobs, data, steps, every, notes)  # before anything is written

@@ -347,21 +347,26 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the sidecars).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
-@click.option("--every", type=int, default=None, help="With --analyze: every K-th checkpoint (plus the last).")
+@click.option("--every", type=int, default=None,
+              help="With --analyze: every K-th checkpoint (plus the last and the phase checkpoints).")
+@click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
+              help="With --analyze: an analysis parameter, as in analyze (e.g. fourier.key_frequencies=last: "
+                   "the last checkpoint's key set at every checkpoint, for the progress-measures figure).")
 @click.option("--checkpoints", "steps", multiple=True, metavar="S",
               help="Checkpoint step(s) of the Fourier spectrum and neuron-cluster figures (repeatable, or "
                    "comma-separated; default: start, memorization, grokking, end).")
 @_refused("--checkpoint", "was renamed --checkpoints (checkpoint steps, as in analyze)")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, steps, quiet, as_json) -> None:
+def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, quiet,
+           as_json) -> None:
     """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
     from groklens.analyses.report import build_report
     from groklens.analyses.runner import parse_steps
 
     result = build_report(runs, out_dir, fmt=fmt, baseline=baseline, group_by=group_by, threshold=threshold,
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
-                          progress=not quiet)
+                          progress=not quiet, params=params)
     if as_json:
         click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
                                "missing": [{"figure": t, "why": w} for t, w in result.missing]}))

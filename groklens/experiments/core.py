@@ -223,6 +223,9 @@ class Experiment:
     analyses: Callable[[Scale, str], list[tuple[str, dict[str, Any], str]]]
     seeds: dict[str, int] | None = None  # seeds by scale when not DEFAULT_SEEDS
     published: bool = True  # False: no published numbers to reproduce (the demo)
+    # (run file, scale) -> JSON values read from the whole run (curves, not phase values), computed
+    # when the run is recorded and kept in its ledger entry (LedgerRun.run_values)
+    run_values: Callable[[Path, Scale], dict[str, Any]] | None = None
 
     def seeds_default(self, scale: str) -> int:
         return (self.seeds or DEFAULT_SEEDS)[scale]

@@ -184,8 +184,10 @@ def device_of(cfg: dict[str, Any]) -> str:
     return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
 
 
-def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str]) -> dict[str, Any]:
-    """The ledger entry of one finished run (see the module docstring)."""
+def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str],
+                  run_values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ledger entry of one finished run (see the module docstring); `run_values`: what the
+    experiment reads from the whole run (Experiment.run_values), kept as the entry's run_values."""
     import groklens
     from groklens.analyses.compare import load_run
     from groklens.analyses.grokking import collapse, grokking_times
@@ -223,6 +225,7 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "final": {k: _finite(v[-1]) for k, v in metrics.items() if len(v) and k != "step"},
         "collapse": collapse(metrics, GROK_THRESHOLD),
         "measures": with_values,
+        **({"run_values": run_values} if run_values is not None else {}),
         "phase_checkpoints": phase_steps,
         "phase_notes": phase_notes,
         "groklens_version": trained_by or groklens.__version__,
@@ -255,6 +258,7 @@ class LedgerRun(PhaseTimes):
             "crossed": self.grokking, "fell_below": None, "final_test_acc": self.final_test_acc,
             "collapsed": self.grokking is not None and (self.final_test_acc is None or self.final_test_acc < threshold)}
         self.collapsed = bool(self.collapse.get("collapsed"))
+        self.run_values = entry.get("run_values", {})
 
     def value(self, key: str, phase: str) -> float | None:
         v = self.values.get(key, {}).get(phase)
