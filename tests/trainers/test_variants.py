@@ -34,7 +34,7 @@ def test_sphere_residual_norms_equal_the_radius_at_every_hook(radius):
         for p in model.parameters():
             p.normal_(0, 3.0)
     _, cache = model.run_with_cache(data.inputs)
-    names = ["norm_embed.hook_normalized"] + [
+    names = ["ln_embed.hook_normalized"] + [
         f"blocks.{l}.hook_resid_{w}" for l in range(2) for w in ("pre", "mid", "post")
     ]
     for name in names:
@@ -42,7 +42,7 @@ def test_sphere_residual_norms_equal_the_radius_at_every_hook(radius):
         assert torch.allclose(norms, torch.full_like(norms, radius), atol=1e-5 * radius), name
     # and the pre-projection radius is what hook_scale reports (||x|| / r)
     raw = cache["hook_embed"] + cache["hook_pos_embed"]
-    assert torch.allclose(cache["norm_embed.hook_scale"][..., 0], raw.norm(dim=-1) / radius, rtol=1e-5)
+    assert torch.allclose(cache["ln_embed.hook_scale"][..., 0], raw.norm(dim=-1) / radius, rtol=1e-5)
 
 
 def test_bounded_logits_are_tau_times_a_cosine_and_never_exceed_tau():

@@ -1,10 +1,12 @@
 """What every groklens model shares: TransformerLens's HookedRootModule, a `cfg` in
 TransformerLens vocabulary, and the HookedTransformer-style surface that needs no architecture
-(`return_type`, a tokenizer-free `to_tokens`, the cache whose helpers refuse where they would be
-wrong). docs/TRANSFORMERLENS.md lists what works on which variant."""
+(`return_type`, a tokenizer-free `to_tokens`, hook names checked, the cache of
+groklens.trainers.models.cache). docs/TRANSFORMERLENS.md lists what works on which variant."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,17 @@ from groklens.errors import BadInput
 
 class TLUnsupported(BadInput, ValueError):
     """A TransformerLens method that cannot be right for this model; the message says what to use."""
+
+
+class TLUnsupportedAttribute(TLUnsupported, AttributeError):
+    """An attribute TransformerLens users read that this model does not have (hasattr is False)."""
+
+
+class TLUnknownName(TLUnsupported, KeyError):
+    """A hook or cache name this model does not have (a KeyError too, as TransformerLens expects)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass
@@ -51,19 +64,34 @@ class ModelConfig:
 
     @property
     def normalization_type(self) -> str | None:
-        """The name ActivationCache reads. TL knows LN and RMS before each sub-layer with one final
-        norm; post-norm and the sphere get names TL does not know, and GroklensCache keeps them away
-        from the TL code paths that would silently treat them as no norm."""
-        if self.norm == "none":
-            return None
-        if self.norm == "sphere":
-            return "SPHERE"
-        return {"ln": "LN", "rms": "RMS"}[self.norm] + ("Post" if self.norm_placement == "post" else "")
+        """TransformerLens's meaning: the norm between the stream and its readers (ln1 before the
+        attention, ln2 before the MLP, ln_final before the unembedding), LN or RMS on a pre-norm
+        model. After a post-norm or the sphere every reader reads the stream itself: None, as with
+        no norm (TL's logit lens then reads the last stream state, which is exact). What the stream
+        is there (not a sum of component outputs) is `additive_stream`; GroklensCache decides by it."""
+        if self.norm in ("ln", "rms") and self.norm_placement == "pre":
+            return {"ln": "LN", "rms": "RMS"}[self.norm]
+        return None
 
     @property
     def additive_stream(self) -> bool:
         """True when the residual stream is the sum of its component outputs (no norm after a sum)."""
         return self.norm != "sphere" and not (self.norm in ("ln", "rms") and self.norm_placement == "post")
+
+    @property
+    def model_name(self) -> str:
+        """TL's cfg.model_name (TL prints it in messages): the model and its variant switches."""
+        if hasattr(self, "embed"):
+            return "groklens-mlp"
+        parts = ["transformer", self.norm] + (["post"] if self.norm_placement == "post" and self.norm in ("ln", "rms") else [])
+        parts += [s for s, default in ((self.attention, "softmax"), (self.unembed, "linear")) if s != default]
+        return "groklens-" + "-".join(parts)
+
+    def to_dict(self) -> dict:
+        """TL's cfg.to_dict(): every field, and the names TL reads (normalization_type, model_name, dtype, ...)."""
+        return {**dataclasses.asdict(self), "normalization_type": self.normalization_type, "model_name": self.model_name,
+                "initializer_range": self.initializer_range, "dtype": self.dtype,
+                "n_key_value_heads": self.n_key_value_heads, "default_prepend_bos": self.default_prepend_bos}
 
     @property
     def initializer_range(self) -> float:
@@ -74,6 +102,9 @@ class ModelConfig:
     dtype = torch.float32
     n_key_value_heads = None
     default_prepend_bos = False
+
+
+_module_getattr = torch.nn.Module.__getattr__
 
 
 def _token_names_default(cfg: ModelConfig) -> list[str]:
@@ -98,10 +129,42 @@ class HookedModel(HookedRootModule):
         self._label_index = None
 
     def run_with_cache(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        from groklens.trainers.models.cache import GroklensCache
+
         # TransformerLens 4.x returns a plain dict from HookedRootModule.run_with_cache
         out, cache = super().run_with_cache(*args, **kwargs)
         cache = cache.cache_dict if isinstance(cache, ActivationCache) else cache
         return out, GroklensCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    # ------------------------------------------------------------------ hook names
+    def add_hook(self, name, hook, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        if isinstance(name, str):
+            self.check_hook_name(name)
+        super().add_hook(name, hook, *args, **kwargs)
+
+    def _enable_hook_with_name(self, name: str, hook, dir) -> None:  # hooks(), run_with_hooks
+        self.check_hook_name(name)
+        super()._enable_hook_with_name(name, hook, dir)
+
+    def check_hook_name(self, name: str) -> None:
+        """A one-line TLUnknownName (a KeyError) for a name that is not a hook point of this model."""
+        if name not in self.hook_dict:
+            raise TLUnknownName(self.unknown_name_message(name))
+
+    def unknown_name_message(self, name: str) -> str:
+        """What to say about a hook name this model does not have."""
+        absent = self._modules.get("ln_final")
+        if name.startswith("ln_final.") and "why" in getattr(absent, "__dict__", {}):
+            return f"{name}: {absent.why}"
+        if getattr(self.cfg, "norm", None) == "none" and (".ln" in name or name.startswith("ln_")):
+            return f"{name}: norm=none, this model has no norms"
+        old = {"norm_embed.": "ln_embed.", ".norm_mid.": ".ln1.", ".norm_post.": ".ln2."}
+        for was, now in old.items():
+            if was in name and name.replace(was, now) in self.hook_dict:
+                return f"{name}: the norms have one name on every variant now: {name.replace(was, now)}"
+        close = difflib.get_close_matches(name, list(self.hook_dict), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else f"e.g. {', '.join(list(self.hook_dict)[:3])}"
+        return f"{name} is not a hook point of this model ({hint})"
 
     def hooks_attached(self) -> bool:
         """Whether any hook is attached to any HookPoint (then the forward pass takes the explicit
@@ -112,6 +175,26 @@ class HookedModel(HookedRootModule):
     # ------------------------------------------------------------------ tokens
     def _names(self) -> list[str]:
         return self.token_names or _token_names_default(self.cfg)
+
+    def __getattr__(self, name: str):  # what nn.Module finds (submodules, parameters), else a refusal for TL's names
+        try:
+            return _module_getattr(self, name)
+        except AttributeError:
+            if name == "tokenizer":
+                raise TLUnsupportedAttribute("tokenizer: groklens tasks have no tokenizer; use model.to_tokens / "
+                                             "to_str_tokens / to_string (token names: the ids and '=')") from None
+            raise
+
+    def generate(self, *_: Any, **__: Any):
+        raise TLUnsupported("generate: a groklens model reads a whole task input and gives its answer class at the "
+                            "readout position; there is no next token to sample; use model(tokens)[:, -1].argmax(-1)")
+
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Any = None, per_token: bool = False):
+        """HookedTransformer's loss_fn: what forward(tokens, return_type='loss') returns, here the
+        run's task loss at the readout position(s) (per input with per_token), not a next-token loss."""
+        if attention_mask is not None:
+            raise TLUnsupported("loss_fn: groklens tasks do not pad, so there is no attention_mask")
+        return self.output(logits, self._as_tokens(tokens), "loss", per_token)
 
     def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, **_: Any) -> torch.Tensor:
         """Strings of the task's tokens -> ids [batch, pos]: "3 5 =" (whitespace-separated), or for
@@ -132,8 +215,18 @@ class HookedModel(HookedRootModule):
             raise TLUnsupported("to_tokens: the strings have different numbers of tokens; groklens tasks do not pad")
         return torch.tensor(rows, dtype=torch.long, device=self.cfg.device)
 
-    def to_str_tokens(self, input: Any, **_: Any) -> list[str]:
-        ids = self.to_tokens(input)[0] if isinstance(input, str) else torch.as_tensor(input).reshape(-1)
+    def to_str_tokens(self, input: Any, prepend_bos: bool | None = None, **_: Any) -> list[str] | list[list[str]]:
+        """TL's to_str_tokens: a string or one row of ids -> token names; a list -> one list per item."""
+        if isinstance(input, (list, tuple)):
+            return [self.to_str_tokens(item, prepend_bos) for item in input]
+        if isinstance(input, str):
+            ids = self.to_tokens(input, prepend_bos=prepend_bos)[0]
+        else:
+            ids = torch.as_tensor(input).squeeze()
+            ids = ids.reshape(1) if ids.ndim == 0 else ids
+            if ids.ndim != 1:
+                raise TLUnsupported(f"to_str_tokens: tokens of shape {tuple(torch.as_tensor(input).shape)}; pass one "
+                                    "row (as TL), or a list of rows or strings for one list per row")
         return [self._names()[int(i)] for i in ids]
 
     def to_string(self, tokens: Any) -> str | list[str]:
@@ -149,7 +242,13 @@ class HookedModel(HookedRootModule):
         return int(ids[0])
 
     def _as_tokens(self, tokens: Any) -> torch.Tensor:
-        return self.to_tokens(tokens) if isinstance(tokens, (str, list)) else tokens
+        tokens = self.to_tokens(tokens) if isinstance(tokens, (str, list)) else tokens
+        n, n_ctx = tokens.shape[-1], self.cfg.n_ctx
+        if n > n_ctx or (n < n_ctx and "blocks" not in self._modules):
+            raise TLUnsupported(f"model(tokens): {n} positions, but a task input is n_ctx={n_ctx} tokens; the model "
+                                "gives one answer class at the readout position, not a next token (generate, "
+                                "test_prompt and next-token losses do not apply)")
+        return tokens
 
     # ------------------------------------------------------------------ return_type
     def labels_for(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -202,67 +301,3 @@ class HookedModel(HookedRootModule):
         if not hasattr(self, "blocks"):
             raise TLUnsupported(f"set_{name}: the MLP model has no attention blocks")
         setattr(self.cfg, name, bool(value))
-
-
-class GroklensCache(ActivationCache):
-    """TL's ActivationCache, refusing (one-line TLUnsupported) where TL's helpers would be wrong:
-    on the MLP model (no residual stream), and where a norm follows every residual sum (post-norm,
-    sphere), so the stream is not the sum of component outputs."""
-
-    def _stream(self, what: str, components: bool = True) -> None:
-        m = self.model
-        if not hasattr(m, "blocks"):
-            raise TLUnsupported(f"{what}: the MLP model has no residual stream; read its hooks "
-                                "(hook_input, layers.{i}.hook_pre/hook_post, hook_logits) directly")
-        if components and not m.cfg.additive_stream:
-            kind = "the sphere projection" if m.cfg.norm == "sphere" else f"a {m.cfg.norm.upper()} norm"
-            raise TLUnsupported(f"{what}: {kind} follows every residual sum, so the stream is not the sum of "
-                                "component outputs; use accumulated_resid (the stream states) instead")
-
-    def decompose_resid(self, *args: Any, **kwargs: Any):
-        self._stream("decompose_resid")
-        return super().decompose_resid(*args, **kwargs)
-
-    def get_full_resid_decomposition(self, *args: Any, **kwargs: Any):
-        self._stream("get_full_resid_decomposition")
-        return super().get_full_resid_decomposition(*args, **kwargs)
-
-    def accumulated_resid(self, *args: Any, **kwargs: Any):
-        self._stream("accumulated_resid", components=False)
-        return super().accumulated_resid(*args, **kwargs)
-
-    def stack_head_results(self, *args: Any, **kwargs: Any):
-        self._stream("stack_head_results", components=kwargs.get("incl_remainder") or kwargs.get("apply_ln"))
-        return super().stack_head_results(*args, **kwargs)
-
-    def stack_neuron_results(self, *args: Any, **kwargs: Any):
-        self._stream("stack_neuron_results", components=kwargs.get("incl_remainder") or kwargs.get("apply_ln"))
-        return super().stack_neuron_results(*args, **kwargs)
-
-    def logit_attrs(self, *args: Any, **kwargs: Any):
-        self._stream("logit_attrs", components=False)
-        return super().logit_attrs(*args, **kwargs)
-
-    def logit_lens(self, **kwargs: Any):
-        self._stream("logit_lens", components=False)
-        if not self.model.cfg.additive_stream:
-            kwargs["apply_ln"] = False  # no final norm: the unembedding reads the last stream state as is
-        return super().logit_lens(**kwargs)
-
-    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
-                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
-                          recompute_ln: bool = False):
-        """Post-norm and sphere: the unembedding reads the last stream state with no norm, so at
-        layer n_layers the stack passes unchanged; at a block's input TL's cached-scale norm is
-        undefined (ln1/ln2 there normalize the sums, not the sub-layer inputs): refused."""
-        self._stream("apply_ln_to_stack", components=False)
-        if self.model.cfg.additive_stream:
-            return super().apply_ln_to_stack(residual_stack, layer, mlp_input, pos_slice, batch_slice,
-                                             has_batch_dim, recompute_ln)
-        if layer not in (None, -1, self.model.cfg.n_layers) or mlp_input:
-            self._stream(f"apply_ln_to_stack at layer {layer}")
-        if has_batch_dim:  # what TL does before normalizing: the batch slice
-            from transformer_lens.utilities import Slice
-
-            residual_stack = Slice.unwrap(batch_slice).apply(residual_stack, dim=1)
-        return residual_stack

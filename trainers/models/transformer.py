@@ -7,13 +7,14 @@ fourier), `causal`. Pre-norm residual blocks as in TransformerLens:
     resid_post = resid_mid + mlp(ln2(resid_mid))
     logits     = unembed(ln_final(resid_post))
 With norm=sphere the norms move after the sums instead (Yildirim 2026), N(x) = r x / ||x||:
-    resid_pre(0) = N(embed + pos_embed)
-    resid_mid    = N(resid_pre + attn(resid_pre))
-    resid_post   = N(resid_mid + mlp(resid_mid))
+    resid_pre(0) = N(embed + pos_embed)              ln_embed
+    resid_mid    = N(resid_pre + attn(resid_pre))    blocks.{l}.ln1
+    resid_post   = N(resid_mid + mlp(resid_mid))     blocks.{l}.ln2
 so every residual-stream hook lies on the sphere of radius r.
 With norm_placement=post (norm ln | rms) a LayerNorm/RMSNorm N takes those places, as in the
-sphere paper's baselines: ln_embed after the embedding, blocks.{l}.ln1 after the attention sum,
-blocks.{l}.ln2 after the MLP sum, no ln_final (LayerNorm eps 1e-5, RMSNorm eps 1e-8).
+sphere paper's baselines (LayerNorm eps 1e-5, RMSNorm eps 1e-8). Norms after the sums have no
+ln_final, and on every variant the norms carry the same names (ln_embed, ln1, ln2, ln_final), so
+hook names do not change with the variant.
 Shapes: b batch, p position, d d_model, h head, e d_head, m d_mlp, v vocab.
 The HookedTransformer-style surface (stacked W_Q ... W_U, QK/OV, return_type, ...) and the fast
 path taken when no hook is attached are described in docs/TRANSFORMERLENS.md.
@@ -30,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from groklens.trainers.models.hooked import HookedModel, ModelConfig, TLUnsupported
+from groklens.trainers.models.hooked import HookedModel, ModelConfig, TLUnsupported, TLUnsupportedAttribute
+from groklens.trainers.models.tl_weights import TransformerLensWeights
 
 
 @dataclass
@@ -100,17 +102,37 @@ def is_post_ln(cfg: ModelConfig) -> bool:
     return cfg.norm in ("ln", "rms") and cfg.norm_placement == "post"
 
 
+def norms_after_sums(cfg: ModelConfig) -> bool:
+    """A norm after the embedding and after every residual sum (post-norm LN/RMS, the sphere)."""
+    return is_post_ln(cfg) or cfg.norm == "sphere"
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """A LayerNorm/RMSNorm: before a sub-layer (pre) or after a residual sum (post; the sphere
-    paper's baselines use RMSNorm eps 1e-8). The sphere variant has none."""
+    paper's baselines use RMSNorm eps 1e-8); the sphere projection; or nothing (norm=none)."""
+    if cfg.norm == "sphere":
+        return SphereNorm(cfg.radius)
     if cfg.norm not in ("ln", "rms"):
         return nn.Identity()
     return Norm(cfg, cfg.norm, eps=1e-8 if cfg.norm == "rms" and is_post_ln(cfg) else 1e-5)
 
 
-def make_post_norm(cfg: "TransformerConfig") -> nn.Module:
-    """The sphere projection after a residual sum, or nothing."""
-    return SphereNorm(cfg.radius) if cfg.norm == "sphere" else nn.Identity()
+class NoFinalNormalization(nn.Identity):
+    """ln_final where the model has none (norm=none; a norm after every sum): the identity, and a
+    one-line refusal, instead of AttributeError, for what TransformerLens reads of a final norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        last = f"blocks.{cfg.n_layers - 1}"
+        self.why = (f"norm=none: no final norm; the unembedding reads {last}.hook_resid_post" if cfg.norm == "none" else
+                    f"no final norm: the unembedding reads {last}.hook_resid_post, already normalized by {last}.ln2 "
+                    f"(its hooks: {last}.ln2.hook_scale / hook_normalized)")
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            raise TLUnsupportedAttribute(f"ln_final.{name}: {self.__dict__.get('why', 'no final norm')}") from None
 
 
 class Attention(nn.Module):
@@ -141,6 +163,10 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # [b, h, q, k]
         self.hook_z = HookPoint()  # [b, p, h, e]
         self.hook_result = HookPoint()  # [b, p, h, d], with cfg.use_attn_result
+        # [b, p, h, d] with cfg.use_split_qkv_input: the names TL 4.3's patching reads (blocks.{l}.hook_q_input too)
+        self.hook_q_input = HookPoint()
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
         n = cfg.n_ctx
         self.register_buffer("causal_mask", torch.tril(torch.ones(n, n, dtype=torch.bool)), persistent=False)
 
@@ -148,13 +174,14 @@ class Attention(nn.Module):
                 query: slice | None = None, fast: bool = False) -> torch.Tensor:
         """Attention output [b, p, d]; with `query`, only for those query positions [b, |query|, d].
         Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in)."""
-        if fast:
+        if fast and not self.folded:
             return self._fast(q_in, query)
         xq = q_in if query is None else q_in[:, query]
         eq = "bphd,hde->bphe" if q_in.ndim == 4 else "bpd,hde->bphe"
-        q = self.hook_q(torch.einsum(eq, xq, self.W_Q))
-        k = self.hook_k(torch.einsum(eq, k_in, self.W_K))
-        v = self.hook_v(torch.einsum(eq, v_in, self.W_V))
+        q, k, v = torch.einsum(eq, xq, self.W_Q), torch.einsum(eq, k_in, self.W_K), torch.einsum(eq, v_in, self.W_V)
+        if self.folded:  # fold_layer_norm moved ln1's bias into b_Q, b_K, b_V
+            q, k, v = q + self.b_Q, k + self.b_K, v + self.b_V
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
         if self.cfg.attention == "uniform":
             scores = torch.zeros_like(scores)  # no gradient reaches W_Q, W_K
@@ -168,6 +195,18 @@ class Attention(nn.Module):
         if self.cfg.use_attn_result:
             return self.hook_result(torch.einsum("bqhe,hed->bqhd", z, self.W_O)).sum(-2)
         return torch.einsum("bqhe,hed->bqd", z, self.W_O)
+
+    # TransformerLens's per-block biases: zeros (the model has none), or what fold_layer_norm moved
+    # here from ln1's bias (the buffers folded_b_Q / _K / _V, which the forward pass then adds)
+    folded = False
+    b_Q = property(lambda self: self._bias("Q"))  # [h, e]
+    b_K = property(lambda self: self._bias("K"))
+    b_V = property(lambda self: self._bias("V"))
+    b_O = property(lambda self: self.W_O.new_zeros(self.cfg.d_model))  # [d]
+
+    def _bias(self, which: str) -> torch.Tensor:
+        b = self._buffers.get("folded_b_" + which)
+        return b if b is not None else self.W_Q.new_zeros(self.cfg.n_heads, self.cfg.d_head)
 
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside. The projections are the
@@ -217,13 +256,13 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: "TransformerConfig"):
         super().__init__()
         self.cfg = cfg
-        self.post = is_post_ln(cfg)  # ln1/ln2 then normalize the sums instead of the sub-layer inputs
+        self.post = norms_after_sums(cfg)  # ln1/ln2 then normalize the sums instead of the sub-layer inputs
         self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.norm_mid = make_post_norm(cfg)  # sphere: resid_mid = N(resid_pre + attn_out)
+        self.norm_mid = nn.Identity()  # the pre-norm path's place for a norm after the sum: none
         self.ln2 = make_norm(cfg)
         self.mlp = MLP(cfg)
-        self.norm_post = make_post_norm(cfg)  # sphere: resid_post = N(resid_mid + mlp_out)
+        self.norm_post = nn.Identity()
         self.hook_resid_pre = HookPoint()  # [b, p, d]
         self.hook_attn_in = HookPoint()  # [b, p, h, d], with cfg.use_attn_in
         self.hook_q_input = HookPoint()  # [b, p, h, d], with cfg.use_split_qkv_input
@@ -246,11 +285,24 @@ class TransformerBlock(nn.Module):
         def per_head() -> torch.Tensor:  # noqa: E306 — a copy, so patching may write into it
             return x.unsqueeze(2).repeat(1, 1, cfg.n_heads, 1)
         if cfg.use_split_qkv_input:
-            ins = (self.hook_q_input(per_head()), self.hook_k_input(per_head()), self.hook_v_input(per_head()))
+            a = self.attn
+            ins = (a.hook_q_input(self.hook_q_input(per_head())), a.hook_k_input(self.hook_k_input(per_head())),
+                   a.hook_v_input(self.hook_v_input(per_head())))
         else:
             a = self.hook_attn_in(per_head())
             ins = (a, a, a)
         return pre(ins[0]), pre(ins[1]), pre(ins[2])
+
+    @property
+    def submodules(self):
+        """Read by TransformerLens's edge tools (get_act_patch_direct_path, edge attribution patching)
+        to find blocks whose heads do not write additively into the stream; TL's check does not know
+        a norm after the residual sum, so such a block refuses here."""
+        if self.post:
+            raise TLUnsupported("direct-path / edge patching: a norm follows every residual sum here, so a head's "
+                                "write z @ W_O reaches later heads only through it, not added to their input; "
+                                "patch hook_z or hook_resid_* with run_with_hooks instead")
+        raise AttributeError("submodules")
 
     def forward(self, x: torch.Tensor, query: slice | None = None, fast: bool = False) -> torch.Tensor:
         """With `query`, the block's output only at those positions (keys and values still see
@@ -279,13 +331,15 @@ class Unembed(nn.Module):
         self.bounded, self.tau = cfg.unembed == "bounded", cfg.tau
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab_out))
 
+    folded = False  # fold_layer_norm moved ln_final's bias into the buffer folded_b_U (TL's b_U)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, p, d] -> [b, p, v]
         if self.bounded:
             return self.tau * (x @ F.normalize(self.W_U, dim=0))
-        return x @ self.W_U
+        return x @ self.W_U + self.folded_b_U if self.folded else x @ self.W_U
 
 
-class Transformer(HookedModel):
+class Transformer(TransformerLensWeights, HookedModel):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if not isinstance(cfg, TransformerConfig):  # a plain ModelConfig: the variants' defaults
@@ -295,11 +349,13 @@ class Transformer(HookedModel):
         self.pos_embed = PosEmbed(cfg)
         self.hook_embed = HookPoint()  # [b, p, d]
         self.hook_pos_embed = HookPoint()  # [b, p, d]
-        self.norm_embed = make_post_norm(cfg)  # sphere: resid_pre(0) = N(embed + pos_embed)
+        if cfg.norm == "sphere":  # registered first: its hooks are ln_embed.*, as on post-norm
+            self.ln_embed = make_norm(cfg)  # resid_pre(0) = N(embed + pos_embed)
+        self.norm_embed = self.ln_embed if cfg.norm == "sphere" else nn.Identity()  # what the forward calls on the sphere
         if is_post_ln(cfg):
             self.ln_embed = make_norm(cfg)  # post: resid_pre(0) = ln_embed(embed + pos_embed)
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = nn.Identity() if is_post_ln(cfg) else make_norm(cfg)
+        self.ln_final = NoFinalNormalization(cfg) if norms_after_sums(cfg) or cfg.norm == "none" else make_norm(cfg)
         self.unembed = Unembed(cfg)
         self.init_weights()
         self.setup()  # registers every HookPoint under its module path
@@ -357,110 +413,6 @@ class Transformer(HookedModel):
         if readout is not None and return_type != "logits":
             raise TLUnsupported("readout= gives logits at the readout positions only; use return_type='logits'")
         return self.output(logits, tokens, return_type, loss_per_token)
-
-    # ---------------------------------------------------------------- TransformerLens's weight surface
-    # Stacked over layers with HookedTransformer's shapes. The model has no attention biases and
-    # (without mlp_bias) no MLP biases: those properties are zeros, which is what they add.
-    def _stack(self, get) -> torch.Tensor:
-        return torch.stack([get(b) for b in self.blocks])
-
-    W_E = property(lambda self: self.embed.W_E)  # [d_vocab, d_model]
-    W_pos = property(lambda self: self.pos_embed.W_pos)  # [n_ctx, d_model]
-    W_E_pos = property(lambda self: torch.cat([self.W_E, self.W_pos], dim=0))  # [d_vocab + n_ctx, d_model]
-    W_Q = property(lambda self: self._stack(lambda b: b.attn.W_Q))  # [l, h, d, e]
-    W_K = property(lambda self: self._stack(lambda b: b.attn.W_K))
-    W_V = property(lambda self: self._stack(lambda b: b.attn.W_V))
-    W_O = property(lambda self: self._stack(lambda b: b.attn.W_O))  # [l, h, e, d]
-    W_in = property(lambda self: self._stack(lambda b: b.mlp.W_in))  # [l, d, m]
-    W_out = property(lambda self: self._stack(lambda b: b.mlp.W_out))  # [l, m, d]
-    b_Q = property(lambda self: self.W_Q.new_zeros(self.cfg.n_layers, self.cfg.n_heads, self.cfg.d_head))
-    b_K = b_Q
-    b_V = b_Q
-    b_O = property(lambda self: self.W_E.new_zeros(self.cfg.n_layers, self.cfg.d_model))
-    b_in = property(lambda self: self._stack(lambda b: b.mlp.b_in if b.mlp.b_in is not None
-                                             else b.mlp.W_in.new_zeros(self.cfg.d_mlp)))
-    b_out = property(lambda self: self._stack(lambda b: b.mlp.b_out if b.mlp.b_out is not None
-                                              else b.mlp.W_out.new_zeros(self.cfg.d_model)))
-
-    @property
-    def W_U(self) -> torch.Tensor:
-        """[d_model, d_vocab_out] with logits = (what the unembedding reads) @ W_U + b_U; for
-        unembed=bounded that is tau * W_U_hat (unit columns), not the parameter unembed.W_U."""
-        W = self.unembed.W_U
-        return self.cfg.tau * F.normalize(W, dim=0) if self.unembed.bounded else W
-
-    @property
-    def b_U(self) -> torch.Tensor:
-        return self.unembed.W_U.new_zeros(self.cfg.d_vocab_out)
-
-    @property
-    def QK(self):
-        """W_Q W_K^T per layer and head, [l, h, d, d] factored (a TransformerLens FactoredMatrix)."""
-        from transformer_lens import FactoredMatrix
-
-        if self.cfg.attention == "uniform":
-            raise TLUnsupported("QK: with attention=uniform the scores are replaced by zeros, so W_Q W_K^T "
-                                "does not act; the pattern is 1 / (allowed positions); use OV")
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
-
-    @property
-    def OV(self):
-        """W_V W_O per layer and head, [l, h, d, d] factored (a TransformerLens FactoredMatrix)."""
-        from transformer_lens import FactoredMatrix
-
-        return FactoredMatrix(self.W_V, self.W_O)
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
-        """Sum of the biases written into the stream before `layer` (b_O is zero: no attention biases)."""
-        bias = self.W_E.new_zeros(self.cfg.d_model)
-        if include_mlp_biases:
-            for b in self.blocks[:layer]:
-                if b.mlp.b_out is not None:
-                    bias = bias + b.mlp.b_out
-        return bias
-
-    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
-        """The direction in what the unembedding reads whose dot product is each token's logit
-        (less b_U and ln_final's bias): W_U[:, token], times ln_final's weight with a pre-norm final
-        LN/RMS (what TransformerLens returns after fold_ln). [*tokens.shape, d_model]."""
-        if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)
-        tokens = torch.as_tensor(tokens, device=self.W_E.device)
-        W = self.W_U
-        if isinstance(self.ln_final, Norm):
-            W = W * self.ln_final.w[:, None]
-        return W[:, tokens].movedim(0, -1)
-
-    def tl_parameters(self) -> dict[str, torch.Tensor]:
-        """TransformerLens-named parameters (what SVDInterpreter reads)."""
-        if self.cfg.d_vocab != self.cfg.d_vocab_out:
-            raise TLUnsupported(f"SVDInterpreter assumes d_vocab == d_vocab_out, but this task has {self.cfg.d_vocab} "
-                                f"input tokens and {self.cfg.d_vocab_out} classes; use model.OV[l, h].svd() with model.W_U")
-        return {**dict(self.named_parameters()), "unembed.W_U": self.W_U}
-
-    @torch.no_grad()
-    def fold_layer_norm(self) -> None:
-        """Fold each norm's weight into the matrices that read its output (the logits do not change;
-        the norms keep unit weights). Only RMSNorm before each sub-layer folds exactly: LayerNorm's
-        bias would need attention biases this model does not have, a norm after the sums has no
-        matrix of its own to fold into, and the bounded unembedding normalizes W_U's columns."""
-        cfg = self.cfg
-        if cfg.norm == "none":
-            return
-        if cfg.norm != "rms" or is_post_ln(cfg) or self.unembed.bounded:
-            why = ("the sphere projection has no weight" if cfg.norm == "sphere" else
-                   "a norm after the residual sums has no matrix of its own to fold into" if is_post_ln(cfg) else
-                   "LayerNorm's bias would need attention biases this model does not have" if cfg.norm == "ln" else
-                   "unembed=bounded normalizes W_U's columns, so ln_final's weight cannot move into it")
-            raise TLUnsupported(f"fold_layer_norm: {why}; read the norms' hooks (hook_scale, hook_normalized) instead")
-        for block in self.blocks:
-            for name in ("W_Q", "W_K", "W_V"):
-                getattr(block.attn, name).mul_(block.ln1.w[None, :, None])
-            block.mlp.W_in.mul_(block.ln2.w[:, None])
-            block.ln1.w.fill_(1.0)
-            block.ln2.w.fill_(1.0)
-        self.unembed.W_U.mul_(self.ln_final.w[:, None])
-        self.ln_final.w.fill_(1.0)
 
 
 @torch.no_grad()
