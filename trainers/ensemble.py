@@ -40,7 +40,7 @@ from groklens.tasks import TASKS, TaskData
 # Fields that may differ between members of one ensemble.
 PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "stop_after_grok",
                      "act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda", "grokfast_alpha",
-                     "perp_grad")
+                     "perp_grad", "stop_test_loss", "stop_min_steps")
 # Fields the ensemble implements and that members must share (architecture, data shape, loss,
 # the regularizers' sites and windows, optimizer constants and schedule). Every other RunConfig
 # field (routing) must be at its default, or the run trains alone (`ensemble_key` returns None).
