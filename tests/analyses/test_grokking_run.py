@@ -9,9 +9,11 @@ from groklens.checkpoints import Trajectory
 from groklens.config import RunConfig
 from groklens.trainers.loop import train
 
-# groks in ~1.1k steps (~20 s on one core): memorized by step 100, test accuracy >= 0.95 at ~1.1k
-GROKS = dict(task="add", p=23, train_frac=0.6, d_model=32, n_heads=2, d_head=16, d_mlp=128, lr=1e-2,
-             weight_decay=1.0, steps=4000, eval_every=50, checkpoint_every=200, stop_after_grok=10, device="cpu")
+# groks at step ~250 (test accuracy 1.0 at the end) under every kernel variant tried (threads,
+# ATEN_CPU_CAPABILITY default/avx2/avx512, MKL_ENABLE_INSTRUCTIONS=SSE4_2); with 60% of the pairs
+# the run hovered at ~0.93-0.98 and crossed 0.95 on some CPUs only
+GROKS = dict(task="add", p=23, train_frac=0.7, d_model=32, n_heads=2, d_head=16, d_mlp=128, lr=1e-2,
+             weight_decay=1.0, steps=4000, eval_every=50, checkpoint_every=50, stop_after_grok=10, device="cpu")
 
 
 @pytest.mark.slow
@@ -34,8 +36,8 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     # every 2-D component) and |K| / ((p-1)/2) (an additive f(a) + g(b): only one-operand components)
     chance = len(keys) / ((p - 1) / 2)
     assert fve[0] < 1.5 * chance
-    # Nanda's set here is {1, 4, 11}: frequency 1, owned by a few unclustered neurons, already holds
-    # ~0.11 of the variance at initialisation: 0.29 -> 0.91 here, 0.18 -> 0.86 on the clustered set {4, 11}
+    # a frequency owned by a few unclustered neurons can hold a tenth of the variance at
+    # initialisation already, hence "2.5x", not "from chance"
     assert fve[-1] > 0.6 and fve[-1] > 2.5 * fve[0]
     assert spearmanr(fve, test_acc).statistic > 0.8
     # Nanda's progress measures: restricted loss falls with the test loss; excluded loss rises above the train loss
