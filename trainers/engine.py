@@ -122,12 +122,13 @@ def stop_accuracy(row: dict, cfg: "RunConfig"):
     return np.min([row[f"copy{m}.test_acc"] for m in range(cfg.routing_copies)], axis=0)
 
 
-def stop_event(row: dict, cfg: "RunConfig") -> bool:
+def stop_event(row: dict, cfg: "RunConfig"):
     """Whether a row is the event the stop rule counts from: test loss <= stop_test_loss when
-    that is set (Nanda's cleanup), test accuracy >= grok_threshold otherwise."""
+    that is set (Nanda's cleanup), test accuracy >= grok_threshold otherwise. Works on a row or,
+    elementwise, on metric series."""
     if cfg.stop_test_loss > 0:
-        return bool(row["test_loss"] <= cfg.stop_test_loss)
-    return bool(stop_accuracy(row, cfg) >= cfg.grok_threshold)
+        return np.asarray(row["test_loss"]) <= cfg.stop_test_loss
+    return np.asarray(stop_accuracy(row, cfg)) >= cfg.grok_threshold
 
 
 def phases_reached(row: dict, cfg: "RunConfig") -> set[str]:
@@ -204,7 +205,7 @@ def _evaluate(strategy: Strategy, step: int, bar) -> tuple[list[int], list[int]]
             phase.append(i)
         if member.evals_after_grok is not None:
             member.evals_after_grok += 1
-        elif stop_event(row, cfg):
+        elif bool(stop_event(row, cfg)):
             member.evals_after_grok = 0
         if cfg.stop_after_grok and member.evals_after_grok is not None \
                 and member.evals_after_grok >= cfg.stop_after_grok and step >= cfg.stop_min_steps:
@@ -260,9 +261,9 @@ def _progress_bar(total: int, initial: int, strategy: Strategy):
 def restore_counters(member: Member, metrics: dict[str, np.ndarray]) -> None:
     """The loop's own per-member state after a resume, from the committed evaluation rows
     (`Trajectory.metrics`, read before the writer reopens the file)."""
-    acc = stop_accuracy(metrics, member.cfg)
-    hits = np.nonzero(acc >= member.cfg.grok_threshold)[0]
-    member.evals_after_grok = None if len(hits) == 0 else int(len(acc) - 1 - hits[0])
+    events = stop_event(metrics, member.cfg)
+    hits = np.nonzero(events)[0]
+    member.evals_after_grok = None if len(hits) == 0 else int(len(events) - 1 - hits[0])
     # recovery kept the rows up to the last checkpoint: a phase reached in them has its checkpoint
     member.phases = phases_reached(metrics, member.cfg) if len(metrics["step"]) else set()
 

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput, RunFailure
-from groklens.trainers.loop import checkpoint_schedule, readout_loss, train
+from groklens.trainers.loop import checkpoint_schedule, readout_loss, resume, train
 from tests.helpers import tiny_config, train_tiny
 
 
@@ -101,6 +101,31 @@ def test_stop_rule_ends_the_run_after_grokking(tmp_path):
     assert len(m["step"]) == first + 3
     assert run.steps[-1] == m["step"][-1] < 2000
     assert run.status.startswith("completed: stopped 2 evaluations after grokking")
+
+
+def test_stop_on_test_loss_not_before_a_minimum_step_and_resumed_alike(tmp_path):
+    """stop_test_loss counts evaluations from the first test loss <= it; stop_min_steps holds the
+    stop back; a run interrupted after the event resumes to the same stop (its counter comes
+    back from the rows, on the loss event, not on accuracy)."""
+    from tests.helpers import train_interrupted
+
+    cfg = dict(steps=3000, eval_every=10, checkpoint_every=50, lr=1e-2, stop_after_grok=2, stop_test_loss=3.0,
+               stop_min_steps=200)
+    full = tmp_path / "full.h5"
+    train_tiny(full, **cfg)
+    m = Trajectory(full).metrics
+    first = int(np.nonzero(m["test_loss"] <= 3.0)[0][0])
+    want = max(first + 2, int(np.nonzero(m["step"] >= 200)[0][0]))
+    assert len(m["step"]) == want + 1 and m["step"][-1] < 3000
+    assert Trajectory(full).status.startswith("completed: stopped 2 evaluations after test loss <= 3")
+    # interrupted after the event (the accuracy threshold 0.95 is never reached here)
+    assert not np.any(m["test_acc"] >= 0.95)
+    part = tmp_path / "part.h5"
+    train_interrupted(tiny_config(**cfg), part, at_step=int(m["step"][first]) + 5)
+    resume(part, progress=False)
+    r = Trajectory(part).metrics
+    assert r["step"].tolist() == m["step"].tolist()
+    assert np.array_equal(r["test_loss"], m["test_loss"])
 
 
 def test_existing_output_is_refused_and_kept(tmp_path):
