@@ -114,7 +114,8 @@ def check_force_target(out: Path) -> None:
     if not out.is_file():
         raise BadInput(f"{out} is not a regular file (a device, pipe or socket?); --force replaces only a groklens run")
     try:
-        open_trajectory_file(out, validate=False).close()
+        if out.stat().st_size:  # an empty file (a writer killed before HDF5 wrote anything) holds nothing
+            open_trajectory_file(out, validate=False).close()
     except BadInput as exc:
         raise BadInput(f"{out} is not a groklens run that --force may replace ({str(exc).removeprefix(f'{out}: ')}); "
                        "move it away") from None
@@ -186,6 +187,11 @@ def check_resume_target(path: Path) -> None:
         check_writable_dir(path.parent, "resume a run in")
         if not os.access(path, os.W_OK):
             raise BadInput(f"cannot write {path} (permission denied, or the file is immutable)")
+        from groklens.checkpoints.locking import describe_holder, writer_alive
+
+        if writer_alive(path):  # its state is being written: not read, not resumed
+            raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
+                           "stop it before resuming")
 
 
 def load_stored(strategy, traj: Trajectory, step: int) -> int:

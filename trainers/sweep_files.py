@@ -45,6 +45,8 @@ def run_state(out_dir: Path, name: str) -> tuple[str, str]:
     n = 0
     if path.is_symlink() or (path.exists() and not path.is_file()):
         return "blocked", f"{path.name} is not a regular file; move it away (a sweep never replaces it)"
+    if path.exists() and path.stat().st_size == 0:  # killed before HDF5 wrote anything: nothing to lose
+        return ("failed", read_error(err)) if err.exists() else ("pending", "empty file, restarted")
     if path.exists():
         try:
             traj = Trajectory(path)

@@ -114,7 +114,8 @@ def _share_split(f):
 # (id, edit, what the message says, commands that must refuse it)
 CRAFTED = [
     ("wrong-config-p13", _legacy(_config(p=13)), "the stored config's task", (INFO, ANALYZE, RESUME)),
-    ("wrong-config-p1e9", _legacy(_config(p=10**9)), "the stored config's task", (INFO, ANALYZE, RESUME)),
+    ("wrong-config-p1e9", _legacy(_config(p=10**9)), "p must be at most", (INFO, ANALYZE, RESUME)),
+    ("wrong-config-p10007", _legacy(_config(p=10007)), "the stored config's task", (INFO, ANALYZE, RESUME)),
     ("wrong-routing-copies", _legacy(_config(routing_copies=3)), "routing_copies 3", (INFO, ANALYZE, RESUME)),
     ("wrong-edited-act-fn", _config(act_fn="gelu"), "checksum", (INFO, ANALYZE, RESUME)),
     ("wrong-edited-lr", _config(lr=0.5), "checksum", (INFO, ANALYZE, RESUME)),

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.helpers import config_flags, dead_pid, groklens, readonly_groklens, tiny_config, train_tiny
+from tests.helpers import dead_pid, groklens, readonly_groklens, tiny_config, train_tiny
 
 EXP = ["bounded-sphere", "--scale", "smoke"]
 
@@ -282,7 +282,7 @@ CASES = [
     ("raw-param-llc-lr-1e308", lambda t: ["analyze", str(t / "r.h5"), "--metric", "llc", "--param", "llc.lr=1e308",
                                           "-q"], "lr"),
     ("raw-param-json-30000-deep", lambda t: ["analyze", str(t / "r.h5"), "--metric", "norms", "--param",
-                                             "norms.x=" + "[" * 30_000 + "]" * 30_000, "-q"], "nested"),
+                                             "norms.x=" + "[" * 30_000 + "]" * 30_000, "-q"], "--param norms.x"),
     ("bomb-reproduce-seeds-1e9", lambda t: ["reproduce", "fourier-fve", "--scale", "smoke", "--seeds", "1000000000",
                                             "-o", str(t / "rp")], "--seeds"),
     ("bomb-llc-chains-1e20", lambda t: ["analyze", str(t / "r.h5"), "--metric", "llc", "--param",
