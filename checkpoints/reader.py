@@ -444,7 +444,7 @@ class Trajectory:
         with self._open() as f:
             g = f[C.DATA]
             arrays = {name: g[name][:] for name in g}
-            attrs = {k: int(v) for k, v in g.attrs.items()}
+            attrs = {k: int(g.attrs[k]) for k in ("readout_pos", "d_vocab", "d_vocab_out")}  # others: ignored
         return TaskData(
             inputs=torch.from_numpy(arrays["inputs"]).long(),
             labels=torch.from_numpy(arrays["labels"]).long(),

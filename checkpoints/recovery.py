@@ -76,6 +76,9 @@ def _check_model(path: Path) -> None:
             raise InvalidTrajectory(path, problems)
 
 
+check_parameters = _check_model  # for callers that load a checkpoint before recovering (loop.resume)
+
+
 def _lock(path: Path) -> WriterLock:
     """The writer lock on the file now at `path`: refused while a trainer or another recovery
     holds it; retried when `path` was replaced (by a recovery that just finished) meanwhile."""

@@ -200,7 +200,9 @@ def load_stored(strategy, traj: Trajectory, step: int) -> int:
     does not load; nothing is written. Returns `step`."""
     from groklens.checkpoints import constants as C
     from groklens.checkpoints.reader import open_trajectory_file
+    from groklens.checkpoints.recovery import check_parameters
 
+    check_parameters(traj.path)  # names and shapes of the model the config builds, finite
     _, fresh, _ = strategy.payloads([0])[0]  # the names, shapes and dtypes the run keeps
     with open_trajectory_file(traj.path, validate=False) as f:
         stored = {name: (ds.shape[1:], ds.dtype) for name, ds in f[C.STATE].items() if name != C.STATE_STEP}

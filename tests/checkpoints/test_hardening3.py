@@ -161,6 +161,13 @@ def test_a_legacy_file_without_checksum_is_still_read(runs, tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_raw_an_unknown_data_attribute_is_ignored(runs, tmp_path):
+    _, done, _ = runs
+    path = _craft(tmp_path, done, lambda f: f["data"].attrs.__setitem__("note", "abc"))
+    out = groklens("analyze", str(path), "--metric", "norms", "-q", "--json")
+    assert out.returncode == 0, out.stderr
+
+
 def test_every_new_file_carries_the_checksum_of_its_config(runs):
     import hashlib
 
