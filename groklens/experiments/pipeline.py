@@ -166,7 +166,7 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
         raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
     seeds = exp.seeds_default(scale) if seeds is None else seeds
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
-        raise BadInput(f"--seeds must be an integer in 1..{MAX_SEEDS}; got {seeds!r}")
+        raise BadInput(f"--seeds must be a positive integer, at most {MAX_SEEDS}; got {seeds!r}")
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
     out = Path(out_dir if out_dir is not None else f"reproduce-{name}-{scale}")
