@@ -500,12 +500,22 @@ def stale_temporaries(run: Path) -> list[str]:
     """Names of temporary files beside `run` left by killed writers (a --force staging file, a
     new file being created, a recovery copy, a sidecar commit) whose process is gone."""
     from groklens.checkpoints.constants import sidecar_path
-    from groklens.fileio import stale_temporaries as stale
+    from groklens.fileio import pid_alive
 
     run = Path(run)
-    found = [*stale(run.parent, f".{run.name}.force-", ".tmp"), *stale(run.parent, f".{run.name}.create-", ".tmp"),
-             *stale(run.parent, f"{run.name}.recover-tmp-"), *stale(run.parent, f"{sidecar_path(run).name}.tmp-")]
-    return sorted(printable(p.name) for p in found)
+    kinds = [(f".{run.name}.force-", ".tmp"), (f".{run.name}.create-", ".tmp"), (f"{run.name}.recover-tmp-", ""),
+             (f"{sidecar_path(run).name}.tmp-", "")]
+    try:
+        names = [p.name for p in run.parent.iterdir()]  # one listing, however many runs share the directory
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        for prefix, suffix in kinds:
+            pid = name[len(prefix):len(name) - len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+            if pid.isdigit() and not pid_alive(int(pid)):
+                found.append(printable(name))
+    return sorted(found)
 
 
 def _plain(x):
