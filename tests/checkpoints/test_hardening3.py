@@ -339,16 +339,19 @@ def test_raw_a_disk_filled_while_training_stops_cleanly_every_time(tmp_path):
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare for a private tmpfs")
     script = tmp_path / "fill.sh"
-    flags = " ".join(config_flags(tiny_config(p=23, d_model=64, d_head=32, d_mlp=256, steps=600, eval_every=1,
-                                              checkpoint_every=5)))
+    import shlex
+
+    flags = " ".join(shlex.quote(f) for f in config_flags(tiny_config(p=23, d_model=64, d_head=32, d_mlp=256, steps=600,
+                                                                       eval_every=1, checkpoint_every=5)))
     script.write_text(f"""set -u
 M={tmp_path}/mnt; mkdir -p $M; mount -t tmpfs -o size=12m tmpfs $M || exit 97
 for i in 1 2 3 4 5 6; do
   rm -rf $M/*
-  ( while [ ! -e $M/r.h5 ]; do sleep 0.05; done; sleep $((i % 3)).$((i * 3 % 10)); \
+  ( for _ in $(seq 600); do [ -e $M/r.h5 ] && break; sleep 0.05; done; sleep $((i % 3)).$((i * 3 % 10)); \
     dd if=/dev/zero of=$M/filler bs=4k 2>/dev/null ) &
+  FILLER=$!
   {sys.executable} -m groklens train -q --out $M/r.h5 {flags} 2>$M/../err$i.txt
-  echo "rc=$?" >> $M/../err$i.txt; wait
+  echo "rc=$?" >> $M/../err$i.txt; kill $FILLER 2>/dev/null; wait
   rm -f $M/filler
   {sys.executable} -m groklens train -q --resume $M/r.h5 2>>$M/../err$i.txt >/dev/null; echo "resume=$?" >> $M/../err$i.txt
 done
