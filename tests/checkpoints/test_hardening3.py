@@ -348,7 +348,7 @@ M={tmp_path}/mnt; mkdir -p $M; mount -t tmpfs -o size=12m tmpfs $M || exit 97
 for i in 1 2 3 4 5 6; do
   rm -rf $M/*
   ( for _ in $(seq 600); do [ -e $M/r.h5 ] && break; sleep 0.05; done; sleep $((i % 3)).$((i * 3 % 10)); \
-    dd if=/dev/zero of=$M/filler bs=4k 2>/dev/null ) &
+    exec dd if=/dev/zero of=$M/filler bs=4k 2>/dev/null ) &
   FILLER=$!
   {sys.executable} -m groklens train -q --out $M/r.h5 {flags} 2>$M/../err$i.txt
   echo "rc=$?" >> $M/../err$i.txt; kill $FILLER 2>/dev/null; wait
