@@ -342,7 +342,7 @@ def test_raw_a_disk_filled_while_training_stops_cleanly_every_time(tmp_path):
     import shlex
 
     flags = " ".join(shlex.quote(f) for f in config_flags(tiny_config(p=23, d_model=64, d_head=32, d_mlp=256, steps=600,
-                                                                       eval_every=1, checkpoint_every=5)))
+                                                                       eval_every=1, checkpoint_every=20)))
     script.write_text(f"""set -u
 M={tmp_path}/mnt; mkdir -p $M; mount -t tmpfs -o size=12m tmpfs $M || exit 97
 for i in 1 2 3 4 5 6; do
