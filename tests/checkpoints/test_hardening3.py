@@ -345,7 +345,7 @@ def test_raw_a_disk_filled_while_training_stops_cleanly_every_time(tmp_path):
                                                                        eval_every=1, checkpoint_every=20)))
     script.write_text(f"""set -u
 M={tmp_path}/mnt; mkdir -p $M; mount -t tmpfs -o size=12m tmpfs $M || exit 97
-for i in 1 2 3 4 5 6; do
+for i in 1 2 3; do
   rm -rf $M/*
   ( for _ in $(seq 600); do [ -e $M/r.h5 ] && break; sleep 0.05; done; sleep $((i % 3)).$((i * 3 % 10)); \
     exec dd if=/dev/zero of=$M/filler bs=4k 2>/dev/null ) &
@@ -362,7 +362,7 @@ umount $M
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode == 97 or proc.stderr.startswith("unshare:"):
         pytest.skip("cannot mount a tmpfs here")
-    for i in range(1, 7):
+    for i in range(1, 4):
         lines = (tmp_path / f"err{i}.txt").read_text().splitlines()
         rc = int(next(ln for ln in lines if ln.startswith("rc="))[3:])
         assert rc in (0, 1), lines
