@@ -142,6 +142,7 @@ def load_runs(paths: Sequence[str | Path], threshold: float = 0.95) -> list[RunS
     if not 0 < threshold <= 1:
         raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
     seen: dict[Path, str] = {}
+    files: dict[tuple[int, int], str] = {}  # (device, inode): a hard link is the same run
     for p in paths:
         rp = Path(p).resolve()
         if rp in seen:
@@ -149,6 +150,11 @@ def load_runs(paths: Sequence[str | Path], threshold: float = 0.95) -> list[RunS
         seen[rp] = str(p)
         if not Path(p).exists():
             raise BadInput(f"{p}: no such file")
+        st = Path(p).stat()
+        if (st.st_dev, st.st_ino) in files:
+            raise BadInput(f"{p} and {files[(st.st_dev, st.st_ino)]} are the same file (a hard link): one run "
+                           "would count twice")
+        files[(st.st_dev, st.st_ino)] = str(p)
     runs = [load_run(p, threshold) for p in paths]
     check_same_task(runs)
     return runs

@@ -129,4 +129,8 @@ def format_summary(summary: Mapping) -> str:
         lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
                      f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
                      f"{censored_text(routing['ensemble_grokking_step']['0.95'], summary)}")
+    stale = summary.get("stale_temporaries")
+    if stale:
+        lines.append(f"stale    {len(stale)} temporary file(s) of killed writers beside the run (removed by its next "
+                     f"writer): {', '.join(stale)}")
     return "\n".join(lines)

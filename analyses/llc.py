@@ -59,16 +59,27 @@ DEFAULT_LOCALIZATION = 1e5
 
 
 
+# limits checked before devinterp allocates a chain (issue 29): far above any calibrated setting
+LIMITS = {"lr": 1.0, "localization": 1e12, "nbeta": 1e15, "chains": 1024, "draws": 1_000_000,
+          "burnin": 1_000_000, "seed": 2**32 - 1}
+MAX_TOTAL_STEPS = 10_000_000  # chains x (burnin + draws) SGLD steps
+
+
 def _positive_int(name: str, v, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise BadInput(f"llc: {name} must be an integer >= {lo}; got {v!r}")
+    hi = LIMITS.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        raise BadInput(f"llc: {name} must be an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+                       + f"; got {v!r}")
     return v
 
 
 def _positive_number(name: str, v, *, zero: bool = False) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero else v > 0)
+    hi = LIMITS[name]
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero else v > 0)
+          and v <= hi)
     if not ok:
-        raise BadInput(f"llc: {name} must be a {'non-negative' if zero else 'positive'} finite number; got {v!r}")
+        raise BadInput(f"llc: {name} must be a {'non-negative' if zero else 'positive'} finite number <= {hi:g}; "
+                       f"got {v!r}")
     return float(v)
 
 
@@ -81,6 +92,9 @@ def check_hyperparameters(*, lr, localization, nbeta, chains, draws, burnin, min
     _positive_int("draws", draws, 2)  # the drift compares two halves of the draws
     _positive_int("burnin", burnin, 0)
     _positive_int("seed", seed, 0)
+    if chains * (burnin + draws) > MAX_TOTAL_STEPS:
+        raise BadInput(f"llc: chains x (burnin + draws) = {chains * (burnin + draws)} SGLD steps is over "
+                       f"{MAX_TOTAL_STEPS:,}")
     if _positive_int("minibatch", minibatch, 1) > n_rows:
         raise BadInput(f"llc: minibatch ({minibatch}) is larger than the evaluation set ({n_rows} inputs)")
     if n_rows < 2:

@@ -19,7 +19,6 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from groklens.analyses.compare import Comparison, compare
 from groklens.analyses.report_figures import DPI, FigureSpec, make_figures  # noqa: F401 - DPI re-exported
-from groklens.errors import BadInput, RunFailure
+from groklens.errors import BadInput
 
 FORMATS = ("png", "pdf", "svg")
 
@@ -131,34 +130,14 @@ def _check_targets(out: Path, names: Sequence[str], inputs: Sequence[Path]) -> N
                                "choose another --out")
 
 
-@contextmanager
 def _staging(out: Path):
     """A temporary directory beside `out` that receives every file; on success its files are
     moved into `out` (a link in the way is replaced, never written through); on any failure
-    it is removed and `out` is as it was."""
-    import shutil
-    import tempfile
+    it is removed and `out` is as it was; one left by a killed report is removed by the next
+    (groklens.fileio.staged_outputs)."""
+    from groklens.fileio import staged_outputs
 
-    parent = out if out.exists() else out.parent
-    try:
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.name or 'report'}.report-tmp-", dir=parent))
-    except OSError as exc:
-        raise RunFailure(f"cannot write into {parent}: {exc.strerror or exc}") from None
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(stage, 0o777 & ~mask)  # mkdtemp's 0700 would become the report directory's mode
-    try:
-        yield stage
-        if not out.exists():
-            os.rename(stage, out)  # the whole report appears at once
-            return
-        for item in sorted(stage.iterdir()):
-            os.replace(item, out / item.name)
-    except OSError as exc:
-        raise RunFailure(f"writing the report into {out} failed ({exc.strerror or exc}); nothing was "
-                         "written there") from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    return staged_outputs(out)
 
 
 def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str):

@@ -27,6 +27,8 @@ from groklens.analyses.store import Sidecar, identity_attrs, matches, variant_id
 from groklens.errors import BadInput
 
 COMMIT_SECONDS = 10.0  # a killed analysis loses at most this much finished work
+PARAM_MAX_CHARS = 10_000  # an analysis parameter is a number, a name or a short list
+PARAM_MAX_DEPTH = 4
 
 
 @dataclass
@@ -184,6 +186,8 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
     sidecar = Sidecar(traj.path, traj.copy or 0)  # copy m >= 1 of a routed run keeps its own sidecar
     sidecar.check()
     _reuse_stored(sidecar, jobs, chosen, json.dumps(traj.config_dict, sort_keys=True), recompute)
+    if store and any(j.todo for j in jobs):
+        sidecar.check(writing=True)  # a read-only place is refused before anything is computed
     results = _run_level(traj, sidecar, jobs, store)
     _step_level(traj, sidecar, step_jobs, chosen, model0, data, init, store=store, progress=progress,
                 commit_seconds=commit_seconds)
@@ -244,6 +248,7 @@ def _run_level(traj, sidecar: Sidecar, jobs: list[_Job], store: bool) -> dict[st
         same = matches(stored, j.attrs) and stored.steps == [last] and set(stored.values) == set(values) and all(
             np.array_equal(stored.values[k][0], v) for k, v in values.items())
         if store and not same:  # rewrite only when the run's evaluations moved on
+            sidecar.check(writing=True)
             sidecar.commit(j.name, j.variant, j.attrs, {last: values}, replace=True)
         results[j.name] = AnalysisResult(j.name, j.params, "run", [last], {k: [v] for k, v in values.items()},
                                          computed_steps=[last])
@@ -408,6 +413,7 @@ def _in_worker() -> bool:
 def parse_params(items: Iterable[str], metrics: Sequence[str]) -> dict[str, dict[str, Any]]:
     """`METRIC.KEY=VALUE` strings -> {metric: {key: value}}; VALUE is JSON, else a string."""
     out: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
     for item in items:
         head, sep, raw = item.partition("=")
         metric, dot, key = head.partition(".")
@@ -415,10 +421,19 @@ def parse_params(items: Iterable[str], metrics: Sequence[str]) -> dict[str, dict
             raise BadInput(f"--param takes METRIC.KEY=VALUE (e.g. sharpness.top_k=3); got {item!r}")
         if metric not in metrics:
             raise BadInput(f"--param {item!r} is for metric {metric!r}, which is not being computed")
+        if len(raw) > PARAM_MAX_CHARS:
+            raise BadInput(f"--param {head}: the value is {len(raw)} characters long, over {PARAM_MAX_CHARS}")
+        from groklens.fileio import json_depth
+
+        if json_depth(raw) > PARAM_MAX_DEPTH:
+            raise BadInput(f"--param {head}: the value is nested deeper than {PARAM_MAX_DEPTH} levels")
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             value = raw
+        if head in seen:
+            raise BadInput(f"--param {head} is given twice")
+        seen.add(head)
         out.setdefault(metric, {})[key] = value
     return out
 

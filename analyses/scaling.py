@@ -99,8 +99,19 @@ def collect_runs(directory: str | Path, variables: Sequence[str], threshold: flo
     if not files:
         raise BadInput(f"{directory} holds no trajectory files (*.h5)")
     key = f"{threshold:g}"
+    inodes: set[tuple[int, int]] = set()
     for path in files:
-        name = path.name[: -len(".h5")]
+        # a name in another encoding is shown with replacement characters, never written raw
+        name = path.name[: -len(".h5")].encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        try:
+            st = path.stat()
+        except OSError:
+            out.skipped.setdefault("unreadable", []).append(name)
+            continue
+        if (st.st_dev, st.st_ino) in inodes:  # a hard link (or a link) to a run already counted
+            out.skipped.setdefault("same file as another run", []).append(name)
+            continue
+        inodes.add((st.st_dev, st.st_ino))
         try:
             traj = Trajectory(path)
             status = traj.status
@@ -306,7 +317,13 @@ def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, 
                 interactions: bool = False, censored: bool = False, phase: Sequence[str] | None = None,
                 write: bool = True) -> dict[str, Any]:
     """Collect, fit, and (write=True) write DIR/scaling-law.json and DIR/scaling-law.png."""
+    from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
+
     directory = Path(directory)
+    if write and directory.is_dir():  # a read-only place or a directory in the way: before the fit
+        check_writable_dir(directory, "write the scaling-law fit into")
+        for name in (RESULT_JSON, RESULT_FIGURE):
+            check_output_file(directory / name)
     collected = collect_runs(directory, variables, threshold)
     if not collected.records:
         reasons = ", ".join(f"{len(v)} {k}" for k, v in collected.skipped.items())
@@ -318,8 +335,9 @@ def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, 
         result["json"] = str(directory / RESULT_JSON)
         result["figure"] = str(directory / RESULT_FIGURE)
         fig = _figure(collected.records, result, list(variables), phase)
-        fig.savefig(directory / RESULT_FIGURE, dpi=120, bbox_inches="tight")
-        (directory / RESULT_JSON).write_text(json.dumps(result, indent=1, default=_json_default))
+        with staged_outputs(directory) as stage:  # whole or not at all; a link there is replaced
+            fig.savefig(stage / RESULT_FIGURE, dpi=120, bbox_inches="tight")
+            (stage / RESULT_JSON).write_text(json.dumps(result, indent=1, default=_json_default), encoding="utf-8")
     return result
 
 

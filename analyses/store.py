@@ -83,24 +83,41 @@ class Sidecar:
             msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
             raise BadInput(f"{self.path}: unreadable analyses file ({msg}); move it away to start afresh") from None
         try:
+            from groklens.checkpoints.validate import link_problems
+
+            links = link_problems(f)
+            if links:
+                raise BadInput(f"{self.path}: invalid analyses file: {links[0]}; move it away")
             fmt = f.attrs.get("format")
-            fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+            fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt
             if fmt != SIDECAR_FORMAT:
                 raise BadInput(f"{self.path} exists but is not a groklens analyses file; move it away")
             version = f.attrs.get("format_version")
-            if not isinstance(version, (int, np.integer)) or int(version) > SIDECAR_VERSION:
+            if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)) \
+                    or int(version) > SIDECAR_VERSION:
                 raise BadInput(f"{self.path}: analyses format version {version!r} is not one this groklens reads")
             owner = _text(f.attrs.get("run"))
+            if owner is not None and not isinstance(owner, str):
+                raise BadInput(f"{self.path}: invalid analyses file (its run attribute is not a name); move it away")
             if owner is not None and owner != self.run_path.name:  # another run's results: never mixed
                 raise BadInput(f"{self.path} holds the analyses of {owner}, not of {self.run_path.name}; move it away")
+            with self._damaged():
+                check_sidecar(f, self.path)
             yield f
         finally:
             f.close()
 
-    def check(self) -> None:
-        """BadInput if an existing sidecar is not ours or unreadable (before anything is computed)."""
+    def check(self, writing: bool = False) -> None:
+        """BadInput if an existing sidecar is not ours, unreadable or damaged, or (`writing`) its
+        directory cannot take a new one, before anything is computed."""
         with self._open():
             pass
+        if writing:
+            from groklens.fileio import check_writable_dir
+
+            check_writable_dir(self.path.parent, f"write {self.path.name} into")
+            if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+                raise BadInput(f"{self.path} is not a regular file; move it away")
 
     def read(self, name: str, variant: str) -> Stored | None:
         with self._open() as f, self._damaged():
@@ -134,8 +151,10 @@ class Sidecar:
                 if "/" in key or not key or key == STEPS:
                     raise ValueError(f"invalid value name {key!r}")
         with _directory_lock(self.path.parent):
+            from groklens.fileio import remove_quietly
+
             for stale in self.path.parent.glob(self.path.name + ".tmp-*"):
-                stale.unlink(missing_ok=True)  # left by a killed commit (commits hold the lock)
+                remove_quietly(stale)  # left by a killed commit (commits hold the lock)
             merged: dict[int, dict[str, Any]] = {}
             if not replace:
                 old = self.read(name, variant)
@@ -167,7 +186,7 @@ class Sidecar:
                     os.fsync(fh.fileno())
                 os.replace(tmp, self.path)
             except BaseException as exc:
-                tmp.unlink(missing_ok=True)
+                remove_quietly(tmp)
                 if isinstance(exc, (OSError, RuntimeError)) and not isinstance(exc, FileNotFoundError):
                     full = any(m in str(exc) for m in ("File too large", "No space left", "Disk quota"))
                     why = "no room left on the disk or under the file-size limit" if full else _first(exc)
@@ -191,6 +210,37 @@ def matches(stored: Stored | None, attrs: Mapping[str, Any]) -> bool:
 
 def _text(x):
     return x.decode() if isinstance(x, bytes) else x
+
+
+MAX_STEPS = 1 << 24  # stored checkpoints of one analysis variant (a run has thousands)
+
+
+def check_sidecar(f: h5py.File, path: Path) -> None:
+    """The layout of docs/FORMAT.md, from metadata alone: /analyses/<name>/<variant> groups, each
+    with 1-D integer steps (at most MAX_STEPS) and values with a row per step. BadInput otherwise."""
+    def bad(what: str) -> BadInput:
+        return BadInput(f"{path}: invalid analyses file ({what}); move it away to start afresh")
+
+    if ROOT not in f:
+        return
+    root = f[ROOT]
+    if not isinstance(root, h5py.Group):
+        raise bad(f"/{ROOT} is not a group")
+    for name, group in root.items():
+        if not isinstance(group, h5py.Group):
+            raise bad(f"/{ROOT}/{name} is not a group")
+        for variant, g in group.items():
+            where = f"/{ROOT}/{name}/{variant}"
+            if not isinstance(g, h5py.Group):
+                raise bad(f"{where} is not a group")
+            steps = g.get(STEPS)
+            if not isinstance(steps, h5py.Dataset) or steps.ndim != 1 or not np.issubdtype(steps.dtype, np.integer):
+                raise bad(f"{where}/{STEPS} is not 1-D integers")
+            if steps.shape[0] > MAX_STEPS:
+                raise bad(f"{where}/{STEPS} has {steps.shape[0]} rows, more than a run has checkpoints")
+            for key, ds in g.items():
+                if key != STEPS and (not isinstance(ds, h5py.Dataset) or ds.ndim < 1 or ds.shape[0] != steps.shape[0]):
+                    raise bad(f"{where}/{key} does not hold one row per stored step")
 
 
 def _read_group(g: h5py.Group) -> Stored:

@@ -9,6 +9,7 @@ ATTR_FORMAT_VERSION = "format_version"
 ATTR_GROKLENS_VERSION = "groklens_version"
 ATTR_CONFIG = "config"  # RunConfig as JSON
 ATTR_CREATED = "created"
+ATTR_CONFIG_SHA256 = "config_sha256"  # sha256 of the config attribute (since 1.1; absent in older files)
 
 # groups and datasets
 STEPS = "steps"  # int64 [n_checkpoints]; its length commits a checkpoint

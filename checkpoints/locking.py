@@ -42,6 +42,13 @@ class WriterLock:
             self.fd = None
 
 
+def not_writable(exc: OSError) -> bool:
+    """The lock failed because the file cannot be opened for writing (not because it is held)."""
+    import errno
+
+    return exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ETXTBSY)
+
+
 def writer_alive(path) -> bool:
     """True when another process holds the writer lock on `path` (a run is being written)."""
     try:

@@ -220,34 +220,52 @@ def _check_not_truncated(path: Path) -> None:
 
 
 def _check_format(path: Path, f: h5py.File) -> None:
+    from groklens.checkpoints.validate import link_problems
+
     try:
+        links = link_problems(f)  # before anything is followed
         fmt = f.attrs.get(C.ATTR_FORMAT)
         version = f.attrs.get(C.ATTR_FORMAT_VERSION)
-    except (OSError, KeyError, RuntimeError):
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError):
         raise BadInput(f"{path}: damaged HDF5 file (root attributes unreadable)") from None
+    if links:
+        raise BadInput(f"{path}: invalid trajectory: {links[0]}")
     if isinstance(fmt, bytes):
         fmt = fmt.decode(errors="replace")
     if fmt != C.FORMAT_NAME:
-        raise BadInput(f"{path}: not a groklens trajectory (format attribute is {fmt!r})")
-    if version is None or int(version) > C.FORMAT_VERSION:
+        raise BadInput(f"{path}: not a groklens trajectory (format attribute is {_shown(fmt)})")
+    if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)):
+        raise BadInput(f"{path}: invalid trajectory: format_version is {_shown(version)}, not an integer")
+    if int(version) > C.FORMAT_VERSION:
         raise BadInput(
             f"{path}: trajectory format version {version} is newer than this groklens reads "
             f"({C.FORMAT_VERSION}); upgrade groklens"
         )
-    for key in (C.STEPS, C.PARAMS, C.METRICS, C.DATA, C.STATE):
+    kinds = {C.STEPS: h5py.Dataset, C.PARAMS: h5py.Group, C.METRICS: h5py.Group, C.DATA: h5py.Group,
+             C.STATE: h5py.Group}
+    for key, kind in kinds.items():
         try:
-            if key not in f:
-                raise BadInput(f"{path}: damaged trajectory (missing /{key})")
+            obj = f.get(key)
         except (OSError, RuntimeError):
             raise BadInput(f"{path}: damaged trajectory (cannot read /{key})") from None
+        if obj is None:
+            raise BadInput(f"{path}: damaged trajectory (missing /{key})")
+        if not isinstance(obj, kind):
+            raise BadInput(f"{path}: invalid trajectory: /{key} is a {type(obj).__name__.lower()}, not a "
+                           f"{kind.__name__.lower()}")
+    if f[C.STEPS].ndim != 1:
+        raise BadInput(f"{path}: invalid trajectory: /{C.STEPS} is {list(f[C.STEPS].shape)}, not 1-D")
     try:  # parameters are plain float32 arrays with a row per committed checkpoint, nothing else
         n = f[C.STEPS].shape[0]
         groups = [(C.PARAMS, f[C.PARAMS])]
         if C.COPIES in f:  # copies 1..M-1 of a routed run: numbered groups with the same names
+            if not isinstance(f[C.COPIES], h5py.Group):
+                raise BadInput(f"{path}: invalid trajectory: /{C.COPIES} is not a group")
             names = set(f[C.PARAMS])
             keys = sorted(f[C.COPIES], key=lambda k: int(k) if k.isdigit() else -1)
             if keys != [str(m) for m in range(1, len(keys) + 1)]:
-                raise BadInput(f"{path}: damaged trajectory (/{C.COPIES} must hold groups 1..M-1; has {keys})")
+                raise BadInput(f"{path}: damaged trajectory (/{C.COPIES} must hold groups 1..M-1; has "
+                               f"{_shown(keys)})")
             for key in keys:
                 g = f[C.COPIES][key]
                 if not isinstance(g, h5py.Group) or set(g) != names:
@@ -259,6 +277,16 @@ def _check_format(path: Path, f: h5py.File) -> None:
                     raise BadInput(f"{path}: damaged trajectory ({where}/{name} is not float32 [n_checkpoints, ...])")
     except (OSError, RuntimeError):
         raise BadInput(f"{path}: damaged trajectory (cannot read /{C.PARAMS})") from None
+
+
+def _shown(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (a newline in a crafted status) shown as spaces: one line."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 class Trajectory:
@@ -337,8 +365,12 @@ class Trajectory:
 
     @property
     def status(self) -> str:
+        """The stored status, on one line (a crafted one cannot inject lines into `info`)."""
         with self._open() as f:
-            return f[C.STATUS][0].split(b"\0", 1)[0].decode(errors="replace")
+            ds = f.get(C.STATUS)
+            if not isinstance(ds, h5py.Dataset) or ds.shape != (1,) or ds.dtype.kind != "S":
+                raise BadInput(f"{self.path}: invalid trajectory: /{C.STATUS} is not one fixed-length byte string")
+            return printable(ds[0].split(b"\0", 1)[0].decode(errors="replace"))
 
     @property
     def is_live(self) -> bool:
@@ -412,7 +444,7 @@ class Trajectory:
         with self._open() as f:
             g = f[C.DATA]
             arrays = {name: g[name][:] for name in g}
-            attrs = {k: int(v) for k, v in g.attrs.items()}
+            attrs = {k: int(g.attrs[k]) for k in ("readout_pos", "d_vocab", "d_vocab_out")}  # others: ignored
         return TaskData(
             inputs=torch.from_numpy(arrays["inputs"]).long(),
             labels=torch.from_numpy(arrays["labels"]).long(),
@@ -462,7 +494,30 @@ class Trajectory:
             "censored_at": times["last_step"],
             "collapse": {**collapse(metrics, self.config_dict.get("grok_threshold", thresholds[0])),
                          "threshold": self.config_dict.get("grok_threshold", thresholds[0])},
+            "stale_temporaries": stale_temporaries(self.path),
         }
+
+
+def stale_temporaries(run: Path) -> list[str]:
+    """Names of temporary files beside `run` left by killed writers (a --force staging file, a
+    new file being created, a recovery copy, a sidecar commit) whose process is gone."""
+    from groklens.checkpoints.constants import sidecar_path
+    from groklens.fileio import pid_alive
+
+    run = Path(run)
+    kinds = [(f".{run.name}.force-", ".tmp"), (f".{run.name}.create-", ".tmp"), (f"{run.name}.recover-tmp-", ""),
+             (f"{sidecar_path(run).name}.tmp-", "")]
+    try:
+        names = [p.name for p in run.parent.iterdir()]  # one listing, however many runs share the directory
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        for prefix, suffix in kinds:
+            pid = name[len(prefix):len(name) - len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+            if pid.isdigit() and not pid_alive(int(pid)):
+                found.append(printable(name))
+    return sorted(found)
 
 
 def _plain(x):

@@ -40,7 +40,10 @@ def recover(path: str | Path) -> int:
             try:
                 _write_copy(src, tmp, last, m, slot)
             except BaseException as exc:
-                tmp.unlink(missing_ok=True)
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
                 if isinstance(exc, (OSError, RuntimeError)):
                     hdf5_write_failed()
                     raise RunFailure(f"recovering {path} failed ({_first_line(exc)}); the file is as it was: "
@@ -73,6 +76,9 @@ def _check_model(path: Path) -> None:
             raise InvalidTrajectory(path, problems)
 
 
+check_parameters = _check_model  # for callers that load a checkpoint before recovering (loop.resume)
+
+
 def _lock(path: Path) -> WriterLock:
     """The writer lock on the file now at `path`: refused while a trainer or another recovery
     holds it; retried when `path` was replaced (by a recovery that just finished) meanwhile."""
@@ -81,7 +87,11 @@ def _lock(path: Path) -> WriterLock:
             lock = WriterLock(path)
         except FileNotFoundError:
             raise BadInput(f"{path}: no such file") from None
-        except OSError:
+        except OSError as exc:
+            from groklens.checkpoints.locking import not_writable
+
+            if not_writable(exc):
+                raise BadInput(f"cannot write {path} ({exc.strerror}); nothing was changed") from None
             raise BadInput(f"{path} is being written or recovered by a live process "
                            f"({describe_holder(path)}); stop it before resuming") from None
         try:
@@ -98,7 +108,10 @@ def _remove_stale(path: Path) -> None:
     for tmp in path.parent.glob(path.name + ".recover-tmp*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def _alive(pid: int) -> bool:

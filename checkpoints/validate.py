@@ -16,6 +16,14 @@ task's inputs, the model's parameters and optimizer state, the activations of on
 device=cpu only: elsewhere they live on the accelerator), the checkpoint schedule and the
 evaluation series) and refuses (BadInput) what exceeds 80% of the machine's memory, before
 anything is allocated.
+
+Stored facts are checked against each other (issue 29): the data's shapes, vocabulary and readout
+position against what the stored config's task has (before any data is read), the split indices
+(distinct, in range, disjoint, covering the inputs), the copies group against routing_copies, and
+the config against its checksum (`config_sha256`, written since format 1.1; a file without one is
+read as a legacy file). Links to other files or other objects, virtual datasets and external
+storage are refused before anything is followed (`link_problems`), and no dataset is read whose
+size a crafted file could make unbounded (series longer than MAX_ROWS are refused from their shape).
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
 MEMORY_SHARE = 0.8  # a run may plan for at most this share of the machine's memory
 MAX_CONFIG_BYTES = 1 << 20  # a stored config is a few KiB; anything near this is not one of ours
 DATA_SCAN_LIMIT = 1 << 26  # token/index range checks read at most this many values per dataset
+MAX_ROWS = 1 << 24  # checkpoints or evaluations of one run: 16M (a run has thousands)
+MAX_OBJECTS = 100_000  # groups and datasets of one file (64 copies of a deep model have a few thousand)
+SPLIT_CHECK_LIMIT = 1 << 26  # split indices are checked for duplicates up to this many inputs
 
 
 # ---------------------------------------------------------------------- the file
@@ -64,17 +75,61 @@ def check_file(f: "h5py.File", path) -> None:
 
 def file_problems(f: "h5py.File", path: Path | str) -> list[str]:
     """Every problem found cheaply in an open trajectory (an empty list: valid)."""
-    problems: list[str] = []
+    problems = link_problems(f)
+    if problems:  # nothing past a link is read
+        return problems
     version = f.attrs.get(C.ATTR_FORMAT_VERSION)
     if not isinstance(version, (int, np.integer)) or isinstance(version, (bool, np.bool_)):
-        problems.append(f"format_version is {version!r}, not an integer")
+        problems.append(f"format_version is {_short(repr(version), 60)}, not an integer")
     cfg = _config(f, problems)
     n = _steps(f, C.STEPS, "/steps", problems)
     _metrics(f, problems)
     _data(f, cfg, problems)
     _params(f, n, problems)
+    _copies_match(f, cfg, problems)
     _state(f, problems)
+    _status(f, problems)
     return problems
+
+
+def link_problems(f: "h5py.File") -> list[str]:
+    """Soft and external links, virtual datasets and datasets with external storage: a groklens
+    writer makes none, and following one would read another object or another file."""
+    import h5py
+
+    problems: list[str] = []
+    stack = [("", f)]
+    seen = 0
+    while stack and not problems:
+        where, g = stack.pop()
+        for name in g:
+            seen += 1
+            if seen > MAX_OBJECTS:
+                return [f"the file holds more than {MAX_OBJECTS} objects"]
+            link = g.get(name, getlink=True)
+            full = f"{where}/{name}"
+            if isinstance(link, (h5py.ExternalLink, h5py.SoftLink)):
+                kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+                problems.append(f"{full} is {kind}; a groklens file holds its data itself")
+                break
+            obj = g.get(name)
+            if isinstance(obj, h5py.Group):
+                stack.append((full, obj))
+            elif isinstance(obj, h5py.Dataset) and (obj.is_virtual or obj.external):
+                problems.append(f"{full} is a {'virtual' if obj.is_virtual else 'externally stored'} dataset; "
+                                "a groklens file holds its data itself")
+                break
+            elif obj is not None and not isinstance(obj, h5py.Dataset):
+                problems.append(f"{full} is a {type(obj).__name__}, not a group or dataset")
+                break
+    return problems
+
+
+def config_checksum(config_json: str) -> str:
+    """What the `config_sha256` root attribute holds: sha256 of the stored config text (UTF-8)."""
+    import hashlib
+
+    return hashlib.sha256(config_json.encode("utf-8")).hexdigest()
 
 
 def _config(f, problems: list[str]):
@@ -97,21 +152,33 @@ def _config(f, problems: list[str]):
     if "task" not in data:
         problems.append("the stored config lacks 'task'")
     try:
-        return RunConfig.from_dict(data)
+        cfg = RunConfig.from_dict(data)
     except BadInput as exc:
         problems.append(f"stored config: {_short(str(exc))}")
-    except (RecursionError, TypeError, ValueError) as exc:
+        return None
+    except (RecursionError, TypeError, ValueError, OverflowError) as exc:
         problems.append(f"stored config: {type(exc).__name__}")
-    return None
+        return None
+    stored = f.attrs.get(C.ATTR_CONFIG_SHA256)
+    if stored is not None:  # absent: a file written before the checksum (legacy, accepted)
+        stored = stored.decode(errors="replace") if isinstance(stored, bytes) else stored
+        if not isinstance(stored, str) or stored != config_checksum(raw):
+            problems.append(f"the stored config does not match its checksum ({C.ATTR_CONFIG_SHA256}): it was "
+                            "edited after the run was written")
+            return None
+    return cfg
 
 
 def _steps(f, key: str, where: str, problems: list[str]) -> int:
-    ds = f.get(key)
-    if ds is None or not hasattr(ds, "dtype"):
+    ds = f.get(key) if isinstance(f, _group_type()) else None
+    if ds is None or not hasattr(ds, "dtype") or not hasattr(ds, "ndim"):
         problems.append(f"{where} is missing or not a dataset")
         return 0
     if ds.ndim != 1 or not np.issubdtype(ds.dtype, np.integer):
         problems.append(f"{where} is {ds.dtype} {list(ds.shape)}, not 1-D integers")
+        return 0
+    if ds.shape[0] > MAX_ROWS:
+        problems.append(f"{where} has {ds.shape[0]} rows, more than a run can have ({MAX_ROWS})")
         return 0
     values = ds[:]
     if len(values) and (values[0] < 0 or np.any(np.diff(values) <= 0)):
@@ -122,6 +189,9 @@ def _steps(f, key: str, where: str, problems: list[str]) -> int:
 def _metrics(f, problems: list[str]) -> None:
     g = f.get(C.METRICS)
     if g is None:
+        return
+    if not isinstance(g, _group_type()):
+        problems.append(f"/{C.METRICS} is not a group")
         return
     m = _steps(g, C.METRICS_STEP, f"/{C.METRICS}/{C.METRICS_STEP}", problems)
     for name, ds in g.items():
@@ -137,11 +207,14 @@ def _data(f, cfg, problems: list[str]) -> int:
     g = f.get(C.DATA)
     if g is None:
         return 0
+    if not isinstance(g, _group_type()):
+        problems.append(f"/{C.DATA} is not a group")
+        return 0
     want = {"inputs": 2, "labels": None, "train_idx": 1, "test_idx": 1, "informative_mask": 2}
     arrays = {}
     for name, ndim in want.items():
         ds = g.get(name)
-        if ds is None or not hasattr(ds, "dtype"):
+        if ds is None or not hasattr(ds, "dtype") or not hasattr(ds, "ndim"):
             problems.append(f"/{C.DATA}/{name} is missing")
             continue
         kind = np.bool_ if name == "informative_mask" else np.integer
@@ -153,26 +226,97 @@ def _data(f, cfg, problems: list[str]) -> int:
     for key in ("readout_pos", "d_vocab", "d_vocab_out"):
         v = g.attrs.get(key)
         if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or int(v) < 0:
-            problems.append(f"/{C.DATA} attribute {key} is {v!r}, not a non-negative integer")
+            problems.append(f"/{C.DATA} attribute {key} is {_short(repr(v), 60)}, not a non-negative integer")
         else:
             attrs[key] = int(v)
     if len(arrays) < len(want):
         return 0
     N = arrays["inputs"].shape[0]
     n_ctx = arrays["inputs"].shape[1]
+    if cfg is not None and not _data_fits_config(cfg, arrays, attrs, problems):
+        return 0  # nothing is read from data that the config does not describe
+    if N > SPLIT_CHECK_LIMIT:
+        problems.append(f"/{C.DATA}/inputs has {N} rows, more than a run can have")
+        return 0
     if arrays["labels"].shape[0] != N or arrays["informative_mask"].shape != (N, n_ctx):
         problems.append(f"/{C.DATA}: labels and informative_mask do not match inputs' {N} rows")
     if "readout_pos" in attrs and not attrs["readout_pos"] < n_ctx:
         problems.append(f"/{C.DATA} readout_pos {attrs['readout_pos']} is outside the {n_ctx} positions")
-    for name in ("train_idx", "test_idx"):
-        _in_range(arrays[name], 0, N, f"/{C.DATA}/{name}", problems)
     if "d_vocab" in attrs:
         _in_range(arrays["inputs"], 0, attrs["d_vocab"], f"/{C.DATA}/inputs", problems)
     if "d_vocab_out" in attrs:
         _in_range(arrays["labels"], 0, attrs["d_vocab_out"], f"/{C.DATA}/labels", problems)
-    if cfg is not None and N and cfg.task and arrays["train_idx"].shape[0] + arrays["test_idx"].shape[0] != N:
-        problems.append(f"/{C.DATA}: train_idx and test_idx do not split the {N} inputs")
+    _split(arrays["train_idx"], arrays["test_idx"], N, cfg is not None and bool(cfg.task), problems)
     return N
+
+
+def _data_fits_config(cfg, arrays, attrs, problems: list[str]) -> bool:
+    """The data's shapes, vocabulary and readout position against the stored config's task."""
+    from groklens.tasks import TASKS
+
+    want = data_shape(cfg)
+    try:
+        task = TASKS.get(cfg.task)
+        vocab = tuple(int(v) for v in task.vocab(cfg))
+        readout = int(task.readout_position(cfg))
+    except BadInput:
+        return True  # an unknown task is the config's problem, reported there
+    inputs, labels = arrays["inputs"], arrays["labels"]
+    if want is not None:
+        n, n_ctx, n_targets = want
+        label_shape = (n, n_targets) if n_targets else (n,)
+        if inputs.shape != (n, n_ctx) or labels.shape != label_shape:
+            problems.append(f"/{C.DATA} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}; the stored "
+                            f"config's task ({cfg.task}, p={cfg.p}) has inputs {[n, n_ctx]} and labels {list(label_shape)}")
+            return False
+    stored = (attrs.get("d_vocab"), attrs.get("d_vocab_out"))
+    if None not in stored and stored != vocab:
+        problems.append(f"/{C.DATA} vocabulary (d_vocab {stored[0]}, d_vocab_out {stored[1]}) is not the stored config's "
+                        f"({vocab[0]}, {vocab[1]})")
+        return False
+    if "readout_pos" in attrs and attrs["readout_pos"] != readout:
+        problems.append(f"/{C.DATA} readout_pos {attrs['readout_pos']} is not the stored config's ({readout})")
+        return False
+    return True
+
+
+def _split(train, test, N: int, whole: bool, problems: list[str]) -> None:
+    """train_idx and test_idx: in range, each without duplicates, disjoint, together every input."""
+    if train.shape[0] > N or test.shape[0] > N:
+        problems.append(f"/{C.DATA}: train_idx and test_idx are longer than the {N} inputs")
+        return
+    tr, te = train[()].astype(np.int64), test[()].astype(np.int64)
+    for name, idx in (("train_idx", tr), ("test_idx", te)):
+        if idx.size and (idx.min() < 0 or idx.max() >= N):
+            problems.append(f"/{C.DATA}/{name} holds values outside [0, {N})")
+            return
+        if idx.size == 0 and whole:
+            problems.append(f"/{C.DATA}/{name} is empty")
+            return
+        if np.unique(idx).size != idx.size:
+            problems.append(f"/{C.DATA}/{name} holds an index twice")
+            return
+    if np.intersect1d(tr, te).size:
+        problems.append(f"/{C.DATA}: train_idx and test_idx share inputs")
+    elif whole and tr.size + te.size != N:
+        problems.append(f"/{C.DATA}: train_idx and test_idx do not split the {N} inputs")
+
+
+def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
+    """(inputs, positions per input, answer positions: 0 for labels [N]) of cfg's task, from the
+    config alone; None for a task this function does not know (its data is then not compared)."""
+    task, p = cfg.task, cfg.p
+    if task in ("add", "sub", "mul", "x2y2"):
+        return p * p, 3, 0
+    if task == "div":
+        return p * (p - 1), 3, 0
+    if task == "s5":
+        return 120 * 120, 3, 0
+    if task == "digits_add":
+        return 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1
+    if task in ("seq_add", "seq_mul"):
+        return p ** cfg.n_informative, cfg.seq_len + 1, 0
+    return None
 
 
 def _in_range(ds, lo: int, hi: int, where: str, problems: list[str]) -> None:
@@ -188,11 +332,16 @@ def _params(f, n: int, problems: list[str]) -> None:
     groups = []
     if isinstance(f.get(C.PARAMS), _group_type()):
         groups.append((f"/{C.PARAMS}", f[C.PARAMS]))
+    elif C.PARAMS in f:
+        problems.append(f"/{C.PARAMS} is not a group")
     if C.COPIES in f:
+        if not isinstance(f[C.COPIES], _group_type()):
+            problems.append(f"/{C.COPIES} is not a group")
+            return
         names = set(f[C.PARAMS]) if groups else set()
         keys = sorted(f[C.COPIES], key=lambda k: int(k) if k.isdigit() else -1)
         if keys != [str(m) for m in range(1, len(keys) + 1)]:
-            problems.append(f"/{C.COPIES} must hold groups 1..M-1; has {keys}")
+            problems.append(f"/{C.COPIES} must hold groups 1..M-1; has {_short(repr(keys), 80)}")
             keys = []
         for key in keys:
             g = f[C.COPIES][key]
@@ -208,13 +357,37 @@ def _params(f, n: int, problems: list[str]) -> None:
                 problems.append(f"{where}/{name} is not float32 [n_checkpoints, ...] with {n} rows")
 
 
+def _copies_match(f, cfg, problems: list[str]) -> None:
+    """A routed run (routing_copies M > 1) holds copies 1..M-1 in /copies; a single run none."""
+    if cfg is None:
+        return
+    have = 1 + (len(f[C.COPIES]) if isinstance(f.get(C.COPIES), _group_type()) else 0)
+    if have != cfg.routing_copies:
+        problems.append(f"the stored config has routing_copies {cfg.routing_copies}, the file holds {have} "
+                        f"cop{'y' if have == 1 else 'ies'} of the parameters")
+
+
 def _state(f, problems: list[str]) -> None:
     g = f.get(C.STATE)
     if g is None:
         return
+    if not isinstance(g, _group_type()):
+        problems.append(f"/{C.STATE} is not a group")
+        return
     ds = g.get(C.STATE_STEP)
     if ds is None or not hasattr(ds, "dtype") or ds.shape != (2,) or not np.issubdtype(ds.dtype, np.integer):
         problems.append(f"/{C.STATE}/{C.STATE_STEP} is not int64 [2]")
+    for name, ds in g.items():
+        if name != C.STATE_STEP and (not hasattr(ds, "dtype") or ds.ndim < 1 or ds.shape[0] != 2):
+            problems.append(f"/{C.STATE}/{name} is not a dataset of two slots [2, ...]")
+            break
+
+
+def _status(f, problems: list[str]) -> None:
+    ds = f.get(C.STATUS)
+    if ds is None or not hasattr(ds, "dtype") or ds.shape != (1,) or ds.dtype.kind != "S":
+        what = "missing" if ds is None else (f"{ds.dtype} {list(ds.shape)}" if hasattr(ds, "dtype") else "a group")
+        problems.append(f"/{C.STATUS} is {what}, not one fixed-length byte string")
 
 
 def _group_type():
@@ -262,12 +435,8 @@ def machine_memory() -> int:
 
 def task_size(cfg: "RunConfig") -> tuple[int, int]:
     """(inputs, positions per input) of cfg's task, from the config alone."""
-    task = cfg.task
-    if task.startswith("digits"):
-        return 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2
-    if task.startswith("seq"):
-        return cfg.p ** cfg.n_informative, cfg.seq_len + 1
-    return cfg.p * cfg.p, 3
+    shape = data_shape(cfg)
+    return (shape[0], shape[1]) if shape is not None else (cfg.p * cfg.p, 3)
 
 
 def estimate_memory(cfg: "RunConfig") -> dict[str, int]:

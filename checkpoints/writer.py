@@ -22,6 +22,7 @@ import numpy as np
 from groklens import __version__
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import WriterLock
+from groklens.checkpoints.validate import config_checksum
 from groklens.errors import BadInput, RunFailure
 
 # gzip level 1 + shuffle: float32 weights barely compress, so keep the cost of writing low
@@ -62,10 +63,17 @@ class TrajectoryWriter:
         `copies`: the parameters of copies 1..M-1 of a routed run (`params` is copy 0).
         `replace` (train --force): write a staging file beside `path` instead, and move it over
         `path` (dropping the old run's sidecars) only once its first checkpoint is committed; a
-        run that fails before that leaves the old run as it was."""
+        run that fails before that leaves the old run as it was. A new file is made under a
+        temporary name and linked into place once it is complete, so a writer killed while
+        creating it leaves no half-made file at `path` (the next writer removes the temporary)."""
         target = Path(path)
-        path = staging_path(target) if replace else target
+        path = staging_path(target) if replace else creating_path(target)
         _check_creatable(path)
+        from groklens.fileio import remove_quietly, stale_temporaries
+
+        for kind in ("force", "create"):  # left by writers killed before their first commit / while creating
+            for stale in stale_temporaries(target.parent, f".{target.name}.{kind}-", ".tmp"):
+                remove_quietly(stale)
         need = (sum(a.nbytes for a in data.values()) + 2 * sum(a.nbytes for a in state.values())
                 + sum(a.nbytes for p in (params, *copies) for a in p.values()) + (64 << 10))
         _check_space(path, need, f"creating {target}")
@@ -78,6 +86,7 @@ class TrajectoryWriter:
             f.attrs[C.ATTR_FORMAT_VERSION] = C.FORMAT_VERSION
             f.attrs[C.ATTR_GROKLENS_VERSION] = __version__
             f.attrs[C.ATTR_CONFIG] = config_json
+            f.attrs[C.ATTR_CONFIG_SHA256] = config_checksum(config_json)  # an edited config is refused
             f.attrs[C.ATTR_CREATED] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             g = f.create_group(C.DATA)
             for name, arr in data.items():
@@ -104,23 +113,29 @@ class TrajectoryWriter:
             f.flush()
             f.swmr_mode = True
             lock = WriterLock(path)
+            if not replace:
+                _link_into_place(path, target)
         except BaseException as exc:
-            path.unlink(missing_ok=True)  # never leave a half-made file behind
+            from groklens.fileio import remove_quietly
+
+            remove_quietly(path)  # never leave a half-made file behind
             if isinstance(exc, (OSError, RuntimeError)):
                 _abandon(f)
                 raise _room_or(exc, f"cannot create {target}: {_first_line(exc)}", path, resume=False) from None
             _close_quietly(f)
             raise
-        return cls(f, lock, path, replaces=target if replace else None)
+        return cls(f, lock, path if replace else target, replaces=target if replace else None)
 
     @classmethod
     def reopen(cls, path: str | Path) -> "TrajectoryWriter":
         """Open a clean (recovered) file to append to, in SWMR mode."""
         try:
             lock = WriterLock(path)
-        except OSError:
-            from groklens.checkpoints.locking import describe_holder
+        except OSError as exc:
+            from groklens.checkpoints.locking import describe_holder, not_writable
 
+            if not_writable(exc):
+                raise BadInput(f"cannot write {path} ({exc.strerror})") from None
             raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
                            "stop it before resuming") from None
         try:
@@ -189,6 +204,8 @@ class TrajectoryWriter:
         """Append one evaluation row; `row` holds 'step' and every metric name given at creation."""
         m = self.n_evals
         g = self.f[C.METRICS]
+        # a new chunk of every series at worst: room reserved first, as for a checkpoint
+        self._check_room(int(row["step"]), (len(self.metric_names) + 1) * METRIC_CHUNK * 8, "evaluation")
         try:
             for name in self.metric_names:
                 ds = g[name]
@@ -206,9 +223,12 @@ class TrajectoryWriter:
                            self.path) from None
         self.n_evals = m + 1
 
-    def _check_room(self, step: int, nbytes: int) -> None:
-        """Stop cleanly before a checkpoint that the disk or the file-size limit cannot take:
-        a failed HDF5 write leaves the file needing repair, a refused one leaves it clean."""
+    def _check_room(self, step: int, nbytes: int, what: str = "checkpoint") -> None:
+        """Stop cleanly before a commit that the disk or the file-size limit cannot take: a failed
+        HDF5 write leaves the file needing repair (and h5py could crash flushing it), a refused one
+        leaves it clean. The room is reserved on the disk for this file before anything is written
+        (fallocate, keeping the file's size), so a process filling the disk meanwhile fails, not this
+        commit; where the file system cannot reserve, the free space is checked instead."""
         import resource
         import shutil
 
@@ -216,18 +236,19 @@ class TrajectoryWriter:
         need = 2 * nbytes + (64 << 10)  # uncompressed worst case, twice, plus metadata slack
         size = path.stat().st_size
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        free = shutil.disk_usage(path.parent).free
-        if (soft != resource.RLIM_INFINITY and size + need > soft) or need > free:
-            where = "the file-size limit" if soft != resource.RLIM_INFINITY and size + need > soft else "the disk"
+        limit = soft != resource.RLIM_INFINITY and size + need > soft
+        reserved = None if limit or self.lock.fd is None else reserve_space(self.lock.fd, size, need)
+        if limit or reserved is False or (reserved is None and need > shutil.disk_usage(path.parent).free):
+            where = "the file-size limit" if limit else "the disk"
             raise RunFailure(
-                f"not enough room on {where} for the checkpoint at step {step} (~{need >> 10} KiB); "
+                f"not enough room on {where} for the {what} at step {step} (~{need >> 10} KiB); "
                 f"the run is kept up to its last checkpoint: free space, then `groklens train --resume {path}`"
             )
 
     def set_status(self, text: str) -> None:
         if self.failed:
             return
-        raw = text.encode()[: C.STATUS_LENGTH]
+        raw = " ".join(str(text).split()).encode()[: C.STATUS_LENGTH]  # one line, whatever the reason says
         try:
             self.f[C.STATUS][0] = raw
             self.f.flush()
@@ -244,7 +265,10 @@ class TrajectoryWriter:
             _close_quietly(self.f)
         self.lock.release()
         if self.replaces is not None:  # never committed: the old run stays, the staging file goes
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def _create_params(g: h5py.Group, params: Mapping[str, np.ndarray]) -> None:
@@ -289,6 +313,26 @@ sys.unraisablehook = _quiet_unraisable
 sys.excepthook = _quiet_excepthook
 
 
+def creating_path(target: Path) -> Path:
+    """Where a new run file is made before it is linked into place: beside the target, per process."""
+    return target.with_name(f".{target.name}.create-{os.getpid()}.tmp")
+
+
+def _link_into_place(tmp: Path, target: Path) -> None:
+    """Give the complete new file `tmp` the name `target`, never over a file that appeared there
+    meanwhile (a hard link fails on an existing name); `tmp` is then removed."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise BadInput(f"{target} appeared while this run was being created; not replaced") from None
+    except OSError:  # a file system without hard links: a rename, after the same check
+        if target.exists() or target.is_symlink():
+            raise BadInput(f"{target} appeared while this run was being created; not replaced") from None
+        os.rename(tmp, target)
+        return
+    os.unlink(tmp)
+
+
 def staging_path(target: Path) -> Path:
     """Where `train --force` writes until its first commit: beside the target, per process."""
     return target.with_name(f".{target.name}.force-{os.getpid()}.tmp")
@@ -313,6 +357,35 @@ def drop_sidecar(path: Path, run: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+_FALLOC_FL_KEEP_SIZE = 1
+_fallocate = None
+
+
+def reserve_space(fd: int, offset: int, length: int) -> bool | None:
+    """Allocate disk blocks for bytes [offset, offset + length) of the file `fd` without changing
+    its size (Linux fallocate, FALLOC_FL_KEEP_SIZE): later writes there cannot fail for want of
+    space. True: reserved; False: the disk (or quota) has no room; None: not supported here."""
+    import ctypes
+    import ctypes.util
+    import errno
+
+    global _fallocate
+    if _fallocate is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _fallocate = getattr(libc, "fallocate64", None) or libc.fallocate
+            _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            _fallocate.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _fallocate = False
+    if _fallocate is False:
+        return None
+    if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return True
+    err = ctypes.get_errno()
+    return False if err in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else None
+
+
 def _check_space(path: Path, need: int, what: str) -> None:
     """RunFailure, before anything is written, when the disk or the file-size limit lacks `need` bytes."""
     import resource
@@ -326,8 +399,9 @@ def _check_space(path: Path, need: int, what: str) -> None:
 
 
 def _check_creatable(path: Path) -> None:
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise BadInput(f"cannot write into {path.parent} (permission denied)")
+    from groklens.fileio import check_writable_dir
+
+    check_writable_dir(path.parent)
 
 
 _ABANDONED: list = []  # files whose write failed, kept open until the process exits

@@ -235,9 +235,11 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             return
         c = status["counts"]
         click.echo(f"{status['dir']}: {status['total']} runs: {c['done']} done, {c['running']} running, "
-                   f"{c['interrupted']} interrupted, {c['pending']} pending, {c['failed']} failed")
+                   f"{c['interrupted']} interrupted, {c['pending']} pending, {c['failed']} failed"
+                   + (f", {c['blocked']} blocked (a file in the way)" if c["blocked"] else ""))
         for name, error in status["failed"].items():
-            click.echo(f"failed   {name}: {error}")
+            kind = status["runs"][name]["state"]
+            click.echo(f"{kind:<8} {name}: {error}")
         return
     if grid is None:
         raise BadInput("missing GRID.yaml (or --status DIR)")
@@ -246,10 +248,15 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
     spec = sweeps.load_sweep(grid)
+    sweeps.check_threads(threads, executor)
     if dry_run:
-        plan = [{"name": r.name, "state": sweeps.run_state(Path(out_dir), r.name)[0] if Path(out_dir).is_dir()
-                 else "pending"} for r in spec.runs()]
-        click.echo(strict_json(plan) if as_json else "\n".join(f"{p['state']:<12} {p['name']}" for p in plan))
+        runs = spec.runs()
+        sweeps.check_buildable(runs)  # what training would refuse, refused now
+        states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
+                  for r in runs}
+        plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
+        click.echo(strict_json(plan) if as_json else "\n".join(
+            f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
         return
     extra = {}
     for item in slurm_options:
@@ -438,6 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
+        from groklens.fileio import check_utf8_args
+
+        check_utf8_args(argv)  # a file name in another encoding: refused, not half-handled
         rv = cli.main(args=argv, prog_name="groklens", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
@@ -451,6 +461,12 @@ def main(argv: list[str] | None = None) -> None:
         text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
         click.echo(f"groklens: error: {_one_line(text)}", err=True)
         code = exc.exit_code
+    except OSError as exc:  # the file system refused (read-only, full, immutable): one line, a failed run
+        if debug:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(f"groklens: error: cannot write or read{where} ({exc.strerror or _one_line(str(exc))})", err=True)
+        code = 1
     except Exception as exc:  # an unexpected failure: still one line, the traceback with --debug
         if debug:
             raise

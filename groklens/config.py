@@ -369,6 +369,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 YAML_MAX_DEPTH = 20  # configs and sweeps are two or three levels deep
 YAML_MAX_NODES = 100_000  # nodes after alias expansion: a few aliases must not make gigabytes
+YAML_MAX_SCALAR = 1000  # characters of one value (a number of 100,000 digits is not a config)
 
 
 def safe_yaml(path: Path, what: str = "config file") -> Any:
@@ -388,7 +389,9 @@ def safe_yaml(path: Path, what: str = "config file") -> Any:
             loader.dispose()
     except RecursionError:
         raise BadInput(f"{what} {path} is nested too deeply") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise BadInput(f"{what} {path} is unreadable ({exc.strerror or exc})") from None
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, OverflowError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BadInput(f"{what} {path} is not valid YAML: {first}") from None
 
@@ -405,9 +408,16 @@ def _count_nodes(root, path: Path, what: str) -> None:
             raise BadInput(f"{what} {path} is nested deeper than {YAML_MAX_DEPTH} levels")
         if seen > YAML_MAX_NODES:
             raise BadInput(f"{what} {path} expands to more than {YAML_MAX_NODES} values (nested aliases?)")
+        if isinstance(node, yaml.ScalarNode) and len(node.value) > YAML_MAX_SCALAR:
+            raise BadInput(f"{what} {path} holds a value of {len(node.value)} characters (over {YAML_MAX_SCALAR}) "
+                           f"at line {node.start_mark.line + 1}")
         if isinstance(node, yaml.SequenceNode):
             stack.extend((child, depth + 1) for child in node.value)
         elif isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            dup = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+            if dup is not None:  # YAML says keys are unique; PyYAML would keep the last silently
+                raise BadInput(f"{what} {path} gives the key {dup!r} twice (line {node.start_mark.line + 1})")
             for key, value in node.value:
                 stack.extend(((key, depth + 1), (value, depth + 1)))
 

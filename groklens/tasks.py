@@ -138,9 +138,14 @@ def _modular_vocab(cfg: "RunConfig") -> tuple[int, int]:
     return cfg.p + 1, cfg.p
 
 
+P_MAX = 1_000_000  # p^2 inputs; far past what fits memory (check_resources says so for smaller p)
+
+
 def _check_p(cfg: "RunConfig", prime: bool = False) -> None:
     if cfg.p < 3:
         raise BadInput(f"p must be >= 3; got {cfg.p}")
+    if cfg.p > P_MAX:
+        raise BadInput(f"p must be at most {P_MAX:,}; got {cfg.p}")
     if prime and not is_prime(cfg.p):
         raise BadInput(f"task {cfg.task!r} needs a prime p (b^-1 mod p must exist); got p={cfg.p}")
 

@@ -67,3 +67,30 @@ def groklens(*args: str, check: bool = False, timeout: float = 300, **kw) -> sub
     if check and proc.returncode != 0:
         raise AssertionError(f"groklens {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
+
+
+def readonly_groklens(directory: Path, *args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run the CLI with `directory` bind-mounted read-only in a private mount namespace (root or
+    not: a read-only mount refuses root too; nothing outside the namespace changes). Skips the
+    test where this platform cannot make one (no unshare, no mount namespaces)."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("needs unshare and mount for a read-only bind mount")
+    flags = ["-m", "--propagation", "private"] if os.geteuid() == 0 else ["-r", "-m", "--propagation", "private"]
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" || exit 97; shift; exec "$@"'
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
+    proc = subprocess.run(["unshare", *flags, "sh", "-c", script, "sh", str(directory), sys.executable, "-m",
+                           "groklens", *args], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+    if proc.returncode == 97 or proc.stderr.startswith("unshare:"):
+        pytest.skip(f"cannot mount {directory} read-only here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (what a killed writer leaves in its temporaries' names)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

@@ -77,6 +77,8 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     exists = out.exists() or out.is_symlink()
     if exists and not force:
         raise BadInput(f"{out} already exists; use --force to overwrite it or --resume to continue it")
+    if exists:
+        check_force_target(out)
     if exists and writer_alive(out):
         raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
     if not out.parent.exists():
@@ -97,6 +99,29 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
             member.writer.close()  # idempotent; a staged run that never committed is deleted
     raise_failure(members)
     return members[0].result
+
+
+def check_force_target(out: Path) -> None:
+    """`--force` replaces only a regular groklens run file that this process may replace: never
+    a link, a device, a foreign or unreadable file, or an immutable or read-only one."""
+    import os
+
+    from groklens.checkpoints.reader import open_trajectory_file
+    from groklens.fileio import check_writable_dir
+
+    if out.is_symlink():
+        raise BadInput(f"{out} is a symbolic link; --force replaces only a groklens run file itself")
+    if not out.is_file():
+        raise BadInput(f"{out} is not a regular file (a device, pipe or socket?); --force replaces only a groklens run")
+    try:
+        if out.stat().st_size:  # an empty file (a writer killed before HDF5 wrote anything) holds nothing
+            open_trajectory_file(out, validate=False).close()
+    except BadInput as exc:
+        raise BadInput(f"{out} is not a groklens run that --force may replace ({str(exc).removeprefix(f'{out}: ')}); "
+                       "move it away") from None
+    check_writable_dir(out.parent, "replace a run in")
+    if not os.access(out, os.W_OK):
+        raise BadInput(f"cannot replace {out} (permission denied, or the file is immutable)")
 
 
 def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[str, np.ndarray],
@@ -122,24 +147,96 @@ def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[st
 
 
 def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int], None] | None = None) -> TrainResult:
-    """Continue an interrupted run from its last committed checkpoint (repairing the file first)."""
+    """Continue an interrupted run from its last committed checkpoint (repairing the file first).
+    The stored state is validated by loading it into the run before anything is written."""
     path = Path(path)
+    check_resume_target(path)
     traj = Trajectory(path)
     cfg = traj.config
     steps = traj.steps
     if len(steps) and int(steps[-1]) >= cfg.steps:
         return TrainResult(path, int(steps[-1]), "already complete")
+    strategy = strategy_class(cfg)(cfg, traj.dataset(), None, progress=progress, path=path)
+    loaded = load_stored(strategy, traj, int(steps[-1])) if len(steps) else None
     last = recover(path)
     traj = Trajectory(path)
-    params, state, metrics = traj.params(last), traj.state(last), traj.metrics
-    copies = [Trajectory(path, copy=m).params(last) for m in range(1, cfg.routing_copies)]  # before the writer opens
-    strategy = strategy_class(cfg)(cfg, traj.dataset(), lambda _s: TrajectoryWriter.reopen(path), progress=progress)
-    strategy.load(params, state, copies, last)
-    restore_counters(strategy.members[0], metrics)
-    strategy.members[0].writer.set_status("running")
+    if last != loaded:  # the file moved on between the two reads: load what recovery kept
+        load_stored(strategy, traj, last)
+    member = strategy.members[0]
+    metrics = traj.metrics  # read before the writer opens the file (HDF5 refuses a second, unlocked open)
+    member.writer = TrajectoryWriter.reopen(path)
+    restore_counters(member, metrics)
+    member.writer.set_status("running")
     members = run(strategy, last, fresh=False, on_commit=on_commit)
     raise_failure(members)
     return members[0].result
+
+
+def check_resume_target(path: Path) -> None:
+    """A run to continue in place: the file itself (a link is refused, never replaced by the
+    repaired file) in a place this process can write (BadInput before anything is read)."""
+    import os
+
+    from groklens.fileio import check_writable_dir
+
+    if path.is_symlink():
+        raise BadInput(f"{path} is a symbolic link (to {os.readlink(path)}); resume the run itself, not a link to it")
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    if path.is_file():
+        check_writable_dir(path.parent, "resume a run in")
+        if not os.access(path, os.W_OK):
+            raise BadInput(f"cannot write {path} (permission denied, or the file is immutable)")
+        from groklens.checkpoints.locking import describe_holder, writer_alive
+
+        if writer_alive(path):  # its state is being written: not read, not resumed
+            raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
+                           "stop it before resuming")
+
+
+def load_stored(strategy, traj: Trajectory, step: int) -> int:
+    """Load checkpoint `step` of `traj` (parameters, optimizer, regularizer and RNG state) into
+    `strategy`, refusing (BadInput) state that is not what the run's own state looks like or
+    does not load; nothing is written. Returns `step`."""
+    from groklens.checkpoints import constants as C
+    from groklens.checkpoints.reader import open_trajectory_file
+    from groklens.checkpoints.recovery import check_parameters
+
+    check_parameters(traj.path)  # names and shapes of the model the config builds, finite
+    _, fresh, _ = strategy.payloads([0])[0]  # the names, shapes and dtypes the run keeps
+    with open_trajectory_file(traj.path, validate=False) as f:
+        stored = {name: (ds.shape[1:], ds.dtype) for name, ds in f[C.STATE].items() if name != C.STATE_STEP}
+    missing = sorted(set(fresh) - set(stored))
+    extra = sorted(set(stored) - set(fresh))
+    bad = [n for n in fresh if n in stored and (tuple(stored[n][0]) != tuple(np.shape(fresh[n]))
+                                                 or stored[n][1] != np.asarray(fresh[n]).dtype)]
+    where = f"{traj.path}: invalid trajectory: /{C.STATE}"
+    if missing or extra or bad:
+        what = (f"lacks {missing[0]}" if missing else f"/{extra[0]} is not part of this run's state" if extra
+                else f"/{bad[0]} is {stored[bad[0]][1]} {list(stored[bad[0]][0])}, the run keeps "
+                     f"{np.asarray(fresh[bad[0]]).dtype} {list(np.shape(fresh[bad[0]]))}")
+        raise BadInput(f"{where} {what}")
+    cfg = traj.config
+    params, state = traj.params(step), traj.state(step)
+    copies = [Trajectory(traj.path, copy=m).params(step) for m in range(1, cfg.routing_copies)]
+    try:
+        strategy.load(params, state, copies, step)
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"{where} at step {step} does not load ({first})") from None
+    return step
+
+
+def check_stored_state(path: str | Path) -> None:
+    """BadInput, before anything is written, when the last checkpoint of `path` cannot be loaded
+    into the run its config builds (what `resume` checks; for callers that resume otherwise)."""
+    path = Path(path)
+    check_resume_target(path)
+    traj = Trajectory(path)
+    steps = traj.steps
+    if len(steps):
+        cfg = traj.config
+        load_stored(strategy_class(cfg)(cfg, traj.dataset(), None, progress=False, path=path), traj, int(steps[-1]))
 
 
 def read_state(path: Path, step: int) -> dict[str, np.ndarray]:

@@ -145,7 +145,7 @@ class RoutedRun(Strategy):
         self.members = [Member(cfg, data, Path(path))]
         if writer_factory is not None:
             self.members[0].writer = writer_factory(self)
-            self.members[0].path = Path(self.members[0].writer.f.filename)
+            self.members[0].path = Path(self.members[0].writer.path)
 
     @property
     def copies(self) -> int:

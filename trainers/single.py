@@ -221,7 +221,7 @@ class SingleRun(Strategy):
         self.last_loss = math.nan  # the task loss of the last step
         if writer_factory is not None:
             self.members[0].writer = writer_factory(self)
-            self.members[0].path = Path(self.members[0].writer.f.filename)
+            self.members[0].path = Path(self.members[0].writer.path)
 
     @property
     def model(self) -> torch.nn.Module:

@@ -43,27 +43,46 @@ def run_state(out_dir: Path, name: str) -> tuple[str, str]:
     path = run_path(out_dir, name)
     traj = status = None
     n = 0
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return "blocked", f"{path.name} is not a regular file; move it away (a sweep never replaces it)"
+    if path.exists() and path.stat().st_size == 0:  # killed before HDF5 wrote anything: nothing to lose
+        return ("failed", read_error(err)) if err.exists() else ("pending", "empty file, restarted")
     if path.exists():
         try:
             traj = Trajectory(path)
             status = traj.status
             n = len(traj.steps)
         except BadInput as exc:
-            status = f"unreadable file, restarted: {exc}"
+            why = str(exc).removeprefix(f"{path}: ")
+            return "blocked", f"{path.name} is not a readable groklens run ({why}); move it away (a sweep never replaces it)"
     if traj is not None and status.startswith("completed"):
         return "done", status  # a finished run wins over an error file left by a racing attempt
-    if err.exists():
-        try:
-            return "failed", json.loads(err.read_text()).get("error", "")
-        except (OSError, ValueError):
-            return "failed", "(unreadable error file)"
+    if err.exists() or err.is_symlink():
+        return "failed", read_error(err)
     if traj is None:
-        return "pending", status or ""
+        return "pending", ""
     if traj.is_live:
         return "running", f"{n} checkpoints"
     if n == 0:
         return "pending", "no committed checkpoint, restarted"
     return "interrupted", f"{n} checkpoints, last step {int(traj.steps[-1])}"
+
+
+ERROR_MAX_BYTES = 1 << 20
+
+
+def read_error(path: Path) -> str:
+    """The one-line error of an error record (DIR/<name>.error.json), or what is wrong with it."""
+    from groklens.fileio import load_json_file
+
+    try:
+        record = load_json_file(path, "error record", max_bytes=ERROR_MAX_BYTES)
+    except BadInput as exc:
+        return f"(unreadable error file: {str(exc).removeprefix(f'{path}: error record ')})"
+    error = record.get("error") if isinstance(record, dict) else None
+    if not isinstance(error, str):
+        return "(unreadable error file: no error message in it)"
+    return " ".join(error.split())[:1000]
 
 
 def stored_config(path: Path) -> dict | None:
@@ -149,13 +168,10 @@ def update_manifest(out_dir: Path, runs: Sequence[RunSpec], sweep: Sweep | None)
 
 def _update_manifest_locked(out_dir: Path, runs: Sequence[RunSpec], sweep: Sweep | None) -> None:
     path = out_dir / MANIFEST
-    manifest: dict[str, Any] = {"format": "groklens-sweep", "runs": {}}
-    if path.exists():
-        try:
-            manifest = json.loads(path.read_text())
-        except ValueError:
-            raise BadInput(f"{path} is damaged (not JSON); move it away") from None
-    known = manifest.setdefault("runs", {})
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "runs": {}}
+    if path.exists() or path.is_symlink():
+        manifest = load_manifest(path)
+    known = manifest["runs"]
     for r in runs:
         cfg = r.config.to_dict()
         if r.name in known and known[r.name] != cfg:
@@ -168,27 +184,64 @@ def _update_manifest_locked(out_dir: Path, runs: Sequence[RunSpec], sweep: Sweep
     _write_json(path, manifest)
 
 
+MANIFEST_FORMAT = "groklens-sweep"
+MANIFEST_MAX_RUNS = 100_000  # a grid is capped far lower (sweep_grid); this bounds what is read
+
+
+def check_run_name(name: Any, where: str) -> str:
+    """A run name as a sweep names it: one plain file name in DIR (no '/', no '..', no leading
+    '.', printable, at most 200 characters)."""
+    ok = (isinstance(name, str) and 0 < len(name) <= 200 and "/" not in name and "\\" not in name
+          and not name.startswith(".") and name.isprintable())
+    if not ok:
+        raise BadInput(f"{where}: {name!r} is not a run name (a plain file name inside the sweep directory)")
+    return name
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """DIR/sweep.json, checked: {"format": "groklens-sweep", "runs": {name: config mapping}, ...};
+    every name a plain file name in DIR. BadInput (one line) for anything else."""
+    from groklens.fileio import load_json_file
+
+    data = load_json_file(path, "sweep manifest")
+    if not isinstance(data, dict):
+        raise BadInput(f"{path} is not a sweep manifest (a {type(data).__name__}, not a mapping); move it away")
+    if data.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT:
+        raise BadInput(f"{path} is not a sweep manifest (format {data.get('format')!r}); move it away")
+    runs = data.get("runs")
+    if not isinstance(runs, dict):
+        raise BadInput(f"{path}: 'runs' must map run names to configs; got {type(runs).__name__}; move it away")
+    if len(runs) > MANIFEST_MAX_RUNS:
+        raise BadInput(f"{path} lists {len(runs)} runs, over {MANIFEST_MAX_RUNS}")
+    for name, cfg in runs.items():
+        check_run_name(name, str(path))
+        if not isinstance(cfg, dict):
+            raise BadInput(f"{path}: run {name!r} has no config mapping; move it away")
+    data["format"] = MANIFEST_FORMAT
+    return data
+
+
 def sweep_status(out_dir: str | Path) -> dict[str, Any]:
     """What `groklens sweep --status DIR` prints: counts by state, and the failed runs' errors."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise BadInput(f"{out_dir}: no such directory")
     path = out_dir / MANIFEST
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise BadInput(f"{out_dir} is not a sweep directory (no {MANIFEST})")
-    try:
-        names = list(json.loads(path.read_text())["runs"])
-    except (ValueError, KeyError):
-        raise BadInput(f"{path} is damaged; move it away") from None
+    names = list(load_manifest(path)["runs"])
     states = {name: run_state(out_dir, name) for name in names}
-    counts = {s: 0 for s in ("done", "running", "interrupted", "pending", "failed")}
+    counts = {s: 0 for s in STATES}
     for state, _ in states.values():
         counts[state] += 1
     return {
         "dir": str(out_dir), "total": len(names), "counts": counts,
         "runs": {n: {"state": s, "detail": d} for n, (s, d) in states.items()},
-        "failed": {n: d for n, (s, d) in states.items() if s == "failed"},
+        "failed": {n: d for n, (s, d) in states.items() if s in ("failed", "blocked")},
     }
+
+
+STATES = ("done", "running", "interrupted", "pending", "failed", "blocked")
 
 
 def export_config_yaml(run: str | Path, out: str | Path) -> Path:

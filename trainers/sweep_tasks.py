@@ -26,6 +26,34 @@ from groklens.trainers.sweep_files import (
 from groklens.trainers.sweep_grid import RunSpec
 
 
+def check_buildable(runs: Sequence[RunSpec]) -> None:
+    """BadInput naming the first run whose config builds no run: hook sites of its regularizers,
+    its task's data, its memory. What `train` would refuse after it started, refused for the whole
+    sweep (and by --dry-run) before anything is trained. The model is built on the meta device."""
+    import torch
+
+    from groklens.checkpoints.validate import check_resources
+    from groklens.errors import BadInput
+    from groklens.tasks import TASKS
+    from groklens.trainers.models import build_model
+    from groklens.trainers.regularizers import build_regularizers
+
+    seen: set[str] = set()
+    for r in runs:
+        cfg = r.config
+        key = repr(sorted((k, v) for k, v in cfg.to_dict().items() if k not in ("seed", "lr", "weight_decay")))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_resources(cfg)
+            data = TASKS.get(cfg.task).build(cfg)
+            with torch.device("meta"):
+                build_regularizers(cfg, build_model(cfg, data), data)
+        except BadInput as exc:
+            raise BadInput(f"run {r.name}: {exc}") from None
+
+
 def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemble_size: int,
                workers: int, threads: int) -> tuple[list[dict], dict[str, str]]:
     """Tasks for an executor: one per run, or ensembles of runs sharing `ensemble_key`.
@@ -113,6 +141,8 @@ def _execute_claimed(run: dict) -> dict:
             return {"name": name, "state": "done", "detail": detail}
         if state == "running":
             return {"name": name, "state": "running", "detail": "written by another process"}
+        if state == "blocked":  # not ours: reported, neither replaced nor given an error file
+            return {"name": name, "state": "failed", "detail": detail}
         if state == "interrupted":
             check_same_config(path, cfg)
             result = loop.resume(path, progress=False)
@@ -162,8 +192,13 @@ def _sort_members(runs: list[dict]) -> tuple[dict[str, dict], list[tuple[str, li
                 outcomes[name] = {"name": name, "state": "done", "detail": detail}
             elif state == "running":
                 outcomes[name] = {"name": name, "state": "running", "detail": "written by another process"}
+            elif state == "blocked":
+                outcomes[name] = {"name": name, "state": "failed", "detail": detail}
             elif state == "interrupted":
+                from groklens.trainers.loop import check_stored_state
+
                 check_same_config(path, RunConfig.from_dict(run["config"]))
+                check_stored_state(path)  # before recover() writes anything
                 by_step.setdefault(recover(path), []).append(run)
             else:
                 fresh.append(run)

@@ -20,6 +20,8 @@ State of a run, from its files alone (`run_state`):
     running      a live process holds the writer lock on DIR/<name>.h5
     interrupted  DIR/<name>.h5 has committed checkpoints but no writer: resumed exactly
     pending      no file yet, or one without any committed checkpoint (restarted)
+    blocked      DIR/<name>.h5 is not a readable groklens run (a foreign, damaged or truncated file,
+                 a link or a device): reported, never replaced; moving it away is the fix
 Starting a sweep again skips done runs, resumes interrupted ones, restarts the rest, and
 skips failed runs unless `retry_failed` (their error stays until the retry succeeds).
 DIR/sweep.json lists every run the directory was asked for, with its config.
@@ -67,7 +69,7 @@ from groklens.trainers.sweep_files import (
     update_manifest,
 )
 from groklens.trainers.sweep_grid import RunSpec, Sweep, load_sweep, parse_sweep, run_name
-from groklens.trainers.sweep_tasks import execute_task, plan_tasks
+from groklens.trainers.sweep_tasks import check_buildable, execute_task, plan_tasks
 
 
 @dataclass
@@ -96,11 +98,11 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
     time slices can slow a run down a hundredfold; use more for few, large runs.
     """
     runs = sweep.runs() if isinstance(sweep, Sweep) else list(sweep)
-    out_dir = _make_out_dir(Path(out_dir))
     if ensemble_size < 1:
         raise BadInput(f"ensemble size must be >= 1; got {ensemble_size}")
-    if threads < 1:
-        raise BadInput(f"threads must be >= 1; got {threads}")
+    check_threads(threads, executor)
+    check_buildable(runs)  # every run's config builds its run, before anything is written
+    out_dir = _make_out_dir(Path(out_dir))
     update_manifest(out_dir, runs, sweep if isinstance(sweep, Sweep) else None)
     todo, report = _classify(runs, out_dir, retry_failed)
     ex = make_executor(executor, out_dir, workers, address, gpus_per_run, slurm)
@@ -113,14 +115,36 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
     return report
 
 
+MAX_THREADS = 1024  # torch threads per task on a remote node (ray, slurm); locally: the cores
+
+
+def check_threads(threads: int, executor: Any = "local") -> None:
+    """--threads: at least 1, at most this machine's cores for local tasks (more only starve
+    each other: a worker that starts 100,000 threads dies) and MAX_THREADS elsewhere."""
+    local = not isinstance(executor, str) or executor == "local"
+    most = (os.cpu_count() or 1) if local else MAX_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most:
+        where = "this machine's cores" if local else "the most a task may start"
+        raise BadInput(f"threads must be in 1..{most} ({where}); got {threads}")
+
+
 def _make_out_dir(out_dir: Path) -> Path:
     """DIR itself may be new, its parent must exist (a typo in -o is not a tree of directories)."""
+    from groklens.fileio import check_writable_dir
+
     if out_dir.exists() and not out_dir.is_dir():
         raise BadInput(f"{out_dir} exists and is not a directory")
     if not out_dir.exists():
         if not out_dir.parent.is_dir():
             raise BadInput(f"directory {out_dir.parent} does not exist")
-        out_dir.mkdir()
+        check_writable_dir(out_dir.parent, f"create {out_dir.name} in")
+        try:
+            out_dir.mkdir()
+        except FileExistsError:
+            pass  # a concurrent sweep made it
+        except OSError as exc:
+            raise BadInput(f"cannot create {out_dir} ({exc.strerror})") from None
+    check_writable_dir(out_dir)
     return out_dir
 
 
@@ -142,6 +166,9 @@ def _classify(runs: Sequence[RunSpec], out_dir: Path, retry_failed: bool) -> tup
                 continue
         if state == "done":
             counts["done"] += 1
+        elif state == "blocked":  # a file that is not ours to replace: reported, never trained over
+            report.failed[r.name] = detail
+            counts["failed"] += 1
         elif state == "failed" and not retry_failed:
             report.skipped_failed.append(r.name)
             report.failed[r.name] = detail
@@ -230,6 +257,8 @@ __all__ = [
     "SlurmExecutor",
     "Sweep",
     "SweepReport",
+    "check_buildable",
+    "check_threads",
     "error_path",
     "execute_task",
     "export_config_yaml",

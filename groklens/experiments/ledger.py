@@ -96,20 +96,13 @@ class Ledger:
     @classmethod
     def load(cls, path: str | Path, experiment: str, scale: str) -> "Ledger":
         path = Path(path)
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return cls(path, experiment, scale)
-        try:
-            data = json.loads(path.read_text())
-            entries = list(data["runs"])
-            ok = data.get("format") == LEDGER_FORMAT and all(isinstance(e, dict) for e in entries)
-        except (OSError, ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
-            raise BadInput(f"{path} is not a groklens results ledger (format {LEDGER_FORMAT})")
+        data = load_ledger_file(path)
         if (data.get("experiment"), data.get("scale")) != (experiment, scale):
             raise BadInput(f"{path} is the ledger of {data.get('experiment')} at {data.get('scale')}, "
                            f"not of {experiment} at {scale}")
-        return cls(path, experiment, scale, entries)
+        return cls(path, experiment, scale, data["runs"])
 
     def find(self, arm: str, seed: int, chash: str) -> dict[str, Any] | None:
         return next((e for e in self.entries if (e["arm"], e["seed"], e["config_hash"]) == (arm, seed, chash)), None)
@@ -138,6 +131,57 @@ class Ledger:
                 "thresholds": list(THRESHOLDS), "runs": self.entries}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return write_text_atomic(self.path, json.dumps(data, indent=1, sort_keys=False, default=_plain) + "\n")
+
+
+# what every entry holds, by type (checked when a ledger is read, before any entry is used)
+ENTRY_FIELDS: dict[str, tuple[type, ...]] = {
+    "arm": (str,), "seed": (int,), "run": (str,), "config_hash": (str,), "arm_hash": (str,), "config": (dict,),
+    "memorization_step": (dict,), "grokking_step": (dict,), "last_step": (int,),
+}
+OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "measures": (dict,), "phase_notes": (dict,), "phase_checkpoints": (dict,), "final": (dict,),
+    "wall_s": (int, float, type(None)), "device": (str,), "status": (str,), "censored": (bool,),
+}
+MAX_ENTRIES = 100_000
+
+
+def load_ledger_file(path: Path) -> dict[str, Any]:
+    """A results ledger, checked: format, one mapping per entry with the fields `ENTRY_FIELDS`
+    name (of their types), `measures` a mapping of measure -> {phase: number or null}, and no
+    (arm, seed, config_hash) twice. BadInput (one line naming the file and the entry) otherwise."""
+    from groklens.fileio import load_json_file
+
+    data = load_json_file(path, "results ledger", allow_nan=True)
+    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT or not isinstance(data.get("runs"), list):
+        raise BadInput(f"{path} is not a groklens results ledger (format {LEDGER_FORMAT})")
+    entries = data["runs"]
+    if len(entries) > MAX_ENTRIES:
+        raise BadInput(f"{path} holds {len(entries)} entries, over {MAX_ENTRIES}")
+    seen: dict[tuple, int] = {}
+    for i, e in enumerate(entries):
+        where = f"{path}: entry {i}"
+        if not isinstance(e, dict):
+            raise BadInput(f"{where} is a {type(e).__name__}, not a mapping")
+        for key, kinds in {**ENTRY_FIELDS, **OPTIONAL_FIELDS}.items():
+            if key not in e and key in OPTIONAL_FIELDS:
+                continue
+            value = e.get(key)
+            if key not in e or not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise BadInput(f"{where}: {key!r} is {'missing' if key not in e else repr(value)[:60]}, "
+                               f"not {' or '.join(k.__name__ for k in kinds)}")
+        for m, phases in e.get("measures", {}).items():
+            if not isinstance(phases, dict) or not all(
+                    v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool)) for v in phases.values()):
+                raise BadInput(f"{where}: measure {m!r} is not a mapping of phase -> number")
+        for key in ("memorization_step", "grokking_step"):
+            if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in e[key].values()):
+                raise BadInput(f"{where}: {key} holds a value that is not a step")
+        ident = (e["arm"], e["seed"], e["config_hash"])
+        if ident in seen:
+            raise BadInput(f"{where} records arm {e['arm']} seed {e['seed']} (config {e['config_hash']}) again, as "
+                           f"entry {seen[ident]} does: one run counted twice; remove one")
+        seen[ident] = i
+    return data
 
 
 def _plain(x: Any) -> Any:

@@ -147,6 +147,9 @@ def command_text(name: str, scale: str, seeds: int) -> str:
     return f"groklens reproduce {name} --scale {scale} --seeds {seeds}"
 
 
+MAX_SEEDS = 1000  # seeds per variant (the papers use up to 10); more is a typo, not a study
+
+
 @dataclass
 class PlannedRun:
     variant: str
@@ -162,8 +165,8 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
     if scale not in SCALES:
         raise BadInput(f"--scale must be one of {', '.join(SCALES)}; got {scale!r}")
     seeds = exp.seeds_default(scale) if seeds is None else seeds
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise BadInput(f"--seeds must be a positive integer; got {seeds!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise BadInput(f"--seeds must be a positive integer, at most {MAX_SEEDS}; got {seeds!r}")
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
     out = Path(out_dir if out_dir is not None else f"reproduce-{name}-{scale}")
@@ -171,6 +174,9 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
         raise BadInput(f"{out} exists and is not a directory")
     if not out.exists() and not out.parent.is_dir():
         raise BadInput(f"directory {out.parent} does not exist")
+    from groklens.fileio import check_writable_dir
+
+    check_writable_dir(out if out.exists() else out.parent)  # a read-only place: before any work
     if results_md is not None and not Path(results_md).parent.is_dir():
         raise BadInput(f"--results-md {results_md}: directory {Path(results_md).parent} does not exist")
     return seeds, out
@@ -236,6 +242,10 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
         raise BadInput(f"--ledger {ldir} is not a directory")
     if not ldir.exists() and not ldir.parent.is_dir() and ledger_dir is not None:
         raise BadInput(f"--ledger {ldir}: directory {ldir.parent} does not exist")
+    if ldir.is_dir():
+        from groklens.fileio import check_writable_dir
+
+        check_writable_dir(ldir, "record runs in the ledger")
     led = Ledger.load(ledger_path(ldir, name, scale), name, scale)
     sc = exp.scales[scale]
     plan = exp.plan(sc, scale)
@@ -284,7 +294,9 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
                  f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
     result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, notes, led.path,
                     _run_wall(arms), len(todo), run_table(arms))
-    (out / "results.json").write_text(json.dumps(result.to_json(), indent=1, default=_json_default))
+    from groklens.fileio import write_text_atomic
+
+    write_text_atomic(out / "results.json", json.dumps(result.to_json(), indent=1, default=_json_default))
     if results_md is not None:
         update_results_md(results_md, result)
     return result
@@ -314,8 +326,10 @@ def _compare_and_report(out: Path, paths: list[Path], baseline: list[Path], note
         notes.append(f"no run files in {out / 'runs'}: every run came from the ledger; no comparison.txt or report")
         return None
     comp = compare(paths, baseline=baseline[0] if baseline else None, group_by="variant")
-    (out / "comparison.txt").write_text(comp.format_table() + "\n")
-    (out / "comparison.csv").write_text(comp.to_csv())
+    from groklens.fileio import write_text_atomic  # whole, and a link there is replaced, never written through
+
+    write_text_atomic(out / "comparison.txt", comp.format_table() + "\n")
+    write_text_atomic(out / "comparison.csv", comp.to_csv())
     rep = build_report(paths, out / "report", comparison=comp)
     notes += [f"not in the report: {t} ({w})" for t, w in rep.missing if not w.startswith("no run has")]
     return rep.index

@@ -323,8 +323,9 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     # paper runs; smoke runs are never committed, so the smoke scale sees only this ledger
     led = tmp_path / "led"
     led.mkdir()
-    entries = [{"arm": "base", "seed": s, "config_hash": str(s), "arm_hash": "x", "wall_s": w, "device": "cpu (x86_64, 2 cores)"}
-               for s, w in ((1, 100.0), (2, 300.0))]
+    entries = [{"arm": "base", "seed": s, "config_hash": str(s), "arm_hash": "x", "wall_s": w, "device": "cpu (x86_64, 2 cores)",
+                "run": f"base_s{s}", "config": {}, "memorization_step": {}, "grokking_step": {}, "last_step": 0}
+               for s, w in ((1, 100.0), (2, 300.0))]  # the fields every entry has (the ledger's validator)
     (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
                                                           "scale": "smoke", "runs": entries}))
     items = json.loads(groklens("reproduce", "--list", "--json", "--ledger", str(led), check=True).stdout)

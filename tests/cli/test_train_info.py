@@ -113,8 +113,12 @@ def test_overwrite_needs_force(cli_run, tmp_path):
     path.write_bytes(b"mine")
     out = groklens("train", "--out", str(path), *config_flags(tiny_config()))
     assert out.returncode == 2 and "--force" in out.stderr and path.read_bytes() == b"mine"
-    groklens("train", "-q", "--force", "--out", str(path), *config_flags(tiny_config()), check=True)
-    assert Trajectory(path).status == "completed"
+    # --force replaces only a groklens run (issue 29): a foreign file stays
+    out = groklens("train", "-q", "--force", "--out", str(path), *config_flags(tiny_config()))
+    assert out.returncode == 2 and "not a groklens run" in out.stderr and path.read_bytes() == b"mine"
+    path.write_bytes(cli_run[0].read_bytes())
+    groklens("train", "-q", "--force", "--out", str(path), *config_flags(tiny_config(seed=3)), check=True)
+    assert Trajectory(path).status == "completed" and Trajectory(path).config.seed == 3
 
 
 def test_help_and_info_do_not_import_torch_or_transformer_lens(cli_run):

@@ -210,7 +210,8 @@ def test_cli_sweep_status_and_exit_codes(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "1 of 2 runs failed" in proc.stderr
     assert "failed   lr=1e+30__seed=999: training stopped: non-finite" in proc.stdout
     status = json.loads(groklens("sweep", "--status", str(out), "--json", check=True).stdout)
-    assert status["counts"] == {"done": 1, "running": 0, "interrupted": 0, "pending": 0, "failed": 1}
+    assert status["counts"] == {"done": 1, "running": 0, "interrupted": 0, "pending": 0, "failed": 1,
+                                "blocked": 0}
     text = groklens("sweep", "--status", str(out), check=True).stdout
     assert "1 done" in text and "1 failed" in text
     dry = groklens("sweep", str(path), "-o", str(out), "--dry-run", check=True).stdout
