@@ -221,7 +221,8 @@ class SingleRun(Strategy):
         self.last_loss = math.nan  # the task loss of the last step
         if writer_factory is not None:
             self.members[0].writer = writer_factory(self)
-            self.members[0].path = Path(self.members[0].writer.path)
+            # a writer that keeps no file (tests, benchmarks) leaves the given path
+            self.members[0].path = Path(getattr(self.members[0].writer, "path", path))
 
     @property
     def model(self) -> torch.nn.Module:

@@ -12,6 +12,7 @@ from groklens.trainers.regularizers import stablemax_cross_entropy
 from tests.helpers import train_tiny
 
 HEADLINE = {"attention": ["mass"], "fourier": ["neuron_fve", "restricted_loss_all", "excluded_loss_train"],
+            "freq_ablation": ["ablated_loss_all", "loss_all"],
             "grokking": ["thresholds"], "llc": ["llc_mean", "llc_per_chain"], "norms": ["weight_norm"], "probe": ["accuracy"],
             "radial": ["rho@blocks.0.hook_resid_post", "radius_mean@blocks.0.hook_resid_post"],
             "rank": ["rankme@blocks.0.hook_resid_post"], "sharpness": ["top_eigenvalues", "trace"]}

@@ -22,6 +22,7 @@ from groklens.checkpoints.writer import config_json
 from groklens.trainers.loop import METRIC_NAMES
 
 from groklens.errors import BadInput
+from groklens.tasks import TASKS
 from tests.helpers import groklens, tiny_config
 
 TRUE = {"width": -0.27, "train_frac": -2.04, "lr": -0.50, "weight_decay": -0.64}  # the published law
@@ -153,11 +154,12 @@ def test_width_is_the_hidden_width_of_each_model():
 def write_run(path, cfg, grok_step, last=2000, every=100, status="completed"):
     """A trajectory file whose test accuracy crosses 0.95 at grok_step (None: never)."""
     params = {"w": np.zeros(2, np.float32)}
+    data = TASKS.get(cfg.task).build(cfg)  # the config's own dataset: files are checked against it on open
     writer = TrajectoryWriter.create(
         path, config_json=config_json(cfg),
-        data={"inputs": np.zeros((4, 3), np.int64), "labels": np.zeros(4, np.int64),
-              "train_idx": np.arange(2), "test_idx": np.arange(2, 4), "informative_mask": np.zeros((4, 3), bool)},
-        data_attrs={"readout_pos": 2, "d_vocab": 12, "d_vocab_out": 11},
+        data={"inputs": data.inputs.numpy(), "labels": data.labels.numpy(), "train_idx": data.train_idx.numpy(),
+              "test_idx": data.test_idx.numpy(), "informative_mask": data.informative_mask.numpy()},
+        data_attrs={"readout_pos": data.readout_pos, "d_vocab": data.d_vocab, "d_vocab_out": data.d_vocab_out},
         params=params, state={"s": np.zeros(1, np.float32)}, metric_names=METRIC_NAMES)
     for step in range(0, last + 1, every):
         acc = 1.0 if grok_step is not None and step >= grok_step else 0.1
