@@ -435,7 +435,10 @@ class Trajectory:
         times = grokking_times(metrics, thresholds)
         live = self.is_live
         status = self.status
-        if status == "running" and not live:
+        if status == "running" and not live and not len(steps):
+            status = ("died before its first checkpoint (writer gone: killed, e.g. out of memory?); nothing to "
+                      "resume: `groklens train --out FILE ...` starts it again over this file")
+        elif status == "running" and not live:
             status = "interrupted (writer gone; `groklens train --resume` continues it)"
         routing = {}
         if self.n_copies > 1:  # per copy (0.95 and the other thresholds) and of the ensemble

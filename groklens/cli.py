@@ -15,18 +15,22 @@ from pathlib import Path
 import click
 
 from groklens import __version__
-from groklens.config import CHOICES, PRESETS, RunConfig, config_from
+from groklens.config import CHOICES, PRESETS, RunConfig, config_from, field_help
 from groklens.errors import BadInput, GroklensError
 from groklens.fileio import check_text_target, strict_json
 
 
 # ---------------------------------------------------------------------- config options
 def _config_options(func):
-    """One --kebab-case option per RunConfig field, default None (= not given)."""
+    """One --kebab-case option per RunConfig field, default None (= not given); the help is the
+    field's comment in groklens/config.py."""
+    words = field_help()
     for f in reversed(fields(RunConfig)):
         flag = "--" + f.name.replace("_", "-")
         ann = str(f.type)
-        help_text = f"[config] {f.name} (default {getattr(RunConfig(), f.name)!r})"
+        default = getattr(RunConfig(), f.name)
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        help_text = f"{words.get(f.name) or f.name} [config {f.name}; default {shown!r}]"
         if ann == "bool":
             opt = click.option(f"{flag}/--no-{f.name.replace('_', '-')}", f.name, default=None, help=help_text)
         elif ann.startswith("tuple"):
@@ -34,7 +38,7 @@ def _config_options(func):
         else:
             typ = {"int": int, "float": float}.get(ann, str)
             if f.name in CHOICES:
-                help_text += f"; one of {', '.join(CHOICES[f.name])}"
+                help_text = help_text[:-1] + f"; one of {', '.join(CHOICES[f.name])}]"
             opt = click.option(flag, f.name, type=typ, default=None, help=help_text)
         func = opt(func)
     return func
@@ -81,13 +85,26 @@ def cli(debug: bool) -> None:
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--resume", "resume_path", type=click.Path(), default=None,
               help="Continue an interrupted run from its last checkpoint.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no busy-machine note.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--threads", type=int, default=None, metavar="N",
+              help="torch threads (default: $GROKLENS_THREADS, else $OMP_NUM_THREADS, else the cores shared "
+                   "with other groklens processes, 1 on a busy machine; docs/CLI.md, Threads).")
+@click.option("--log", "log_to", multiple=True, metavar="tensorboard:DIR|wandb:PROJECT",
+              help="Also send each evaluation row to TensorBoard (event files in DIR) or Weights & Biases "
+                   "(PROJECT; offline unless WANDB_MODE says otherwise); repeatable. The HDF5 file stays the record.")
 @_config_options
-def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **overrides) -> None:
-    """Train a model and write its checkpoint trajectory to one HDF5 file."""
-    from groklens.trainers import loop
+def train(preset_name, config_file, out, force, resume_path, quiet, as_json, threads, log_to, **overrides) -> None:
+    """Train a model and write its checkpoint trajectory to one HDF5 file.
 
+    Every config field below is a flag and a YAML key (--config); the defaults are Nanda et al.'s
+    canonical p=113 run."""
+    from groklens.threads import apply_threads
+
+    choice = apply_threads(threads, quiet=True)  # before torch loads; the note once training starts
+    from groklens.trainers import loop, loggers
+
+    specs = loggers.check_specs(log_to)
     if resume_path is not None:
         if force:
             raise BadInput("--resume continues a run and --force starts one afresh; give one of them")
@@ -96,12 +113,14 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
                               [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out)) if v])
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
-        result = loop.resume(resume_path, progress=not quiet)
+        target, cfg = Path(resume_path), None
     else:
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
-        result = loop.train(cfg, out, force=force, progress=not quiet)
+        target = Path(out)
+    note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
+    result = _train_or_resume(loop, loggers, specs, cfg, target, force, not quiet, note)
     from groklens.analyses.grokking import censored_text
     from groklens.checkpoints import Trajectory
 
@@ -117,6 +136,53 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
             f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g})"
         )
+
+
+def _train_or_resume(loop, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None):
+    """loop.train (cfg given) or loop.resume, with the --log loggers fed each evaluation row and
+    the busy-machine note said once training starts; Ctrl-C says how to continue."""
+    from groklens.checkpoints import Trajectory
+
+    opened: list = []
+
+    def first_row() -> None:
+        if note:
+            from tqdm.auto import tqdm
+
+            tqdm.write(note, file=sys.stderr)  # above the progress bar, not through it
+        if specs:
+            config = cfg.to_dict() if cfg is not None else Trajectory(target).config_dict
+            opened.append(loggers.open_loggers(specs, target, config))
+
+    def on_eval(row: dict) -> None:
+        if first:
+            first.pop()()
+        for item in opened:
+            item.log(row)
+
+    first = [first_row]
+    try:
+        if cfg is None:
+            return loop.resume(target, progress=progress, on_eval=on_eval)
+        return loop.train(cfg, target, force=force, progress=progress, on_eval=on_eval)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_resume_hint(target)) from None
+    finally:
+        for item in opened:
+            item.close()
+
+
+def _resume_hint(path: Path) -> str:
+    """What Ctrl-C of `train` leaves, and the command that continues it."""
+    from groklens.checkpoints import Trajectory
+
+    try:
+        steps = Trajectory(path).steps
+    except (GroklensError, OSError):
+        steps = []
+    if not len(steps):
+        return f"no checkpoint was committed to {path}; train again to start over"
+    return f"{path} is kept up to step {int(steps[-1])}; `groklens train --resume {path}` continues it"
 
 
 @cli.command()
@@ -442,8 +508,9 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
-        click.echo("groklens: interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
+        hint = str(exc) if isinstance(exc, KeyboardInterrupt) else ""
+        click.echo("groklens: interrupted" + (f"; {hint}" if hint else ""), err=True)
         code = 130
     except (click.ClickException, GroklensError) as exc:  # usage errors (unknown option, ...) and ours
         if debug:
