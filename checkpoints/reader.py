@@ -389,6 +389,13 @@ class Trajectory:
                 raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(g)})")
             return g[name][:n]
 
+    def to_pandas(self, analysis: str | None = None):
+        """A pandas DataFrame: the metrics (one row per evaluation), or with `analysis` a stored
+        analysis ('fourier', ...; 'all': every one) by checkpoint step (analyses/tables.py)."""
+        from groklens.analyses.tables import to_pandas
+
+        return to_pandas(self, analysis)
+
     def model(self, step: int, device: str = "cpu"):
         """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""
         from groklens.trainers.models import build_model

@@ -69,6 +69,13 @@ def _which_checkpoints(func):
     return click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")(func)
 
 
+def _threads() -> None:
+    """The thread rule of groklens/threads.py for a command that computes (silent; train says more)."""
+    from groklens.threads import apply_threads
+
+    apply_threads(None, quiet=True)
+
+
 # ---------------------------------------------------------------------- the group
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="groklens")
@@ -223,6 +230,7 @@ def info(run: str, as_json: bool) -> None:
               help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
 def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+    _threads()
     from groklens.analyses.runner import analyze_run, format_results
 
     results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
@@ -249,6 +257,7 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
 def probe(run, site, target, position, frequencies, split, train_frac, every, steps, recompute, quiet, as_json,
           copy) -> None:
     """Linear probe of TARGET from a hook site at the checkpoints of RUN.h5 (held-out accuracy or R^2)."""
+    _threads()
     from groklens.analyses.runner import format_results, probe_run
 
     pos = int(position) if position is not None and position.lstrip("-").isdigit() else position
@@ -392,6 +401,7 @@ _GROUP_BY_HELP = ("'run': one row per run; 'variant': one row per group of runs 
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quiet) -> None:
     """Compare RUN.h5 files: memorization and grokking steps, gap, speed-up, stored analyses."""
+    _threads()
     from groklens.analyses.compare import compare
 
     result = compare(runs, baseline=baseline, group_by=group_by, threshold=threshold, analyze=analyze,
@@ -422,21 +432,37 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="Checkpoint step(s) of the Fourier spectrum and neuron-cluster figures (repeatable, or "
                    "comma-separated; default: start, memorization, grokking, end).")
 @_refused("--checkpoint", "was renamed --checkpoints (checkpoint steps, as in analyze)")
+@click.option("--figures", default=None, metavar="NAME[,NAME...]",
+              help="Only these figures (e.g. curves,fourier_fve,progress_measures; docs/CLI.md lists the names).")
+@click.option("--style", type=click.Choice(["screen", "paper"]), default="screen", show_default=True,
+              help="paper: each figure --width inches wide, its text at --font-size points, 300 dpi, "
+                   "TrueType fonts in PDF.")
+@click.option("--width", "width_in", type=float, default=None, metavar="IN",
+              help="With --style paper: figure width in inches (default 5.5, a one-column paper's text width).")
+@click.option("--font-size", "font_pt", type=float, default=None, metavar="PT",
+              help="With --style paper: text size in points (default 8).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, quiet,
-           as_json) -> None:
+def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
+           style, width_in, font_pt, quiet, as_json) -> None:
     """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
+    _threads()
     from groklens.analyses.report import build_report
     from groklens.analyses.runner import parse_steps
 
+    opts = {k: v for k, v in (("width_in", width_in), ("font_pt", font_pt)) if v is not None}
+    if opts and style != "paper":
+        raise BadInput("--width and --font-size size the figures of --style paper; give --style paper too")
     result = build_report(runs, out_dir, fmt=fmt, baseline=baseline, group_by=group_by, threshold=threshold,
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
-                          progress=not quiet, params=params)
+                          progress=not quiet, params=params, style=style, style_opts=opts, figures=figures)
     if as_json:
         click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
-                               "missing": [{"figure": t, "why": w} for t, w in result.missing]}))
+                               "missing": [{"figure": t, "why": w} for t, w in result.missing],
+                               "notes": result.notes}))
         return
+    for note in result.notes:  # the analyses' notes (skipped analyses, eps warnings), after the progress bar
+        click.echo(f"groklens: {note}", err=True)
     for title, why in result.missing:
         click.echo(f"missing  {title}: {why}")
     click.echo(f"wrote {len(result.figures)} figure file(s) and {result.index}")
@@ -463,6 +489,7 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
+    _threads()
     from groklens import experiments as E
 
     if list_:
@@ -494,6 +521,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def demo(out_dir, scale, force, workers, quiet) -> None:
     """Train standard, bounded-sphere, uniform-attention and activation-norm models; compare; report."""
+    _threads()
     from groklens.experiments.demo import run_demo
 
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
