@@ -116,7 +116,7 @@ def format_table(comp: Comparison) -> str:
             "step) and at the last checkpoint (— = no value there, reasons below; n/a = never reached; (k/n) = k "
             "of the n seeds have it)", WIDTH)
         lines += text_table(head, body)
-        lines += dash_reasons(comp)
+        lines += [w for r in dash_reasons(comp) for w in textwrap.wrap(r, WIDTH, subsequent_indent="    ")]
         if any(EPS_MARK in c for r in body for c in r):
             lines += textwrap.wrap(EPS_NOTE, WIDTH)
     lines += missing_hint(comp)

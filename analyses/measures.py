@@ -129,7 +129,10 @@ def read_measures(run) -> None:
 
 def eps_key(value_key: str, keys: Sequence[str]) -> str | None:
     """The stored flag saying whether `value_key` is set by a scale-invariant norm's eps
-    (radial: eps_dependent@SITE, sharpness: eps_dependent); None when the analysis has none."""
+    (radial: eps_dependent@SITE, sharpness: eps_dependent); None when the analysis has none, and
+    for rho's isotropic baseline 1/d, which no eps sets."""
+    if value_key.startswith("rho_baseline"):
+        return None
     site = value_key.partition("@")[2]
     for k in ([f"eps_dependent@{site}"] if site else []) + ["eps_dependent"]:
         if k in keys:

@@ -171,8 +171,9 @@ def _staging(out: Path):
 
 STYLES = ("screen", "paper")
 PAPER = {"width_in": 5.5, "font_pt": 8.0, "dpi": 300}  # a one-column paper's text width (NeurIPS / ICML: 5.5 in)
-# TrueType fonts in PDF / PS (what publishers ask for), margins trimmed
-PAPER_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "savefig.bbox": "tight", "savefig.pad_inches": 0.02}
+# TrueType fonts in PDF / PS (what publishers ask for); the figure keeps its exact width (its
+# layout is matplotlib's constrained one, which fits the margins)
+PAPER_RC = {"pdf.fonttype": 42, "ps.fonttype": 42}
 
 
 def paper_figure(fig, width_in: float = PAPER["width_in"], font_pt: float = PAPER["font_pt"]) -> None:

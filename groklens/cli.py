@@ -537,7 +537,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
-        hint = str(exc) if isinstance(exc, KeyboardInterrupt) else ""
+        cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc  # click wraps the interrupt
+        hint = str(cause) if isinstance(cause, KeyboardInterrupt) else ""
         click.echo("groklens: interrupted" + (f"; {hint}" if hint else ""), err=True)
         code = 130
     except (click.ClickException, GroklensError) as exc:  # usage errors (unknown option, ...) and ours

@@ -57,7 +57,7 @@ class RunConfig:
     n_heads: int = 4  # attention heads per layer
     d_head: int = 32  # width of each head
     d_mlp: int = 512  # MLP hidden width
-    act_fn: str = "relu"  # MLP activation
+    act_fn: str = "relu"  # activation function of the MLP neurons
     norm: str = "none"  # none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)
     # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
     # baselines, a norm after the embedding and after every residual sum, no final norm
