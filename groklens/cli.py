@@ -66,7 +66,8 @@ def _which_checkpoints(func):
                                "training steps)")(func)
     func = click.option("--checkpoints", "steps", multiple=True, metavar="S",
                         help="Checkpoint step(s) (repeatable, or comma-separated).")(func)
-    return click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")(func)
+    return click.option("--every", type=int, default=None,
+                        help="Every K-th checkpoint (by index), plus the last and the memorization / grokking ones.")(func)
 
 
 def _threads() -> None:

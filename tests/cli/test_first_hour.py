@@ -37,7 +37,9 @@ def test_ctrl_c_says_what_is_kept_and_the_exact_resume_command(tmp_path):
     cfg = tiny_config(steps=4000, checkpoint_every=10, eval_every=5, p=13)
     proc = subprocess.Popen([sys.executable, "-m", "groklens", "train", "-q", "--out", str(path), *config_flags(cfg)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # a shell's background job ignores SIGINT, and its children inherit that: undo it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while _committed(path) < 3:
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
