@@ -78,10 +78,10 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     if out.exists() and out.is_dir():
         raise BadInput(f"{out} is a directory; give a file path for --out")
     exists = out.exists() or out.is_symlink()
-    if exists and writer_alive(out):
-        raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
     if exists and not force and not died_before_first_checkpoint(out):
         raise BadInput(f"{out} already exists; use --force to overwrite it or --resume to continue it")
+    if exists and writer_alive(out):
+        raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
     if not out.parent.exists():
         raise BadInput(f"directory {out.parent} does not exist")
     device = resolve_device(cfg.device)  # fail on a missing GPU before touching any file
