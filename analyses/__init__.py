@@ -17,6 +17,12 @@ grokking and probing; `runner` runs them along trajectories, `store` keeps the s
 Submodules are imported on first use, so `import groklens.analyses` stays light.
 """
 
+import groklens as _top
+
+if getattr(_top, "__file__", None) is None:  # a folder named groklens (the clone) shadows the installed package
+    raise ImportError(f"the folder {list(_top.__path__)[0]} shadows the installed groklens: Python found it first "
+                      "(the current directory or the script's); run from another directory, or rename the clone "
+                      "(README, 'Importing groklens')")
 
 def compute(trajectory, name: str, **kwargs):
     """Analysis `name` along `trajectory` (a Trajectory or a path); see runner.compute."""

@@ -93,6 +93,7 @@ class RunSummary(PhaseTimes):
     value_keys: dict[str, str] = field(default_factory=dict)  # measure -> stored value name used
     analysis_state: dict[str, str] = field(default_factory=dict)  # analysis -> what the sidecar holds
     stored: dict[str, Any] = field(default_factory=dict)  # analysis -> store.Stored (for figures)
+    eps_dependent: dict[str, set] = field(default_factory=dict)  # measure -> phases whose value a norm's eps sets
 
     @property
     def name(self) -> str:
@@ -314,7 +315,8 @@ class Comparison:
                     have = [v for v in vals if v is not None]
                     mean, std = mean_std(have)
                     per_phase[ph] = {"mean": mean, "std": std, "n": len(have), "values": vals,
-                                     "missing": _missing_reason(g.runs, m, ph)}
+                                     "missing": _missing_reason(g.runs, m, ph),
+                                     "eps_dependent": any(ph in r.eps_dependent.get(m.key, ()) for r in g.runs)}
                 row["analyses"][m.key] = per_phase
             out.append(row)
         return out
@@ -333,6 +335,7 @@ class Comparison:
             "speedup_method": SPEEDUP_METHOD,
             "measures": {m.key: {"analysis": m.analysis, "value": m.value, "label": m.label} for m in MEASURES},
             "rows": _plain(self.rows()),
+            "table": _plain(compare_format.table_records(self)),  # the CSV's rows: pandas.DataFrame(data["table"])
             "notes": self.notes,
         }
 
@@ -351,6 +354,12 @@ class Comparison:
 
     def to_csv(self) -> str:
         return compare_format.to_csv(self)
+
+    def to_pandas(self):
+        """The CSV's table as a pandas DataFrame (numbers unrounded); pandas is an optional extra."""
+        from groklens.analyses.tables import comparison_frame
+
+        return comparison_frame(self)
 
     def format(self, fmt: str) -> str:
         if fmt == "table":
@@ -409,6 +418,7 @@ def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = 
     for r in runs:
         r.stored.clear()
         r.analysis_state.clear()
+        r.eps_dependent.clear()
         read_measures(r)
     return notes
 

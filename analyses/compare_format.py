@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from groklens.analyses.measures import MEASURES, Measure
@@ -42,8 +43,47 @@ def analysis_cells(comp: Comparison) -> tuple[list[str], list[list[str]]]:
             name = g.runs[0].name
             label = g.label if comp.grouped or g.label == name else f"{g.label} ({name})"
             body.append([m.label if i == 0 else "", label]
-                        + [fmt_measure(row["analyses"][m.key][ph]) for ph in PHASES])
+                        + [fmt_measure(row["analyses"][m.key][ph]) + (EPS_MARK if row["analyses"][m.key][ph].get(
+                            "eps_dependent") and row["analyses"][m.key][ph]["mean"] is not None else "")
+                           for ph in PHASES])
     return head, body
+
+
+EPS_MARK = " †"
+EPS_NOTE = ("† = set by a scale-invariant norm's eps, not by the loss's geometry (eps_dependent = 1; "
+            "docs/ANALYSES.md, 'Where radial and sharpness mean something')")
+NEVER = ("never grokked", "never memorized")
+
+
+def dash_reasons(comp: Comparison, limit: int = 12) -> list[str]:
+    """Why each `—` of the analyses table is empty: one line per row, phase and reason (the
+    measures named when not all of the row's are), at most `limit` lines."""
+    present = comp.measures_present()
+    reasons: dict[tuple[str, str, str], list[str]] = {}
+    for g, row in zip(comp.groups, comp.rows()):
+        name = g.runs[0].name
+        label = g.label if comp.grouped or g.label == name else f"{g.label} ({name})"
+        for m in present:
+            for ph in PHASES:
+                cell = row["analyses"][m.key][ph]
+                if cell["mean"] is None and cell["missing"] not in NEVER:
+                    reasons.setdefault((label, ph, _dash_why(cell["missing"], m)), []).append(m.key)
+    lines = []
+    for (label, ph, why), keys in reasons.items():
+        which = "" if len(keys) == len(present) else f" ({', '.join(keys)})"
+        lines.append(f"— {label} at {ph}{which}: {why}")
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"— ... and {len(lines) - limit} more (`--format json`: each cell's \"missing\")"]
+    return lines
+
+
+def _dash_why(missing: str | None, m: Measure) -> str:
+    if missing == "not stored":
+        return f"analysis '{m.analysis}' not stored for this run (`groklens compare --analyze` computes it)"
+    if missing == "not stored at this checkpoint":
+        return (f"'{m.analysis}' not stored at that checkpoint (`groklens compare --analyze` computes it there; "
+                "`analyze --every` and `report --every` include the phase checkpoints)")
+    return missing or "not stored"
 
 
 def missing_measures(comp: Comparison) -> list[tuple[Measure, str]]:
@@ -71,27 +111,58 @@ def format_table(comp: Comparison) -> str:
     head, body = analysis_cells(comp)
     if body:
         lines.append("")
-        lines.append("stored analyses at memorization / grokking (a checkpoint less than one evaluation "
-                     "interval from the step) and at the last checkpoint (— = no such checkpoint or not "
-                     "stored there, reasons below; n/a = never reached; (k/n) = k of the n seeds have it)")
+        lines += textwrap.wrap(
+            "stored analyses at memorization / grokking (a checkpoint less than one evaluation interval from the "
+            "step) and at the last checkpoint (— = no value there, reasons below; n/a = never reached; (k/n) = k "
+            "of the n seeds have it)", WIDTH)
         lines += text_table(head, body)
-    far = sorted({f"{r.name}: {note}" for g in comp.groups for r in g.runs for ph, note in r.phase_notes.items()
-                  if not note.startswith("never")})
-    if far and body:
-        lines += [f"no phase value: {n}" for n in far]
-    missing = missing_measures(comp)
-    if missing:
-        lines.append("")
-        metric = " ".join(f"--metric {n}" for n in dict.fromkeys(m.analysis for m, _ in missing))
-        lines.append("missing: " + "; ".join(f"{m.label} ({why})" for m, why in missing)
-                     + f" — `groklens compare --analyze {metric}` (or `groklens analyze RUN.h5 {metric}`) computes them")
+        lines += [w for r in dash_reasons(comp) for w in textwrap.wrap(r, WIDTH, subsequent_indent="    ")]
+        if any(EPS_MARK in c for r in body for c in r):
+            lines += textwrap.wrap(EPS_NOTE, WIDTH)
+    lines += missing_hint(comp)
     lines += [f"note: {n}" for n in comp.notes]
     return "\n".join(lines)
+
+
+WIDTH = 100
+
+
+def missing_hint(comp: Comparison) -> list[str]:
+    """Measures no run has, by analysis, and the command that computes them: a few short lines."""
+    missing = missing_measures(comp)
+    if not missing:
+        return []
+    by: dict[str, list[str]] = {}
+    why_of: dict[str, str] = {}
+    for m, why in missing:
+        by.setdefault(m.analysis, []).append(m.key)
+        why_of[m.analysis] = "not stored" if "not stored for any run" in why else "not at these checkpoints"
+    text = "; ".join(f"{a} ({', '.join(keys)}): {why_of[a]}" for a, keys in by.items())
+    metric = " ".join(f"--metric {a}" for a in by)
+    return ["", *textwrap.wrap(f"missing: {text}", WIDTH, subsequent_indent="  "),
+            *textwrap.wrap(f"`groklens compare --analyze {metric}` computes them (or `groklens analyze RUN.h5 "
+                           f"{metric}`)", WIDTH, initial_indent="  ", subsequent_indent="  ")]
 
 
 def to_csv(comp: Comparison) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    head, rows = table_rows(comp)
+    w.writerow(head)
+    for cells in rows:
+        w.writerow([_c(c) for c in cells])
+    return buf.getvalue()
+
+
+def table_records(comp: Comparison) -> list[dict[str, Any]]:
+    """The CSV's rows as records (column -> value; None where the CSV has an empty cell): what
+    `compare --format json` gives as "table" and `Comparison.to_pandas()` as a DataFrame."""
+    head, rows = table_rows(comp)
+    return [{h: (None if c == "" else c) for h, c in zip(head, cells)} for cells in rows]
+
+
+def table_rows(comp: Comparison) -> tuple[list[str], list[list[Any]]]:
+    """(head, rows) of the flat table: one row per table row, numbers unformatted."""
     head = ["variant", "n", "runs", "seeds", "memorization_step_mean", "memorization_step_std",
             "memorization_censored", "grokking_step_mean", "grokking_step_std", "grokking_censored",
             "grokking_steps", "gap_mean", "gap_std", "gap_lower_bound"]
@@ -100,23 +171,23 @@ def to_csv(comp: Comparison) -> str:
     for m in MEASURES:
         for ph in PHASES:
             head += [f"{m.key}@{ph}_mean", f"{m.key}@{ph}_std", f"{m.key}@{ph}_n"]
-    w.writerow(head)
+    out = []
     for g, row in zip(comp.groups, comp.rows()):
         ms, gs, gp = row["memorization_step"], row["grokking_step"], row["gap"]
         grok_list = ";".join(str(s) if s is not None else f">{c}" for s, c in zip(gs["values"], gs["censored_at"]))
         cells = [g.label, g.n, ";".join(row["runs"]), ";".join(map(str, row["seeds"])),
-                 _c(ms["mean"]), _c(ms["std"]), ms["censored"], _c(gs["mean"]), _c(gs["std"]), gs["censored"],
-                 grok_list, _c(gp["mean"]), _c(gp["std"]), int(gp["lower_bound"])]
+                 ms["mean"], ms["std"], ms["censored"], gs["mean"], gs["std"], gs["censored"],
+                 grok_list, gp["mean"], gp["std"], int(gp["lower_bound"])]
         if comp.baseline is not None:
             sp = row["speedup"]
             ci = sp["ci"] or [None, None]
-            cells += [_c(sp["value"]), _c(ci[0]), _c(ci[1]), sp["bound"] or "", sp["ci_note"] or ""]
+            cells += [sp["value"], ci[0], ci[1], sp["bound"] or "", sp["ci_note"] or ""]
         for m in MEASURES:
             for ph in PHASES:
                 a = row["analyses"][m.key][ph]
-                cells += [_c(a["mean"]), _c(a["std"]), a["n"]]
-        w.writerow(cells)
-    return buf.getvalue()
+                cells += [a["mean"], a["std"], a["n"]]
+        out.append(cells)
+    return head, out
 
 
 def _c(x: Any) -> Any:

@@ -17,6 +17,8 @@ caller (`groklens.analyses.report`). They never touch pyplot's global state: fig
 
 from __future__ import annotations
 
+import textwrap
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -376,7 +378,8 @@ def progress_measures(panels: Sequence[ProgressPanel], *, ax=None) -> Figure:
                 a.axvspan(lo, hi, color=c, alpha=0.6, lw=0, label=name if a is top else None)
             a.grid(alpha=0.25, lw=0.4)
         top.set_ylabel("loss (log)")
-        top.set_title(f"{p.label}\n{p.key_text}", fontsize=8)
+        # a long key-set note wrapped to its column, so neighbouring titles never run into each other
+        top.set_title(p.label + "\n" + textwrap.fill(p.key_text, 60), fontsize=8)
         bottom.set_xlabel("step")
         top.legend(fontsize=7, loc="upper right", frameon=False)
     return fig

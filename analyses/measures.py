@@ -45,13 +45,14 @@ MEASURES: tuple[Measure, ...] = (
 ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 
 
-def stored_analysis(run_path: Path, config: dict, name: str):
-    """The stored results of analysis `name` for this run: the default parameter set when it is
-    stored, else the most recently updated one; only results of this run's config. None if none."""
+def stored_analysis(run_path: Path, config: dict, name: str, copy: int = 0):
+    """The stored results of analysis `name` for this run (copy `copy` of a routed run): the
+    default parameter set when it is stored, else the most recently updated one; only results of
+    this run's config. None if none."""
     from groklens.analyses.registry import canonical_params, get, params_json
     from groklens.analyses.store import Sidecar, config_sha, variant_id
 
-    sidecar = Sidecar(run_path)
+    sidecar = Sidecar(run_path, copy)
     sha = config_sha(json.dumps(config, sort_keys=True))
     variants = [(v, a) for v, a in sidecar.variants(name) if _text(a.get("run_config_sha256")) == sha]
     if not variants:
@@ -117,7 +118,23 @@ def read_measures(run) -> None:
             continue
         run.value_keys[m.key] = key
         where = {s: i for i, s in enumerate(stored.steps)}
+        flag = eps_key(key, list(stored.values))
         for ph in PHASES:
             s = run.phase_steps[ph]
             if s is not None and s in where:
                 run.values[m.key][ph] = reduce_value(stored.values[key][where[s]], m.reduce)
+                if flag is not None and np.any(np.asarray(stored.values[flag][where[s]]) == 1):
+                    run.eps_dependent.setdefault(m.key, set()).add(ph)
+
+
+def eps_key(value_key: str, keys: Sequence[str]) -> str | None:
+    """The stored flag saying whether `value_key` is set by a scale-invariant norm's eps
+    (radial: eps_dependent@SITE, sharpness: eps_dependent); None when the analysis has none, and
+    for rho's isotropic baseline 1/d, which no eps sets."""
+    if value_key.startswith("rho_baseline"):
+        return None
+    site = value_key.partition("@")[2]
+    for k in ([f"eps_dependent@{site}"] if site else []) + ["eps_dependent"]:
+        if k in keys:
+            return k
+    return None

@@ -83,9 +83,17 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
     head, body = comp.analysis_cells()
     if body:
         parts.append("<h3>Stored analyses at memorization, grokking and the end</h3>")
-        parts.append('<p class="note">At the checkpoint nearest each event; — = not stored at that checkpoint; '
-                     "n/a = the event never happened. Groups: mean ± std over seeds.</p>")
+        parts.append('<p class="note">At memorization and grokking: the checkpoint less than one evaluation '
+                     "interval (eval_every) from the event's step (the trainer writes one there); at the end: the "
+                     "last checkpoint. — = no value there (reasons below the table); n/a = the event never "
+                     "happened. Groups: mean ± std over seeds.</p>")
         parts.append(_table(head, body, "analyses"))
+        from groklens.analyses.compare_format import EPS_MARK, EPS_NOTE, dash_reasons
+
+        notes_below = dash_reasons(comp) + ([EPS_NOTE] if any(EPS_MARK in c for r in body for c in r) else [])
+        if notes_below:
+            parts.append('<ul class="note" id="analyses-notes">' + "".join(f"<li>{e(n)}</li>" for n in notes_below)
+                         + "</ul>")
     parts.append("<h3>Runs</h3><ul>")
     for g in comp.groups:
         for r in g.runs:
@@ -140,21 +148,61 @@ def _staging(out: Path):
     return staged_outputs(out)
 
 
-def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str):
+STYLES = ("screen", "paper")
+PAPER = {"width_in": 5.5, "font_pt": 8.0, "dpi": 300}  # a one-column paper's text width (NeurIPS / ICML: 5.5 in)
+# TrueType fonts in PDF / PS (what publishers ask for); the figure keeps its exact width (its
+# layout is matplotlib's constrained one, which fits the margins)
+PAPER_RC = {"pdf.fonttype": 42, "ps.fonttype": 42}
+
+
+def paper_figure(fig, width_in: float = PAPER["width_in"], font_pt: float = PAPER["font_pt"]) -> None:
+    """A report figure made for a paper: `width_in` wide (the height scaled alike) and its text at
+    `font_pt` (titles and labels keep their relative sizes: the figures' own 8 pt becomes font_pt)."""
+    import matplotlib.text
+
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(width_in, h * width_in / w)
+    for text in fig.findobj(matplotlib.text.Text):
+        text.set_fontsize(text.get_fontsize() * font_pt / 8.0)
+
+
+def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str, style: str = "screen",
+                   style_opts: dict | None = None):
+    import matplotlib
+
     written: list[Path] = []
     shown: list[tuple[FigureSpec, str, str | None]] = []
-    for spec in specs:
-        main = stage / f"fig_{spec.name}.{fmt}"
-        spec.figure.savefig(main, dpi=DPI, format=fmt)
-        written.append(main)
-        if fmt == "pdf":
-            preview = stage / f"fig_{spec.name}.png"
-            spec.figure.savefig(preview, dpi=DPI, format="png")
-            written.append(preview)
-            shown.append((spec, preview.name, main.name))
-        else:
-            shown.append((spec, main.name, None))
+    opts = {**PAPER, **(style_opts or {})}
+    dpi = opts["dpi"] if style == "paper" else DPI
+    with matplotlib.rc_context(PAPER_RC if style == "paper" else {}):
+        for spec in specs:
+            if style == "paper":
+                paper_figure(spec.figure, opts["width_in"], opts["font_pt"])
+            main = stage / f"fig_{spec.name}.{fmt}"
+            spec.figure.savefig(main, dpi=dpi, format=fmt)
+            written.append(main)
+            if fmt == "pdf":
+                preview = stage / f"fig_{spec.name}.png"
+                spec.figure.savefig(preview, dpi=DPI, format="png")
+                written.append(preview)
+                shown.append((spec, preview.name, main.name))
+            else:
+                shown.append((spec, main.name, None))
     return written, shown
+
+
+def parse_figures(names: str | Sequence[str] | None) -> list[str] | None:
+    """--figures NAME,...: known figure names (fig_ prefix allowed), BadInput for others."""
+    from groklens.analyses.report_figures import FIGURE_NAMES
+
+    if names is None:
+        return None
+    items = [names] if isinstance(names, str) else list(names)
+    out = [x.strip().removeprefix("fig_") for item in items for x in str(item).split(",") if x.strip()]
+    unknown = [n for n in out if n not in FIGURE_NAMES]
+    if unknown or not out:
+        raise BadInput(f"--figures takes figure names ({', '.join(FIGURE_NAMES)}); got {unknown[0] if unknown else 'none'!r}")
+    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------------- entry point
@@ -181,10 +229,19 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
                  baseline: str | Path | None = None, group_by: str | Sequence[str] | None = "variant",
                  threshold: float = 0.95, analyze: bool = False, metrics: Sequence[str] | None = None,
                  every: int | None = None, steps: Sequence[int] | None = None, progress: bool = False,
-                 comparison: Comparison | None = None, params: Sequence[str] = ()) -> ReportResult:
-    """Write the figures, comparison.csv/json and index.html into out_dir (see the module docstring)."""
+                 comparison: Comparison | None = None, params: Sequence[str] = (), style: str = "screen",
+                 style_opts: dict | None = None, figures: str | Sequence[str] | None = None) -> ReportResult:
+    """Write the figures, comparison.csv/json and index.html into out_dir (see the module docstring).
+    `style` 'paper': figures `style_opts['width_in']` wide with `font_pt` text (paper_figure);
+    `figures`: only these figures (FIGURE_NAMES)."""
     if fmt not in FORMATS:
         raise BadInput(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if style not in STYLES:
+        raise BadInput(f"--style must be one of {', '.join(STYLES)}; got {style!r}")
+    for key, value in (style_opts or {}).items():
+        if key not in PAPER or not isinstance(value, (int, float)) or not 0 < value < 1000:
+            raise BadInput(f"--{key.replace('_', '-')} must be a positive number; got {value!r}")
+    wanted = parse_figures(figures)
     if not str(out_dir).strip():
         raise BadInput("--out is empty; give the report's directory")
     out = Path(out_dir)
@@ -210,11 +267,16 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
         specs, missing = make_figures(comp, steps)
     else:  # every axis is a log step axis: a run that has just started has nothing to draw yet
         specs, missing = [], [("every figure", "no run has an evaluation after step 0 yet")]
+    if wanted is not None:  # --figures: only these, and only their missing entries
+        from groklens.analyses.report_figures import MISSING_NAMES
+
+        specs = [sp for sp in specs if sp.name in wanted]
+        missing = [(t, w) for t, w in missing if t == "every figure" or set(MISSING_NAMES.get(t, ())) & set(wanted)]
     names = [f"fig_{spec.name}.{fmt}" for spec in specs] + ([f"fig_{spec.name}.png" for spec in specs]
                                                              if fmt == "pdf" else [])
     _check_targets(out, names, inputs)
     with _staging(out) as stage:
-        written, shown = _write_figures(specs, stage, fmt)
+        written, shown = _write_figures(specs, stage, fmt, style, style_opts)
         (stage / "comparison.csv").write_text(comp.to_csv())
         (stage / "comparison.json").write_text(json.dumps(comp.to_json(), indent=1))
         (stage / "index.html").write_text(render_html(comp, shown, missing, notes))

@@ -17,6 +17,18 @@ from groklens.analyses import figures as F
 from groklens.analyses.compare import Comparison, Group, RunSummary, fmt_number, measure_key
 
 DPI = 110
+# every figure a report can make (fig_<name>.<format>), in page order
+FIGURE_NAMES = ("curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "progress_measures",
+                "attention", "attention_patterns", "hessian", "llc", "effective_rank", "radial")
+# the figures each "Missing figures" title stands for
+MISSING_NAMES = {
+    "Fourier-circuit FVE against step": ("fourier_fve",), "Embedding Fourier spectrum": ("fourier_spectrum",),
+    "Neuron-frequency clusters": ("neuron_clusters",),
+    "Progress measures (Nanda et al.): losses and weight norm against step": ("progress_measures",),
+    "Attention at the readout position": ("attention", "attention_patterns"),
+    "Hessian top eigenvalue and trace": ("hessian",), "Local learning coefficient over time": ("llc",),
+    "Effective rank over time": ("effective_rank",), "Radius and rho": ("radial",),
+}
 
 
 @dataclass
@@ -181,7 +193,11 @@ def chosen_checkpoints(run: RunSummary, stored_steps: Sequence[int], steps: Sequ
         if s in seen:
             continue
         seen.add(s)
-        out.append((s, f"step {s} ({label})" if not label.startswith("step") else f"step {s}"))
+        if label.startswith("step"):
+            out.append((s, f"step {s}" if s == target else f"step {s} (nearest {target})"))
+        else:  # the event's own step when the nearest stored checkpoint is not at it
+            out.append((s, f"step {s} ({label})" if s == target or label in ("start", "end")
+                        else f"step {s} ({label} at {target})"))
     return out
 
 

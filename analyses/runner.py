@@ -390,6 +390,8 @@ def _analyze_one(task: dict[str, Any]) -> list[str]:
         # 245 s with 2 workers, 211 s with 1, 77 s with the 2 workers at one thread each)
         torch.set_num_threads(1)
         threadpool_limits(1)
+    from groklens.analyses.radial import EpsDependenceWarning
+
     traj = Trajectory(task["path"])
     notes: list[str] = []
     for spec, requests in task["groups"].items():
@@ -397,9 +399,11 @@ def _analyze_one(task: dict[str, Any]) -> list[str]:
         if not steps:
             continue
         skipped: list[str] = []
-        compute_many(traj, requests, steps=steps, progress=task["progress"],
-                     notes=skipped if task["skip"] else None)
-        notes += [f"{Path(task['path']).name}: {n}" for n in skipped]
+        with warnings.catch_warnings():  # said once below, from the stored flags, not per checkpoint
+            warnings.simplefilter("ignore", EpsDependenceWarning)
+            results = compute_many(traj, requests, steps=steps, progress=task["progress"],
+                                   notes=skipped if task["skip"] else None)
+        notes += [f"{Path(task['path']).name}: {n}" for n in skipped + eps_notes(results)]
     return notes
 
 
@@ -453,13 +457,24 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
 
     from groklens.analyses.radial import EpsDependenceWarning
 
+    traj = Trajectory(run, copy=copy)
+    steps, every = with_phases(traj, parse_steps(steps), every)
     with warnings.catch_warnings():  # said once per analysis below, from the stored flags
         warnings.simplefilter("ignore", EpsDependenceWarning)
-        results = compute_many(Trajectory(run, copy=copy), [(m, parsed.get(m, {})) for m in chosen],
-                               steps=parse_steps(steps), every=every,
+        results = compute_many(traj, [(m, parsed.get(m, {})) for m in chosen], steps=steps, every=every,
                                recompute=recompute, progress=progress, notes=None if asked else notes)
-    notes += eps_notes(results) + key_notes(results, Trajectory(run, copy=copy).config_dict.get("p"))
+    notes += eps_notes(results) + key_notes(results, traj.config_dict.get("p"))
     return {name: r.to_json() for name, r in results.items()}, notes
+
+
+def with_phases(traj, steps: list[int] | None, every: int | None) -> tuple[list[int] | None, int | None]:
+    """(steps, every) for compute_many: `--every K` means every K-th checkpoint, the last and the
+    phase checkpoints (memorization, grokking: analyses/phases.py), so that compare and report
+    find values there; explicit --checkpoints stay as given."""
+    if every is None or steps is not None:
+        return steps, every
+    select_steps(traj.steps, every=every)  # BadInput for a bad --every or a run without checkpoints
+    return choose_checkpoints(traj, f"every:{every}+phases"), None
 
 
 def key_notes(results: dict[str, AnalysisResult], p: int | None) -> list[str]:
@@ -492,7 +507,9 @@ def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] |
     from groklens.checkpoints import Trajectory
 
     params = {k: v for k, v in params.items() if v is not None}
-    result = compute(Trajectory(run, copy=copy), "probe", steps=parse_steps(steps), every=every, recompute=recompute, progress=progress,
+    traj = Trajectory(run, copy=copy)
+    steps, every = with_phases(traj, parse_steps(steps), every)
+    result = compute(traj, "probe", steps=steps, every=every, recompute=recompute, progress=progress,
                      site=site, target=target, **params)
     return {"probe": result.to_json()}
 

@@ -44,6 +44,7 @@ DEFAULT_VARS = ("width", "train_frac", "lr", "weight_decay")
 WIDTH_FIELDS = {"transformer": "d_mlp", "mlp": "d_mlp"}
 RESULT_JSON = "scaling-law.json"
 RESULT_FIGURE = "scaling-law.png"
+MIN_LEVELS = 3  # fewer distinct values of a variable: the fit is said to be weak (a warning)
 
 
 @dataclass
@@ -266,11 +267,16 @@ def fit_scaling_law(records: Sequence[GrokRecord], variables: Sequence[str], *, 
     if not usable:
         raise BadInput(f"none of the {len(records)} runs can be fitted: {len(nonpositive)} have a variable <= 0 "
                        f"(no logarithm), {len(at_zero)} reached the threshold at step 0")
+    warnings = []
     for v in variables:
         distinct = {r.values[v] for r in usable}
         if len(distinct) < 2:
             raise BadInput(f"scaling variable {v!r} takes one value ({next(iter(distinct), 'none')}) over the "
                            "usable runs; drop it from --vars")
+        if len(distinct) < MIN_LEVELS:
+            warnings.append(f"{v} has only {len(distinct)} levels ({', '.join(f'{x:g}' for x in sorted(distinct))}) "
+                            f"over the fitted runs: its exponent is the slope between two group means, and a power "
+                            f"law cannot be told from any other curve; sweep >= {MIN_LEVELS} levels")
     if not grokked:
         raise BadInput(f"none of the {len(usable)} usable runs grokked; nothing to fit")
 
@@ -285,6 +291,7 @@ def fit_scaling_law(records: Sequence[GrokRecord], variables: Sequence[str], *, 
         "n_censored": len(cens),
         "censored": "tobit" if censored else "excluded",
         "excluded": {"nonpositive_value": nonpositive, "grokked_at_step_0": at_zero},
+        "warnings": warnings,
     }
     ols = ols_fit(X, y, variables)
     if len(variables) >= 2:
@@ -355,17 +362,23 @@ def _figure(records: Sequence[GrokRecord], result: dict[str, Any], variables: li
             variables[1] if len(variables) > 1 else None)
     else:
         px, py = (list(phase) + [None])[:2]
+    title = f"{result['fit'].upper()}: T ∝ " + " ".join(f"{v}^{fit['exponents'][v]['estimate']:.2f}" for v in variables)
+    if py is None:  # one variable: the second panel is T against it, the data the exponent is fitted to
+        from groklens.analyses.scaling_figures import one_variable_figure
+
+        x = np.array([r.values[px] for r in fitted], dtype=float)
+        grid = np.unique(x)
+        line = np.exp([predict_log_t(fit, {px: v}) for v in grid])
+        return one_variable_figure(measured, predicted, cens, x, grid, line, xlabel=px, title=title)
     cells: dict[tuple, list[bool]] = {}
     for r in records:
-        cells.setdefault((r.values[px], r.values[py] if py else 0.0), []).append(not r.censored)
+        cells.setdefault((r.values[px], r.values[py]), []).append(not r.censored)
     keys = sorted(cells)
     return scaling_law_figure(
         measured, predicted, cens,
         np.array([k[0] for k in keys]), np.array([k[1] for k in keys]),
         np.array([np.mean(cells[k]) for k in keys]), np.array([len(cells[k]) for k in keys]),
-        xlabel=px, ylabel=py or "",
-        title=f"{result['fit'].upper()}: T ∝ " + " ".join(
-            f"{v}^{fit['exponents'][v]['estimate']:.2f}" for v in variables),
+        xlabel=px, ylabel=py, title=title,
     )
 
 
@@ -397,6 +410,7 @@ def format_result(result: dict[str, Any]) -> list[str]:
     lines.append(f"runs     {result['n_runs']} finished: {result['n_grokked']} grokked, {result['n_censored']} censored "
                  f"(never reached test accuracy {result['threshold']:g}); censored runs "
                  f"{'fitted by Tobit' if result['censored'] == 'tobit' else 'excluded from the fit'}")
+    lines += [f"warning  {w}" for w in result.get("warnings", [])]
     for reason, names in {**result["excluded"], **result.get("skipped", {})}.items():
         if names:
             lines.append(f"skipped  {len(names)} {reason.replace('_', ' ')}: {', '.join(names[:3])}"

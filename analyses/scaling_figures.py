@@ -78,4 +78,39 @@ def scaling_law_figure(measured, predicted, censored, phase_x, phase_y, phase_fr
     return fig
 
 
-__all__ = ["measured_vs_predicted", "phase_diagram", "scaling_law_figure"]
+def steps_against(x: np.ndarray, measured: np.ndarray, censored: np.ndarray, grid: np.ndarray, line: np.ndarray,
+                  xlabel: str = "", ax=None) -> Figure:
+    """Grokking step of each run against one variable (log-log), censored runs as open triangles
+    at their last step, and the fitted power law through the variable's levels."""
+    fig, ax = _axes(ax)
+    x, measured, cens = np.asarray(x, float), np.asarray(measured, float), np.asarray(censored, bool)
+    ax.scatter(x[~cens], measured[~cens], s=14, color="C0", label="grokked")
+    if cens.any():
+        ax.scatter(x[cens], measured[cens], s=22, marker="^", facecolors="none", edgecolors="C3",
+                   label="censored (> last step)")
+    ax.plot(grid, line, color="0.3", lw=1, label="fit")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = np.unique(x)
+    if len(ticks) <= 12:
+        ax.xaxis.set_ticks(ticks, labels=[f"{v:g}" for v in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("grokking step")
+    ax.set_title(f"grokking step against {xlabel}", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def one_variable_figure(measured, predicted, censored, x, grid, line, xlabel: str = "",
+                        title: str | None = None) -> Figure:
+    """scaling_law_figure for a fit on one variable: measured vs predicted, and T against it."""
+    fig = Figure(figsize=(10, 4.2))
+    axes = (fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2))
+    measured_vs_predicted(measured, predicted, censored, ax=axes[0], title=title)
+    steps_against(x, measured, censored, grid, line, xlabel=xlabel, ax=axes[1])
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["measured_vs_predicted", "one_variable_figure", "phase_diagram", "scaling_law_figure", "steps_against"]

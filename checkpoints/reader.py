@@ -421,6 +421,13 @@ class Trajectory:
                 raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(g)})")
             return g[name][:n]
 
+    def to_pandas(self, analysis: str | None = None):
+        """A pandas DataFrame: the metrics (one row per evaluation), or with `analysis` a stored
+        analysis ('fourier', ...; 'all': every one) by checkpoint step (analyses/tables.py)."""
+        from groklens.analyses.tables import to_pandas
+
+        return to_pandas(self, analysis)
+
     def model(self, step: int, device: str = "cpu"):
         """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""
         from groklens.trainers.models import build_model
@@ -467,7 +474,10 @@ class Trajectory:
         times = grokking_times(metrics, thresholds)
         live = self.is_live
         status = self.status
-        if status == "running" and not live:
+        if status == "running" and not live and not len(steps):
+            status = ("died before its first checkpoint (writer gone: killed, e.g. out of memory?); nothing to "
+                      "resume: `groklens train --out FILE ...` starts it again over this file")
+        elif status == "running" and not live:
             status = "interrupted (writer gone; `groklens train --resume` continues it)"
         routing = {}
         if self.n_copies > 1:  # per copy (0.95 and the other thresholds) and of the ensemble

@@ -12,10 +12,10 @@ parameters run it. Every reader opens files through `reader.open_trajectory_file
 first problem), and `groklens info --json` lists them all.
 
 `check_resources(cfg)` estimates from the config alone what a run would hold in memory (the
-task's inputs, the model's parameters and optimizer state, the activations of one step (with
-device=cpu only: elsewhere they live on the accelerator), the checkpoint schedule and the
-evaluation series) and refuses (BadInput) what exceeds 80% of the machine's memory, before
-anything is allocated.
+task's inputs, the model's parameters and optimizer state, the activations of one training step
+and of the evaluation batch (on the device the run trains on: an accelerator's memory is its
+own), the checkpoint schedule and the evaluation series) and refuses (BadInput) what exceeds 80%
+of the memory that holds it, before anything is allocated or created.
 
 Stored facts are checked against each other (issue 29): the data's shapes, vocabulary and readout
 position against what the stored config's task has (before any data is read), the split indices
@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.config import RunConfig
 
 MEMORY_SHARE = 0.8  # a run may plan for at most this share of the machine's memory
+ACTIVATIONS = ("activations of one training step", "activations of the evaluation batch")
 MAX_CONFIG_BYTES = 1 << 20  # a stored config is a few KiB; anything near this is not one of ours
 DATA_SCAN_LIMIT = 1 << 26  # token/index range checks read at most this many values per dataset
 MAX_ROWS = 1 << 24  # checkpoints or evaluations of one run: 16M (a run has thousands)
@@ -450,31 +451,46 @@ def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     eval_rows = min(n, 16_384)  # evaluation runs without autograd: about two layers live at once
     width = 12 * d_model + 2 * cfg.d_mlp + 3 * cfg.n_heads * n_ctx
     n_ckpt = cfg.steps // max(cfg.checkpoint_every, 1) + 2
+    copies = max(cfg.routing_copies, 1)
+    # a training step keeps every layer's activations for backward; an evaluation (EVAL_CHUNK
+    # inputs, no autograd) about two layers at once; they are never live together
+    step_acts = batch * cfg.n_layers * n_ctx * width * 4 * copies
+    eval_acts = eval_rows * 2 * n_ctx * width * 4 * copies
     return {
         "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4,
-        "parameters and optimizer state": n_params * 4 * 8 * max(cfg.routing_copies, 1),
-        "activations of one step": max(batch * cfg.n_layers, eval_rows * 2) * n_ctx * width * 4
-        * max(cfg.routing_copies, 1),
+        "parameters and optimizer state": n_params * 4 * 8 * copies,
+        ACTIVATIONS[eval_acts > step_acts]: max(step_acts, eval_acts),
         "checkpoint schedule": (n_ckpt + cfg.log_checkpoints) * 128,
         "evaluation series": (cfg.steps // max(cfg.eval_every, 1) + 2) * 8 * 24,
     }
 
 
-def check_resources(cfg: "RunConfig", memory: int | None = None) -> None:
-    """BadInput when a run of `cfg` cannot fit this machine's memory (with a margin)."""
+def check_resources(cfg: "RunConfig", memory: int | None = None, device: str | None = None,
+                    device_memory: int | None = None) -> None:
+    """BadInput when a run of `cfg` cannot fit this machine's memory (with a margin). `device`:
+    where the run trains, resolved ('cpu', 'cuda'; default cfg.device, with 'auto' as the CPU):
+    on an accelerator the parameters and activations are checked against `device_memory` (its
+    free memory; unchecked when None) and the rest against the machine's."""
     if cfg.log_checkpoints >= cfg.checkpoint_every:
         raise BadInput(f"log_checkpoints ({cfg.log_checkpoints}) must be below checkpoint_every "
                        f"({cfg.checkpoint_every}): only that many steps lie before the first regular checkpoint")
-    memory = machine_memory() if memory is None else memory
-    if not memory:
-        return
+    device = device or ("cpu" if cfg.device == "auto" else cfg.device)
     parts = estimate_memory(cfg)
-    if cfg.device != "cpu":  # activations may live on an accelerator, whose memory is its own
-        parts.pop("activations of one step")
+    if device != "cpu":  # activations live on the accelerator, whose memory is its own
+        on_device = {k: parts.pop(k) for k in ACTIVATIONS if k in parts}
+        on_device["parameters and optimizer state"] = parts["parameters and optimizer state"]
+        if device_memory:
+            _refuse_over(on_device, device_memory, f"the {device} device")
+    memory = machine_memory() if memory is None else memory
+    if memory:
+        _refuse_over(parts, memory, "the machine")
+
+
+def _refuse_over(parts: dict[str, int], memory: int, where: str) -> None:
     total = sum(parts.values())
     if total > MEMORY_SHARE * memory:
         part, size = max(parts.items(), key=lambda kv: kv[1])
-        raise BadInput(f"this run needs about {_gib(total)} of memory ({part}: {_gib(size)}); the machine has "
+        raise BadInput(f"this run needs about {_gib(total)} of memory ({part}: {_gib(size)}); {where} has "
                        f"{_gib(memory)}, and a run may plan for {int(MEMORY_SHARE * 100)}% of it")
 
 

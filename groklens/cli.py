@@ -15,18 +15,22 @@ from pathlib import Path
 import click
 
 from groklens import __version__
-from groklens.config import CHOICES, PRESETS, RunConfig, config_from
+from groklens.config import CHOICES, PRESETS, RunConfig, config_from, field_help
 from groklens.errors import BadInput, GroklensError
 from groklens.fileio import check_text_target, strict_json
 
 
 # ---------------------------------------------------------------------- config options
 def _config_options(func):
-    """One --kebab-case option per RunConfig field, default None (= not given)."""
+    """One --kebab-case option per RunConfig field, default None (= not given); the help is the
+    field's comment in groklens/config.py."""
+    words = field_help()
     for f in reversed(fields(RunConfig)):
         flag = "--" + f.name.replace("_", "-")
         ann = str(f.type)
-        help_text = f"[config] {f.name} (default {getattr(RunConfig(), f.name)!r})"
+        default = getattr(RunConfig(), f.name)
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        help_text = f"{words.get(f.name) or f.name} [config {f.name}; default {shown!r}]"
         if ann == "bool":
             opt = click.option(f"{flag}/--no-{f.name.replace('_', '-')}", f.name, default=None, help=help_text)
         elif ann.startswith("tuple"):
@@ -34,7 +38,7 @@ def _config_options(func):
         else:
             typ = {"int": int, "float": float}.get(ann, str)
             if f.name in CHOICES:
-                help_text += f"; one of {', '.join(CHOICES[f.name])}"
+                help_text = help_text[:-1] + f"; one of {', '.join(CHOICES[f.name])}]"
             opt = click.option(flag, f.name, type=typ, default=None, help=help_text)
         func = opt(func)
     return func
@@ -62,7 +66,15 @@ def _which_checkpoints(func):
                                "training steps)")(func)
     func = click.option("--checkpoints", "steps", multiple=True, metavar="S",
                         help="Checkpoint step(s) (repeatable, or comma-separated).")(func)
-    return click.option("--every", type=int, default=None, help="Every K-th checkpoint (by index, plus the last).")(func)
+    return click.option("--every", type=int, default=None,
+                        help="Every K-th checkpoint (by index), plus the last and the memorization / grokking ones.")(func)
+
+
+def _threads() -> None:
+    """The thread rule of groklens/threads.py for a command that computes (silent; train says more)."""
+    from groklens.threads import apply_threads
+
+    apply_threads(None, quiet=True)
 
 
 # ---------------------------------------------------------------------- the group
@@ -81,13 +93,26 @@ def cli(debug: bool) -> None:
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--resume", "resume_path", type=click.Path(), default=None,
               help="Continue an interrupted run from its last checkpoint.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no busy-machine note.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--threads", type=int, default=None, metavar="N",
+              help="torch threads (default: $GROKLENS_THREADS, else $OMP_NUM_THREADS, else the cores shared "
+                   "with other groklens processes, 1 on a busy machine; docs/CLI.md, Threads).")
+@click.option("--log", "log_to", multiple=True, metavar="tensorboard:DIR|wandb:PROJECT",
+              help="Also send each evaluation row to TensorBoard (event files in DIR) or Weights & Biases "
+                   "(PROJECT; offline unless WANDB_MODE says otherwise); repeatable. The HDF5 file stays the record.")
 @_config_options
-def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **overrides) -> None:
-    """Train a model and write its checkpoint trajectory to one HDF5 file."""
-    from groklens.trainers import loop
+def train(preset_name, config_file, out, force, resume_path, quiet, as_json, threads, log_to, **overrides) -> None:
+    """Train a model and write its checkpoint trajectory to one HDF5 file.
 
+    Every config field below is a flag and a YAML key (--config); the defaults are Nanda et al.'s
+    canonical p=113 run."""
+    from groklens.threads import apply_threads
+
+    choice = apply_threads(threads, quiet=True)  # before torch loads; the note once training starts
+    from groklens.trainers import loop, loggers
+
+    specs = loggers.check_specs(log_to)
     if resume_path is not None:
         if force:
             raise BadInput("--resume continues a run and --force starts one afresh; give one of them")
@@ -96,12 +121,14 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
                               [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out)) if v])
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
-        result = loop.resume(resume_path, progress=not quiet)
+        target, cfg = Path(resume_path), None
     else:
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
-        result = loop.train(cfg, out, force=force, progress=not quiet)
+        target = Path(out)
+    note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
+    result = _train_or_resume(loop, loggers, specs, cfg, target, force, not quiet, note)
     from groklens.analyses.grokking import censored_text
     from groklens.checkpoints import Trajectory
 
@@ -117,6 +144,53 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
             f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g})"
         )
+
+
+def _train_or_resume(loop, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None):
+    """loop.train (cfg given) or loop.resume, with the --log loggers fed each evaluation row and
+    the busy-machine note said once training starts; Ctrl-C says how to continue."""
+    from groklens.checkpoints import Trajectory
+
+    opened: list = []
+
+    def first_row() -> None:
+        if note:
+            from tqdm.auto import tqdm
+
+            tqdm.write(note, file=sys.stderr)  # above the progress bar, not through it
+        if specs:
+            config = cfg.to_dict() if cfg is not None else Trajectory(target).config_dict
+            opened.append(loggers.open_loggers(specs, target, config))
+
+    def on_eval(row: dict) -> None:
+        if first:
+            first.pop()()
+        for item in opened:
+            item.log(row)
+
+    first = [first_row]
+    try:
+        if cfg is None:
+            return loop.resume(target, progress=progress, on_eval=on_eval)
+        return loop.train(cfg, target, force=force, progress=progress, on_eval=on_eval)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_resume_hint(target)) from None
+    finally:
+        for item in opened:
+            item.close()
+
+
+def _resume_hint(path: Path) -> str:
+    """What Ctrl-C of `train` leaves, and the command that continues it."""
+    from groklens.checkpoints import Trajectory
+
+    try:
+        steps = Trajectory(path).steps
+    except (GroklensError, OSError):
+        steps = []
+    if not len(steps):
+        return f"no checkpoint was committed to {path}; train again to start over"
+    return f"{path} is kept up to step {int(steps[-1])}; `groklens train --resume {path}` continues it"
 
 
 @cli.command()
@@ -157,6 +231,7 @@ def info(run: str, as_json: bool) -> None:
               help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
 def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+    _threads()
     from groklens.analyses.runner import analyze_run, format_results
 
     results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
@@ -183,6 +258,7 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
 def probe(run, site, target, position, frequencies, split, train_frac, every, steps, recompute, quiet, as_json,
           copy) -> None:
     """Linear probe of TARGET from a hook site at the checkpoints of RUN.h5 (held-out accuracy or R^2)."""
+    _threads()
     from groklens.analyses.runner import format_results, probe_run
 
     pos = int(position) if position is not None and position.lstrip("-").isdigit() else position
@@ -333,6 +409,7 @@ _GROUP_BY_HELP = ("'run': one row per run; 'variant': one row per group of runs 
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quiet) -> None:
     """Compare RUN.h5 files: memorization and grokking steps, gap, speed-up, stored analyses."""
+    _threads()
     from groklens.analyses.compare import compare
 
     result = compare(runs, baseline=baseline, group_by=group_by, threshold=threshold, analyze=analyze,
@@ -363,21 +440,37 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="Checkpoint step(s) of the Fourier spectrum and neuron-cluster figures (repeatable, or "
                    "comma-separated; default: start, memorization, grokking, end).")
 @_refused("--checkpoint", "was renamed --checkpoints (checkpoint steps, as in analyze)")
+@click.option("--figures", default=None, metavar="NAME[,NAME...]",
+              help="Only these figures (e.g. curves,fourier_fve,progress_measures; docs/CLI.md lists the names).")
+@click.option("--style", type=click.Choice(["screen", "paper"]), default="screen", show_default=True,
+              help="paper: each figure --width inches wide, its text at --font-size points, 300 dpi, "
+                   "TrueType fonts in PDF.")
+@click.option("--width", "width_in", type=float, default=None, metavar="IN",
+              help="With --style paper: figure width in inches (default 5.5, a one-column paper's text width).")
+@click.option("--font-size", "font_pt", type=float, default=None, metavar="PT",
+              help="With --style paper: text size in points (default 8).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, quiet,
-           as_json) -> None:
+def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
+           style, width_in, font_pt, quiet, as_json) -> None:
     """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
+    _threads()
     from groklens.analyses.report import build_report
     from groklens.analyses.runner import parse_steps
 
+    opts = {k: v for k, v in (("width_in", width_in), ("font_pt", font_pt)) if v is not None}
+    if opts and style != "paper":
+        raise BadInput("--width and --font-size size the figures of --style paper; give --style paper too")
     result = build_report(runs, out_dir, fmt=fmt, baseline=baseline, group_by=group_by, threshold=threshold,
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
-                          progress=not quiet, params=params)
+                          progress=not quiet, params=params, style=style, style_opts=opts, figures=figures)
     if as_json:
         click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
-                               "missing": [{"figure": t, "why": w} for t, w in result.missing]}))
+                               "missing": [{"figure": t, "why": w} for t, w in result.missing],
+                               "notes": result.notes}))
         return
+    for note in result.notes:  # the analyses' notes (skipped analyses, eps warnings), after the progress bar
+        click.echo(f"groklens: {note}", err=True)
     for title, why in result.missing:
         click.echo(f"missing  {title}: {why}")
     click.echo(f"wrote {len(result.figures)} figure file(s) and {result.index}")
@@ -404,6 +497,7 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
+    _threads()
     from groklens import experiments as E
 
     if list_:
@@ -435,6 +529,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def demo(out_dir, scale, force, workers, quiet) -> None:
     """Train standard, bounded-sphere, uniform-attention and activation-norm models; compare; report."""
+    _threads()
     from groklens.experiments.demo import run_demo
 
     run_demo(out_dir, scale=scale, force=force, workers=workers, progress=not quiet, echo=click.echo)
@@ -452,8 +547,10 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
-        click.echo("groklens: interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
+        cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc  # click wraps the interrupt
+        hint = str(cause) if isinstance(cause, KeyboardInterrupt) else ""
+        click.echo("groklens: interrupted" + (f"; {hint}" if hint else ""), err=True)
         code = 130
     except (click.ClickException, GroklensError) as exc:  # usage errors (unknown option, ...) and ours
         if debug:

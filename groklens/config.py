@@ -45,31 +45,31 @@ TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "i
 @dataclass
 class RunConfig:
     # --- task and data split
-    task: str = "add"
-    p: int = 113
-    train_frac: float = 0.3
-    data_seed: int = 598  # Nanda's DATA_SEED; the split is drawn from it, not from `seed`
+    task: str = "add"  # add, sub, mul, div, x2y2, s5, digits_add, seq_add or seq_mul (groklens/tasks.py)
+    p: int = 113  # the modulus: inputs are residues 0..p-1
+    train_frac: float = 0.3  # share of all input pairs in the training set (the rest is the test set)
+    data_seed: int = 598  # seed of the train/test split (Nanda's DATA_SEED), apart from `seed`
     # --- model
-    seed: int = 999  # model init and mini-batch order
-    model: str = "transformer"
-    n_layers: int = 1
-    d_model: int = 128
-    n_heads: int = 4
-    d_head: int = 32
-    d_mlp: int = 512
-    act_fn: str = "relu"
-    norm: str = "none"
+    seed: int = 999  # seed of the model init and the mini-batch order
+    model: str = "transformer"  # transformer (TransformerLens-style) or mlp
+    n_layers: int = 1  # transformer blocks (mlp: hidden layers)
+    d_model: int = 128  # residual-stream width (mlp: embedding width)
+    n_heads: int = 4  # attention heads per layer
+    d_head: int = 32  # width of each head
+    d_mlp: int = 512  # MLP hidden width
+    act_fn: str = "relu"  # activation function of the MLP neurons
+    norm: str = "none"  # none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)
     # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
     # baselines, a norm after the embedding and after every residual sum, no final norm
     norm_placement: str = "pre"
-    attention: str = "softmax"
-    unembed: str = "linear"
-    init: str = "default"
+    attention: str = "softmax"  # softmax, or uniform (fixed equal weights over the positions)
+    unembed: str = "linear"  # linear, or bounded (normalized unembedding with logit temperature tau)
+    init: str = "default"  # default (init_scheme), or fourier (embeddings from fourier_freqs)
     # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
     # module defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1))
     init_scheme: str = "tl"
-    causal: bool = True  # Nanda's TransformerLens model is causal; the sphere paper's is not
-    mlp_bias: bool = False  # Nanda's demo froze every bias at zero
+    causal: bool = True  # causal attention mask; Nanda's TransformerLens model is causal, the sphere paper's is not
+    mlp_bias: bool = False  # train the MLP biases (off: frozen at zero, as in Nanda's demo)
     # --- model variants (docs/VARIANTS.md)
     radius: float = 1.0  # norm=sphere: radius of the residual-stream sphere (the paper: 1)
     tau: float = 10.0  # unembed=bounded: fixed logit temperature (the paper: 10)
@@ -82,18 +82,18 @@ class RunConfig:
     informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
     distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
-    loss: str = "ce"  # one of CHOICES["loss"]; stablemax: Prieto et al. 2025
-    act_norm_lambda: float = 0.0  # activation-norm penalty toward the sqrt(d) sphere
+    loss: str = "ce"  # training loss: ce (cross-entropy) or stablemax (Prieto et al. 2025)
+    act_norm_lambda: float = 0.0  # weight of the activation-norm penalty toward the sqrt(d) sphere
     act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
-    geomdr_lambda: float = 0.0  # effective-rank penalty toward geomdr_target
-    geomdr_target: float = 10.0
+    geomdr_lambda: float = 0.0  # weight of the effective-rank penalty toward geomdr_target
+    geomdr_target: float = 10.0  # the effective rank the geomdr penalty pulls toward
     geomdr_start: int = 0  # active for geomdr_start <= step < geomdr_end
-    geomdr_end: int = 0  # 0 = to the end of the run
+    geomdr_end: int = 0  # step the geomdr penalty ends at; 0 = the end of the run
     geomdr_site: str = ""  # one hook name; "" = the model's default (last residual stream / hidden layer)
-    kl_attn_beta: float = 0.0  # KL(uniform on informative positions || attention at the readout query)
+    kl_attn_beta: float = 0.0  # weight of KL(uniform on informative positions || attention at the readout query)
     kl_attn_layer: int = 0  # layer whose heads are pulled; -1 = every layer
-    grokfast_alpha: float = 0.98  # Grokfast EMA decay (Lee et al. 2024)
-    grokfast_lambda: float = 0.0  # Grokfast amplification; 0 = off (the paper: 2)
+    grokfast_alpha: float = 0.98  # decay of Grokfast's gradient EMA (Lee et al. 2024)
+    grokfast_lambda: float = 0.0  # Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)
     perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
     perp_grad_scale: str = "orthograd"  # orthograd: rescaled to ||g|| as published; unscaled: the projection only
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
@@ -101,21 +101,21 @@ class RunConfig:
     routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
     routing_unit: str = "layer"  # what one permutation routes: layer | sublayer (transformer: attn, mlp apart)
     # --- optimizer (AdamW, decoupled weight decay)
-    lr: float = 1e-3
-    weight_decay: float = 1.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    warmup_steps: int = 10
-    batch_size: int = 0  # 0 = full batch
+    lr: float = 1e-3  # AdamW learning rate (after warm-up)
+    weight_decay: float = 1.0  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas: two numbers
+    warmup_steps: int = 10  # linear learning-rate warm-up from 0 over this many steps
+    batch_size: int = 0  # training inputs per step; 0 = the full training set
     # --- schedule of the run
-    steps: int = 40_000
-    eval_every: int = 100
-    checkpoint_every: int = 100
+    steps: int = 40_000  # optimizer updates to train for
+    eval_every: int = 100  # evaluate loss and accuracy on every input each this many steps
+    checkpoint_every: int = 100  # store the weights each this many steps (and at every phase event)
     log_checkpoints: int = 0  # extra log-spaced checkpoints before the first regular one
-    grok_threshold: float = 0.95
+    grok_threshold: float = 0.95  # test accuracy that counts as grokked (and train accuracy as memorized)
     stop_after_grok: int = 0  # >0: stop this many evaluations after test acc >= grok_threshold
     stop_test_loss: float = 0.0  # >0: the stop rule counts evaluations after test loss <= this instead
     stop_min_steps: int = 0  # the stop rule never ends a run before this step
-    device: str = "auto"
+    device: str = "auto"  # auto (cuda when available), cpu or cuda
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -426,4 +426,31 @@ def field_names() -> list[str]:
     return [f.name for f in fields(RunConfig)]
 
 
-__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "CHOICES", "parse_freqs"]
+def field_help() -> dict[str, str]:
+    """field -> its description in words: the comments on and just above the field's line in
+    RunConfig's source (this file is the one place fields are described; `train --help` shows them)."""
+    import ast
+    import inspect
+
+    try:
+        source = inspect.getsource(RunConfig)
+    except (OSError, TypeError):  # no source shipped: the help shows names and defaults only
+        return {}
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body[0].body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        row = lines[node.lineno - 1]
+        parts = [row[row.index("#", node.end_col_offset) + 1:].strip()] if "#" in row[node.end_col_offset:] else []
+        above = []
+        for prev in reversed(lines[: node.lineno - 1]):  # a comment block right above, not a section header
+            text = prev.strip()
+            if not text.startswith("#") or text.startswith("# ---"):
+                break
+            above.insert(0, text.lstrip("#").strip())
+        out[node.target.id] = " ".join(above + parts)
+    return out
+
+
+__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "field_help", "CHOICES", "parse_freqs"]

@@ -8,6 +8,13 @@
 Submodules import torch/scikit-learn; import them directly (this package stays light).
 """
 
+import groklens as _top
+
+if getattr(_top, "__file__", None) is None:  # a folder named groklens (the clone) shadows the installed package
+    raise ImportError(f"the folder {list(_top.__path__)[0]} shadows the installed groklens: Python found it first "
+                      "(the current directory or the script's); run from another directory, or rename the clone "
+                      "(README, 'Importing groklens')")
+
 _EXPORTS = {
     "capture": "capture", "check_sites": "capture", "hook_names": "capture",
     "select_position": "capture", "resolve_position": "capture",

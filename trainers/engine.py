@@ -146,10 +146,12 @@ def nonfinite_reason(what: str, value: float, step: int) -> str:
 
 # ---------------------------------------------------------------------- the loop
 def run(strategy: Strategy, start_step: int, *, fresh: bool,
-        on_commit: Callable[[int], None] | None = None) -> list[Member]:
+        on_commit: Callable[[int], None] | None = None,
+        on_eval: Callable[[Member, dict], None] | None = None) -> list[Member]:
     """Train every member of `strategy` from `start_step` to the end of its schedule; their
     writers must be open. A fresh run first evaluates and checkpoints step 0. `on_commit(step)`
-    is called after each committed checkpoint. Returns every member, with its result or error."""
+    is called after each committed checkpoint, `on_eval(member, row)` after each evaluation row
+    is written (live logging, trainers/loggers.py). Returns every member, with its result or error."""
     everyone = list(strategy.members)
     cfg = everyone[0].cfg  # the schedule is shared
     schedule = checkpoint_schedule(cfg)
@@ -157,7 +159,7 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
     step = start_step
     try:
         if fresh:
-            _evaluate(strategy, 0, bar)
+            _evaluate(strategy, 0, bar, on_eval)
             _commit(strategy, list(range(len(strategy.members))), 0, on_commit)
         while step < cfg.steps and strategy.members:
             for member, reason in strategy.train_step(step):
@@ -169,7 +171,7 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
             stopping: list[int] = []
             phase: list[int] = []
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                stopping, phase = _evaluate(strategy, step, bar)
+                stopping, phase = _evaluate(strategy, step, bar, on_eval)
             write = list(range(len(strategy.members))) if step in schedule else sorted({*stopping, *phase})
             _commit(strategy, write, step, on_commit)
             if stopping:
@@ -191,13 +193,15 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
     return everyone
 
 
-def _evaluate(strategy: Strategy, step: int, bar) -> tuple[list[int], list[int]]:
+def _evaluate(strategy: Strategy, step: int, bar, on_eval=None) -> tuple[list[int], list[int]]:
     """Evaluate and record every member; returns the members the stop rule ends now and those
     that reached a phase event (each needs a checkpoint at this step)."""
     rows = strategy.evaluate(step)
     stopping, phase = [], []
     for i, (member, row) in enumerate(zip(strategy.members, rows)):
         member.writer.write_eval(row)
+        if on_eval is not None:
+            on_eval(member, row)
         cfg = member.cfg
         new = phases_reached(row, cfg) - member.phases
         if new:

@@ -62,11 +62,14 @@ trainer_class = strategy_class
 
 
 def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True,
-          on_commit: Callable[[int], None] | None = None) -> TrainResult:
+          on_commit: Callable[[int], None] | None = None,
+          on_eval: Callable[[dict], None] | None = None) -> TrainResult:
     """Train `cfg` from scratch into the trajectory file `out` (refused if it exists, unless
-    force). With force, the new run is staged beside `out` and replaces it at its first
-    committed checkpoint, so a run that fails before that leaves the old one (checkpoints/writer.py).
-    `on_commit(step)` is called after each committed checkpoint."""
+    force, or unless it is a run that died before its first checkpoint: nothing to keep). With
+    force, the new run is staged beside `out` and replaces it at its first committed checkpoint,
+    so a run that fails before that leaves the old one (checkpoints/writer.py).
+    `on_commit(step)` is called after each committed checkpoint, `on_eval(row)` after each
+    evaluation row is written (trainers/loggers.py)."""
     from groklens.checkpoints.locking import describe_holder, writer_alive
     from groklens.checkpoints.validate import check_resources
 
@@ -75,7 +78,7 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     if out.exists() and out.is_dir():
         raise BadInput(f"{out} is a directory; give a file path for --out")
     exists = out.exists() or out.is_symlink()
-    if exists and not force:
+    if exists and not force and not died_before_first_checkpoint(out):
         raise BadInput(f"{out} already exists; use --force to overwrite it or --resume to continue it")
     if exists:
         check_force_target(out)
@@ -83,9 +86,9 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
         raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
     if not out.parent.exists():
         raise BadInput(f"directory {out.parent} does not exist")
-    check_resources(cfg)  # sizes from the config alone, before any allocation
+    device = resolve_device(cfg.device)  # fail on a missing GPU before touching any file
+    check_resources(cfg, device=device.type, device_memory=device_free_memory(device))  # before any allocation
     data = TASKS.get(cfg.task).build(cfg)
-    resolve_device(cfg.device)  # fail on a missing GPU before touching any file
 
     def make_writer(strategy) -> TrajectoryWriter:
         params, state, copies = strategy.payloads([0])[0]
@@ -93,7 +96,7 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
 
     strategy = strategy_class(cfg)(cfg, data, make_writer, progress=progress)
     try:
-        members = run(strategy, 0, fresh=True, on_commit=on_commit)
+        members = run(strategy, 0, fresh=True, on_commit=on_commit, on_eval=_row_only(on_eval))
     finally:
         for member in strategy.members:
             member.writer.close()  # idempotent; a staged run that never committed is deleted
@@ -146,7 +149,8 @@ def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[st
     )
 
 
-def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int], None] | None = None) -> TrainResult:
+def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int], None] | None = None,
+           on_eval: Callable[[dict], None] | None = None) -> TrainResult:
     """Continue an interrupted run from its last committed checkpoint (repairing the file first).
     The stored state is validated by loading it into the run before anything is written."""
     path = Path(path)
@@ -156,6 +160,10 @@ def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int]
     steps = traj.steps
     if len(steps) and int(steps[-1]) >= cfg.steps:
         return TrainResult(path, int(steps[-1]), "already complete")
+    if not len(steps) and not traj.is_live:
+        raise BadInput(f"{path} holds no checkpoint: the run died before its first one (killed, e.g. out of "
+                       f"memory?), so there is nothing to resume; `groklens train --out {path} ...` starts it "
+                       "again (the file is replaced)")
     strategy = strategy_class(cfg)(cfg, traj.dataset(), None, progress=progress, path=path)
     loaded = load_stored(strategy, traj, int(steps[-1])) if len(steps) else None
     last = recover(path)
@@ -167,7 +175,7 @@ def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int]
     member.writer = TrajectoryWriter.reopen(path)
     restore_counters(member, metrics)
     member.writer.set_status("running")
-    members = run(strategy, last, fresh=False, on_commit=on_commit)
+    members = run(strategy, last, fresh=False, on_commit=on_commit, on_eval=_row_only(on_eval))
     raise_failure(members)
     return members[0].result
 
@@ -237,6 +245,35 @@ def check_stored_state(path: str | Path) -> None:
     if len(steps):
         cfg = traj.config
         load_stored(strategy_class(cfg)(cfg, traj.dataset(), None, progress=False, path=path), traj, int(steps[-1]))
+
+
+def _row_only(on_eval):
+    """The engine's on_eval(member, row) for a run of one file, from a callback of the row."""
+    return None if on_eval is None else (lambda _member, row: on_eval(row))
+
+
+def died_before_first_checkpoint(path: Path) -> bool:
+    """Whether `path` is a trajectory whose writer died before committing any checkpoint (killed,
+    e.g. by the kernel for memory): it holds nothing to resume, and a new run may take its place."""
+    from groklens.checkpoints.locking import writer_alive
+
+    try:
+        traj = Trajectory(path)
+        return len(traj.steps) == 0 and traj.status == "running" and not writer_alive(path)
+    except (BadInput, OSError):
+        return False
+
+
+def device_free_memory(device) -> int | None:
+    """Free memory of an accelerator in bytes (None on the CPU or when it cannot be asked)."""
+    if device.type != "cuda":
+        return None
+    try:
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    except (RuntimeError, AssertionError):
+        return None
 
 
 def read_state(path: Path, step: int) -> dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
-"""The grid of a sweep: the sweep file's {base, axes, seeds}, checked, and the runs it names.
+"""The grid of a sweep: the sweep file's {base, axes, zip, seeds}, checked, and the runs it names.
 
-The runs are the product of the axes and the seeds; each run's name is derived from its axis
-values and seed only (docs/SWEEPS.md), so the same grid always names the same runs.
+The runs are the product of the axes, the zip entries (variants taken together, not crossed
+with each other) and the seeds; each run's name is derived from its axis and zip values and
+seed only (docs/SWEEPS.md), so the same grid always names the same runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from groklens.config import RunConfig, field_names
 from groklens.errors import BadInput
 
-SWEEP_KEYS = ("base", "axes", "seeds")
+SWEEP_KEYS = ("base", "axes", "zip", "seeds")
 LOGSPACE_DIGITS = 6  # logspace values are rounded to 6 significant digits (clean names and YAML)
 MAX_RUNS = 10_000  # a grid larger than this is refused up front (exit 2), never materialized
 NAME_MAX = 200  # longer run names get a stable hash (file names: 255 bytes, minus suffixes)
@@ -36,10 +37,12 @@ class Sweep:
     base: dict[str, Any]
     axes: dict[str, list[Any]]  # field -> typed values (logspace expanded)
     seeds: list[int]
+    zipped: list[dict[str, Any]] = field(default_factory=list)  # the zip entries: field -> typed value each
     _runs: list[RunSpec] | None = field(default=None, repr=False, compare=False)
 
     def runs(self) -> list[RunSpec]:
-        """The product of the axes and seeds, in grid order (axes as written, seeds innermost)."""
+        """The product of the axes, the zip entries and the seeds, in grid order (axes as written,
+        then the zip entries, seeds innermost)."""
         if self._runs is None:
             self._runs = self._product()
         return list(self._runs)
@@ -48,10 +51,11 @@ class Sweep:
         fields_ = list(self.axes)
         out: list[RunSpec] = []
         for values in itertools.product(*(self.axes[f] for f in fields_)):
-            point = dict(zip(fields_, values))
-            for seed in self.seeds:
-                cfg = _make_config(self.base, {**point, "seed": seed})
-                out.append(RunSpec(run_name(point, seed), cfg))
+            for entry in self.zipped or [{}]:
+                point = {**dict(zip(fields_, values)), **entry}
+                for seed in self.seeds:
+                    cfg = _make_config(self.base, {**point, "seed": seed})
+                    out.append(RunSpec(run_name(point, seed), cfg))
         names = [r.name for r in out]
         if len(set(names)) != len(names):  # only reachable through string values that sanitize alike
             dup = next(n for n in names if names.count(n) > 1)
@@ -59,8 +63,11 @@ class Sweep:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "axes": {k: [_plain(v) for v in vs] for k, vs in self.axes.items()},
-                "seeds": self.seeds}
+        out = {"base": self.base, "axes": {k: [_plain(v) for v in vs] for k, vs in self.axes.items()},
+               "seeds": self.seeds}
+        if self.zipped:
+            out["zip"] = [{k: _plain(v) for k, v in e.items()} for e in self.zipped]
+        return out
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -97,6 +104,7 @@ def parse_sweep(data: Any, source: str = "sweep") -> Sweep:
         if name == "seed":
             raise BadInput(f"{source}: give seeds with the 'seeds' key, not as an axis")
         axes[name] = _axis_values(name, spec, base, source)
+    zipped = _zip_entries(data.get("zip"), axes, known, base, source)
     seeds_raw = data.get("seeds", [base_cfg.seed])
     if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
         seeds_raw = [seeds_raw]
@@ -107,10 +115,10 @@ def parse_sweep(data: Any, source: str = "sweep") -> Sweep:
         raise BadInput(f"{source}: 'seeds' has {len(seeds_raw)} values; a sweep holds at most {MAX_RUNS} runs")
     if len(set(seeds_raw)) != len(seeds_raw):
         raise BadInput(f"{source}: 'seeds' repeats a seed: {_short(seeds_raw)}")
-    total = math.prod(len(v) for v in axes.values()) * len(seeds_raw)
+    total = math.prod(len(v) for v in axes.values()) * max(len(zipped), 1) * len(seeds_raw)
     if total > MAX_RUNS:  # refused before the product is built: --dry-run answers at once
         raise BadInput(f"{source}: the grid has {total} runs; a sweep holds at most {MAX_RUNS} (split it)")
-    sweep = Sweep(base=dict(base), axes=axes, seeds=list(seeds_raw))
+    sweep = Sweep(base=dict(base), axes=axes, seeds=list(seeds_raw), zipped=zipped)
     sweep.runs()  # every combination must be a valid config: fail now, not after hours
     return sweep
 
@@ -154,6 +162,39 @@ def _axis_values(name: str, spec: Any, base: dict, source: str) -> list[Any]:
         if values.count(v) > 1:
             raise BadInput(f"{source}: axis {name!r} repeats the value {_plain(v)!r}")
     return values
+
+
+def _zip_entries(raw: Any, axes: dict, known: set, base: dict, source: str) -> list[dict[str, Any]]:
+    """The zip key: a list of mappings (one variant each) or a mapping of equal-length lists
+    (entry i takes the i-th value of each), as typed values; [] when absent."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        lengths = {k: len(v) for k, v in raw.items() if isinstance(v, list)}
+        if len(lengths) != len(raw) or len(set(lengths.values())) != 1:
+            raise BadInput(f"{source}: 'zip' as a mapping needs lists of one length (field -> [v1, v2, ...]); "
+                           f"got lengths {_short(lengths)}")
+        raw = [dict(zip(raw, vals)) for vals in zip(*raw.values())]
+    if not isinstance(raw, list) or not raw or not all(isinstance(e, dict) and e for e in raw):
+        raise BadInput(f"{source}: 'zip' must be a non-empty list of mappings (field: value) or a mapping of "
+                       f"equal-length lists; got {_short(raw)}")
+    if len(raw) > MAX_RUNS:
+        raise BadInput(f"{source}: 'zip' has {len(raw)} entries; a sweep holds at most {MAX_RUNS} runs")
+    entries = []
+    for e in raw:
+        for name in e:
+            if name not in known:
+                raise BadInput(f"{source}: zip field {name!r} is not a config field")
+            if name == "seed" or name in axes:
+                raise BadInput(f"{source}: zip field {name!r} is also " + ("given by 'seeds'" if name == "seed"
+                                                                            else "an axis") + "; give it once")
+        cfg = _make_config(base, e)
+        entries.append({k: tuple(getattr(cfg, k)) if isinstance(getattr(cfg, k), list) else getattr(cfg, k)
+                        for k in e})
+    for i, e in enumerate(entries):
+        if e in entries[:i]:
+            raise BadInput(f"{source}: zip repeats the entry {_short({k: _plain(v) for k, v in e.items()})}")
+    return entries
 
 
 def _field_type(name: str):

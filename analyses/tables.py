@@ -1,0 +1,109 @@
+"""pandas DataFrames of a run's metrics, its stored analyses and a comparison.
+
+pandas is an optional extra (`pip install 'groklens[pandas]'`), imported on first use; without
+it each function raises one ImportError line saying so. Nothing is computed here: the frames
+are what the trajectory file, its sidecar and the comparison hold.
+
+- `metrics_frame(run)`: one row per evaluation; columns `step` and every logged metric.
+- `analysis_frame(run, name)`: one row per checkpoint the analysis is stored at; columns `step`
+  and each stored value (a float where the value is one number, else a numpy array per cell).
+  The parameter set is the one `compare` reads (the default set, else the latest).
+- `analyses_frame(run)`: every stored analysis side by side on the checkpoint steps, columns
+  `ANALYSIS.VALUE`.
+- `comparison_frame(comp)`: `compare --format csv`'s table, numbers unrounded.
+
+`Trajectory.to_pandas(analysis=None)` and `Comparison.to_pandas()` call these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from groklens.errors import BadInput
+
+
+def require_pandas():
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_pandas needs pandas, an optional extra: pip install 'groklens[pandas]'") from None
+    return pandas
+
+
+def metrics_frame(run):
+    pd = require_pandas()
+    metrics = run.metrics
+    cols = {"step": np.asarray(metrics["step"], dtype=np.int64)}
+    cols.update({k: np.asarray(v, dtype=float) for k, v in metrics.items() if k != "step"})
+    return pd.DataFrame(cols)
+
+
+def _column(rows: list) -> Any:
+    arrays = [np.asarray(r) for r in rows]
+    if all(a.size == 1 for a in arrays):
+        kind = "i" if all(np.issubdtype(a.dtype, np.integer) for a in arrays) else "f"
+        return np.array([a.reshape(-1)[0] for a in arrays], dtype=np.int64 if kind == "i" else float)
+    out = np.empty(len(arrays), dtype=object)
+    out[:] = arrays
+    return out
+
+
+def stored(run, name: str):
+    """The stored results (store.Stored) of analysis `name` of `run` (a Trajectory), or None."""
+    from groklens.analyses.measures import stored_analysis
+    from groklens.analyses.registry import get
+
+    get(name)  # an unknown name is BadInput
+    return stored_analysis(run.path, run.config_dict, name, copy=run.copy or 0)
+
+
+def analysis_frame(run, name: str):
+    pd = require_pandas()
+    st = stored(run, name)
+    if st is None:
+        raise BadInput(f"{run.path}: no stored '{name}' analysis; `groklens analyze {run.path} --metric {name}` "
+                       "computes it")
+    cols: dict[str, Any] = {"step": np.asarray(st.steps, dtype=np.int64)}
+    cols.update({k: _column(v) for k, v in st.values.items()})
+    return pd.DataFrame(cols)
+
+
+def analyses_frame(run):
+    from groklens.analyses.registry import ANALYSES
+
+    pd = require_pandas()
+    frames = []
+    for name in ANALYSES.names():
+        st = stored(run, name)
+        if st is None or not st.steps:
+            continue
+        f = analysis_frame(run, name).set_index("step")
+        frames.append(f.rename(columns={c: f"{name}.{c}" for c in f.columns}))
+    if not frames:
+        return pd.DataFrame({"step": np.zeros(0, dtype=np.int64)})
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.join(f, how="outer")
+    return out.reset_index()
+
+
+def to_pandas(run, analysis: str | None = None):
+    """metrics_frame (analysis None), analyses_frame ('all') or analysis_frame(run, analysis)."""
+    if analysis is None:
+        return metrics_frame(run)
+    if analysis == "all":
+        return analyses_frame(run)
+    return analysis_frame(run, analysis)
+
+
+def comparison_frame(comp):
+    from groklens.analyses.compare_format import table_rows
+
+    pd = require_pandas()
+    head, rows = table_rows(comp)
+    return pd.DataFrame([[None if c == "" else c for c in r] for r in rows], columns=head)
+
+
+__all__ = ["analyses_frame", "analysis_frame", "comparison_frame", "metrics_frame", "require_pandas", "to_pandas"]

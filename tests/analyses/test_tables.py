@@ -1,0 +1,80 @@
+"""to_pandas: a run's metrics and stored analyses, and a comparison, as DataFrames; each checked
+against the files read directly with h5py and against the CSV / JSON the CLI prints."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from groklens.analyses import compute
+from groklens.analyses.compare import compare
+from groklens.checkpoints import Trajectory, sidecar_path
+from groklens.errors import BadInput
+from tests.helpers import groklens, train_tiny
+
+pd = pytest.importorskip("pandas")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tables")
+    paths = [d / "a.h5", d / "b.h5"]
+    train_tiny(paths[0], steps=200, lr=1e-2, norm="ln")
+    train_tiny(paths[1], steps=200, lr=1e-2, norm="ln", seed=2)
+    for p in paths:
+        compute(Trajectory(p), "norms")
+    return paths
+
+
+def test_metrics_frame_is_the_files_metrics(runs):
+    df = Trajectory(runs[0]).to_pandas()
+    with h5py.File(runs[0], "r") as f:
+        g = f["metrics"]
+        assert list(df.columns) == ["step", *[k for k in g if k != "step"]]
+        assert np.array_equal(df["step"].to_numpy(), g["step"][:])
+        for k in g:
+            assert np.array_equal(df[k].to_numpy(), g[k][:], equal_nan=True), k
+
+
+def test_analysis_frame_is_the_sidecars_values_by_step(runs):
+    df = Trajectory(runs[0]).to_pandas("norms")
+    with h5py.File(sidecar_path(runs[0]), "r") as f:
+        (variant,) = f["analyses/norms"].values()
+        assert df["step"].tolist() == [int(s) for s in variant["steps"][:]]
+        scalars = [k for k in variant if k != "steps" and variant[k].ndim == 1]
+        assert scalars
+        for k in scalars:
+            assert np.allclose(df[k].to_numpy(float), variant[k][:], equal_nan=True), k
+    wide = Trajectory(runs[0]).to_pandas("all")
+    assert wide["step"].tolist() == df["step"].tolist() and f"norms.{scalars[0]}" in wide.columns
+    with pytest.raises(BadInput, match="no stored 'fourier' analysis"):
+        Trajectory(runs[0]).to_pandas("fourier")
+
+
+def test_comparison_frame_is_the_csv_table_and_the_json_table(runs):
+    comp = compare(runs, baseline=runs[0])
+    df = comp.to_pandas()
+    csv = pd.read_csv(io.StringIO(comp.to_csv()))
+    assert list(df.columns) == list(csv.columns) and len(df) == len(csv) == 2
+    for col in ("memorization_step_mean", "grokking_step_mean", "gap_mean", "speedup"):
+        assert np.allclose(pd.to_numeric(df[col]).to_numpy(float), csv[col].to_numpy(float), equal_nan=True), col
+    data = json.loads(groklens("compare", *map(str, runs), "--baseline", str(runs[0]), "--format", "json",
+                               check=True).stdout)
+    table = pd.DataFrame(data["table"])
+    assert list(table.columns) == list(csv.columns)
+    assert table["memorization_step_mean"].tolist() == csv["memorization_step_mean"].tolist()
+    # independently: memorization = first evaluation with train accuracy >= 0.95, from the file
+    run = Trajectory(runs[0])
+    first = int(run.metrics["step"][np.argmax(run.metrics["train_acc"] >= 0.95)])
+    assert df["memorization_step_mean"][0] == first
+
+
+def test_without_pandas_one_line_says_how_to_get_it(runs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
+    with pytest.raises(ImportError, match=r"^to_pandas needs pandas, an optional extra: pip install 'groklens\[pandas\]'$"):
+        Trajectory(runs[0]).to_pandas()
