@@ -17,8 +17,8 @@ run through one `torch.func.functional_call` under `torch.func.vmap` (the parame
   checkpoint and for every setting (common random numbers along a curve and across a sweep), and
   independent of how many chains or settings run beside it.
 - L_n(w*): the mean loss over all n rows at w* (devinterp: over its first 32 minibatches).
-- A lane whose loss turns non-finite (a step too large) is failed: its trace is NaN from there
-  and it sits at w* for the rest of the run, so the other lanes go on unchanged.
+- A lane whose loss turns non-finite or above DIVERGED (a step too large) is failed: it is dropped
+  from the batch (its trace NaN from there), and the other lanes go on unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from torch import nn
 SEED_STRIDE = 1_000_003  # > any number of chains: two seeds share no chain
 STREAM_SALT = 999_983  # the minibatch stream's seed is seed * SEED_STRIDE + this
 INIT_CHUNK = 4096  # rows per forward pass of the exact L_n(w*)
+DIVERGED = 1e12  # a minibatch loss this large (finite or not) fails the lane: it overflows within steps
 
 
 class _RowLoss(nn.Module):
@@ -83,8 +84,7 @@ def sample(model: nn.Module, row_loss: Callable, n_rows: int, settings: Sequence
     dtype = center[names[0]].dtype
     lanes = {n: center[n].unsqueeze(0).repeat(L, *[1] * center[n].dim()).requires_grad_(True) for n in names}
     hyper = torch.tensor([s for s in settings for _ in range(C)], dtype=dtype, device=device)  # [L, 3]
-    lr, nbeta, gamma = hyper[:, 0], hyper[:, 1], hyper[:, 2]
-    sqrt_lr = lr.sqrt()
+    chain_of = torch.arange(L, device=device) % C
     wrapper = _RowLoss(model, row_loss)
     fixed_w = {f"inner.{n}": t for n, t in fixed.items()}
 
@@ -97,37 +97,48 @@ def sample(model: nn.Module, row_loss: Callable, n_rows: int, settings: Sequence
     gens = [torch.Generator().manual_seed(seed * SEED_STRIDE + c) for c in range(C)]
     sizes = [center[n].numel() for n in names]
     trace = torch.full((steps, L), float("nan"), dtype=torch.float64)
-    alive = torch.ones(L, dtype=torch.bool, device=device)
+    active = torch.arange(L, device=device)  # the lanes still running (failed ones are dropped)
     ratio_sum = torch.zeros(L, dtype=torch.float64, device=device)
     for t in range(steps):
-        losses = batched(lanes, stream[t])  # [L]
-        ok = torch.isfinite(losses.detach())
-        alive &= ok
-        grads = torch.autograd.grad(torch.where(alive, losses, torch.zeros_like(losses)).sum(),
-                                    [lanes[n] for n in names])
-        trace[t] = torch.where(alive, losses.detach(), torch.nan).double().cpu()
         z = torch.stack([torch.randn(sum(sizes), generator=g) for g in gens]).to(device=device, dtype=dtype)
-        z = z.unsqueeze(0).expand(S, C, -1).reshape(L, -1)  # chain c's noise in every setting
-        drift_sq = torch.zeros(L, dtype=torch.float64, device=device)
+        if not len(active):
+            continue  # every lane failed; the generators still advance as if they ran
+        losses = batched(lanes, stream[t])  # [active]
+        ok = torch.isfinite(losses.detach()) & (losses.detach().abs() < DIVERGED)
+        everyone = bool(ok.all())
+        if not bool(ok.any()):
+            active = active[ok]
+            continue
+        # the failed lanes get no gradient (their rows of grads are dropped with them)
+        grads = torch.autograd.grad((losses if everyone else losses[ok]).sum(), [lanes[n] for n in names])
+        if not everyone:
+            active, losses, grads = active[ok], losses[ok], [g[ok] for g in grads]
+            lanes = {n: w.detach()[ok].requires_grad_(True) for n, w in lanes.items()}
+        trace[t, active.cpu()] = losses.detach().double().cpu()
+        lr, nbeta, gamma = hyper[active, 0], hyper[active, 1], hyper[active, 2]
+        za = z[chain_of[active]]  # chain c's noise, the same in every setting
+        drift_sq = torch.zeros(len(active), dtype=torch.float64, device=device)
         with torch.no_grad():
-            for n, g, zn in zip(names, grads, z.split(sizes, dim=1)):
-                w, shape = lanes[n], (L,) + (1,) * center[n].dim()
+            for n, g, zn in zip(names, grads, za.split(sizes, dim=1)):
+                w, shape = lanes[n], (len(active),) + (1,) * center[n].dim()
                 step = lr.view(shape) / 2 * (nbeta.view(shape) * g + gamma.view(shape) * (w - center[n]))
-                noise = sqrt_lr.view(shape) * zn.view_as(w)
                 if grad_noise:
                     drift_sq += (lr.view(shape) / 2 * nbeta.view(shape) * g).double().pow(2).flatten(1).sum(1)
-                w.add_(noise - step)
-                w.copy_(torch.where(alive.view(shape), w, center[n].unsqueeze(0)))  # a failed lane stays at w*
+                w.add_(lr.sqrt().view(shape) * zn.view_as(w) - step)
             if grad_noise and t >= burnin:
-                ratio_sum += drift_sq.sqrt() / (sqrt_lr.double() * z.double().norm(dim=1))
+                ratio_sum[active] += drift_sq.sqrt() / (lr.sqrt().double() * za.double().norm(dim=1))
+    failed = np.ones(L, dtype=bool)
+    failed[active.cpu().numpy()] = False
+    dist = np.full(L, np.nan)
     with torch.no_grad():
-        dist = torch.sqrt(sum((lanes[n] - center[n]).double().pow(2).flatten(1).sum(1) for n in names))
-    failed = ~alive.cpu().numpy()
-    ratio = (ratio_sum / draws).cpu().numpy() if grad_noise else np.full(L, np.nan)
+        if len(active):
+            dist[active.cpu().numpy()] = torch.sqrt(sum((lanes[n] - center[n]).double().pow(2).flatten(1).sum(1)
+                                                        for n in names)).cpu().numpy()
+    ratio = np.where(failed, np.nan, (ratio_sum / draws).cpu().numpy()) if grad_noise else np.full(L, np.nan)
     return {
         "trace": trace.T.numpy().reshape(S, C, steps),
         "init_loss": init_loss,
         "failed": failed.reshape(S, C),
-        "distance": np.where(failed, np.nan, dist.cpu().numpy()).reshape(S, C),
-        "grad_noise": np.where(failed, np.nan, ratio).reshape(S, C),
+        "distance": dist.reshape(S, C),
+        "grad_noise": ratio.reshape(S, C),
     }
