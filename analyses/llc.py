@@ -216,8 +216,8 @@ def sgld_llc(model, row_loss: Callable, n_rows: int, *, lr: float, localization:
 
         out = sample(model, row_loss, n_rows, [(float(lr), nb, float(localization))], chains=chains, burnin=burnin,
                      draws=draws, minibatch=minibatch, seed=seed, grad_noise=save_metrics)
-        trace, init_loss = out["trace"][0], out["init_loss"]
-        metrics = {"distance": out["distance"][0], "grad_noise": out["grad_noise"][0]}
+        trace, init_loss = out["trace"][0, 0], float(out["init_loss"][0])
+        metrics = {"distance": out["distance"][0, 0], "grad_noise": out["grad_noise"][0, 0]}
     return summarise(trace, init_loss, nb, burnin, metrics)
 
 
@@ -305,3 +305,38 @@ def llc(
                    save_metrics=save_metrics)
     out["n_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
     return out
+
+
+CENTER_LANES = 256  # lanes (checkpoints x chains) per vectorized pass of llc_many
+
+
+def llc_many(models: list, data: TaskData, **params) -> list[dict]:
+    """llc() at several checkpoints of one run at once (the same architecture): with backend=vmap
+    every checkpoint's chains run in one vectorized pass (analyses/sgld.py, `centers`); chain c
+    draws the same noise and minibatches at every checkpoint, so each result is llc(model) of that
+    checkpoint. The runner calls it for a trajectory (Analysis.batch_func)."""
+    full = {**{k: p.default for k, p in inspect.signature(llc).parameters.items()
+               if p.default is not inspect.Parameter.empty}, **params}
+    if full["backend"] != "vmap" or full["save_metrics"] or len(models) < 2:
+        return [llc(m, data, **params) for m in models]
+    from groklens.analyses.sgld import sample
+
+    rows = eval_rows(data, full["eval_set"])
+    hp = {k: full[k] for k in HYPERPARAMETERS}
+    check_hyperparameters(**hp, n_rows=len(rows))
+    nb = default_nbeta(len(rows)) if hp["nbeta"] is None else float(hp["nbeta"])
+    row_loss = task_row_loss(models[0], data, rows, check_loss(full["loss"]))
+    per = max(1, CENTER_LANES // hp["chains"])
+    out: list[dict] = []
+    for start in range(0, len(models), per):
+        part = models[start : start + per]
+        res = sample(part[0], row_loss, len(rows), [(float(hp["lr"]), nb, float(hp["localization"]))],
+                     chains=hp["chains"], burnin=hp["burnin"], draws=hp["draws"], minibatch=hp["minibatch"],
+                     seed=hp["seed"], centers=part)
+        for k, m in enumerate(part):
+            r = summarise(res["trace"][k, 0], float(res["init_loss"][k]), nb, hp["burnin"],
+                          {"distance": res["distance"][k, 0], "grad_noise": res["grad_noise"][k, 0]})
+            r["n_params"] = int(sum(p.numel() for p in m.parameters() if p.requires_grad))
+            out.append(r)
+    return out
+

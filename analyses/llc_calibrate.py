@@ -147,12 +147,13 @@ def _sample_target(target: Target, settings, *, chains, burnin, draws, minibatch
         part = settings[start : start + per]
         res = sample(target.model, target.row_loss, target.n_rows, part, chains=chains, burnin=burnin, draws=draws,
                      minibatch=minibatch, seed=seed)
+        init = float(res["init_loss"][0])
         for i, (_lr, nb, _gamma) in enumerate(part):
-            trace = res["trace"][i]
-            r = summarise(trace, res["init_loss"], nb, burnin, {"distance": res["distance"][i],
-                                                                 "grad_noise": res["grad_noise"][i]})
+            trace = res["trace"][0, i]
+            r = summarise(trace, init, nb, burnin, {"distance": res["distance"][0, i],
+                                                    "grad_noise": res["grad_noise"][0, i]})
             r["excursion"] = r["llc_mean"] / nb
-            r["trace_blocks"] = _blocks(nb * (trace - res["init_loss"]), FIGURE_BINS)
+            r["trace_blocks"] = _blocks(nb * (trace - init), FIGURE_BINS)
             r.update(_health(r, target.chance_loss))
             del r["trace"]
             out.append(r)

@@ -41,13 +41,13 @@ def trace_grid(panels: Sequence[Sequence[TracePanel | None]], row_labels: Sequen
                 continue
             bins = p.blocks.shape[1]
             x = (np.arange(bins) + 0.5) * steps / bins
-            for c, row in enumerate(p.blocks):
+            for c, row in enumerate(p.blocks if math.isfinite(p.llc) else ()):  # a failed setting: no lines
                 a.plot(x, row, color=colour(c), lw=0.9, alpha=0.8)
             if math.isfinite(p.llc):
                 a.axhline(p.llc, color="black", ls="--", lw=1.0)
             a.axhline(0, color="grey", ls=":", lw=0.7)
             a.axvspan(0, burnin, color="grey", alpha=0.12, lw=0)
-            finite = p.blocks[np.isfinite(p.blocks)]
+            finite = p.blocks[np.isfinite(p.blocks)] if math.isfinite(p.llc) else np.zeros(0)
             if finite.size:
                 lo, hi = float(min(0.0, finite.min())), float(max(finite.max(), 1e-9))
                 a.set_ylim(lo - 0.05 * (hi - lo), hi + 0.1 * (hi - lo))

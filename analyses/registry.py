@@ -41,6 +41,9 @@ class Analysis:
     # overrides of `defaults` for a cheap first look (`groklens demo`), where the default costs
     # much more than it tells there
     cheap_params: dict[str, Any] = field(default_factory=dict)
+    # batch_func(models, data, **params) -> one result per model: the same values as func at each
+    # checkpoint, computed together (the runner gives it the checkpoints it lacks, in chunks)
+    batch_func: Callable[..., list[dict]] | None = None
 
 
 # keyword arguments of an analysis function that are plumbing, not parameters of the measure
@@ -107,7 +110,7 @@ def _load_builtins() -> None:
     ANALYSES.register("llc")(Analysis(
         "llc", llc.llc, signature_defaults(llc.llc),
         "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
-        check=llc.check, in_default_set=False, only_when_named=True))
+        check=llc.check, in_default_set=False, only_when_named=True, batch_func=llc.llc_many))
     ANALYSES.register("probe")(Analysis(
         "probe", probing.probe, signature_defaults(probing.probe),
         "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",

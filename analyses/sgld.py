@@ -1,6 +1,7 @@
 """SGLD chains in parallel: devinterp's SGLD step on many lanes at once (torch.func.vmap).
 
-A lane is one chain c of one setting s = (lr, nbeta, localization). From w_0 = w* every lane takes
+A lane is one chain c of one setting s = (lr, nbeta, localization) at one center w* (a checkpoint;
+several centers sample a run's checkpoints at once). From w_0 = w* every lane takes
 
     w <- w - lr_s / 2 (nbeta_s grad L_B(w) + gamma_s (w - w*)) + sqrt(lr_s) z_c,   z_c ~ N(0, I)
 
@@ -65,26 +66,31 @@ def full_loss(model: nn.Module, row_loss: Callable, n_rows: int, device) -> floa
 
 
 def sample(model: nn.Module, row_loss: Callable, n_rows: int, settings: Sequence[tuple[float, float, float]], *,
-           chains: int, burnin: int, draws: int, minibatch: int, seed: int = 0,
-           grad_noise: bool = False) -> dict[str, np.ndarray | float]:
-    """Run `chains` chains of each setting (lr, nbeta, localization) for burnin + draws steps.
+           chains: int, burnin: int, draws: int, minibatch: int, seed: int = 0, grad_noise: bool = False,
+           centers: Sequence[nn.Module] | None = None) -> dict[str, np.ndarray]:
+    """Run `chains` chains of each setting (lr, nbeta, localization) for burnin + draws steps,
+    from `model`'s parameters or, with `centers`, from each of those models' (the same
+    architecture as `model`, e.g. the checkpoints of a run: every checkpoint's chains at once).
 
-    Returns trace [S, C, steps] (float64, the minibatch loss before each step; NaN after a
-    failure), init_loss (L_n(w*)), failed [S, C], distance [S, C] (||w - w*|| at the end) and
-    grad_noise [S, C]: the mean over the draws of ||lr/2 nbeta grad|| / ||sqrt(lr) z|| (NaN
-    unless asked)."""
+    Returns, with K = len(centers) (1 without): trace [K, S, C, steps] (float64, the minibatch loss
+    before each step; NaN after a failure), init_loss [K] (L_n(w*)), failed [K, S, C], distance
+    [K, S, C] (||w - w*|| at the end) and grad_noise [K, S, C]: the mean over the draws of
+    ||lr/2 nbeta grad|| / ||sqrt(lr) z|| (NaN unless asked). Chain c of every center and setting
+    draws the same noise and minibatches: each lane is what it would be alone."""
     device = next(model.parameters()).device
-    steps, S, C = burnin + draws, len(settings), chains
-    L = S * C
-    init_loss = full_loss(model, row_loss, n_rows, device)
+    centers = [model] if centers is None else list(centers)
+    steps, K, S, C = burnin + draws, len(centers), len(settings), chains
+    L = K * S * C
+    init_loss = np.array([full_loss(m, row_loss, n_rows, device) for m in centers])
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    center = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    cen = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in centers]) for n in names}  # [K, ...]
     fixed = {n: b.detach() for n, b in model.named_buffers()}
     fixed.update({n: p.detach() for n, p in model.named_parameters() if not p.requires_grad})
-    dtype = center[names[0]].dtype
-    lanes = {n: center[n].unsqueeze(0).repeat(L, *[1] * center[n].dim()).requires_grad_(True) for n in names}
-    hyper = torch.tensor([s for s in settings for _ in range(C)], dtype=dtype, device=device)  # [L, 3]
+    dtype = cen[names[0]].dtype
+    lanes = {n: cen[n].repeat_interleave(S * C, dim=0).clone().requires_grad_(True) for n in names}
+    hyper = torch.tensor([s for s in settings for _ in range(C)] * K, dtype=dtype, device=device)  # [L, 3]
     chain_of = torch.arange(L, device=device) % C
+    center_of = torch.arange(L, device=device) // (S * C)
     wrapper = _RowLoss(model, row_loss)
     fixed_w = {f"inner.{n}": t for n, t in fixed.items()}
 
@@ -95,7 +101,7 @@ def sample(model: nn.Module, row_loss: Callable, n_rows: int, settings: Sequence
     batched = torch.func.vmap(lane_loss, in_dims=(0, None))
     stream = minibatch_stream(n_rows, minibatch, steps, seed).to(device)
     gens = [torch.Generator().manual_seed(seed * SEED_STRIDE + c) for c in range(C)]
-    sizes = [center[n].numel() for n in names]
+    sizes = [cen[n][0].numel() for n in names]
     trace = torch.full((steps, L), float("nan"), dtype=torch.float64)
     active = torch.arange(L, device=device)  # the lanes still running (failed ones are dropped)
     ratio_sum = torch.zeros(L, dtype=torch.float64, device=device)
@@ -120,8 +126,9 @@ def sample(model: nn.Module, row_loss: Callable, n_rows: int, settings: Sequence
         drift_sq = torch.zeros(len(active), dtype=torch.float64, device=device)
         with torch.no_grad():
             for n, g, zn in zip(names, grads, za.split(sizes, dim=1)):
-                w, shape = lanes[n], (len(active),) + (1,) * center[n].dim()
-                step = lr.view(shape) / 2 * (nbeta.view(shape) * g + gamma.view(shape) * (w - center[n]))
+                w, shape = lanes[n], (len(active),) + (1,) * (cen[n].dim() - 1)
+                w0 = cen[n][0] if K == 1 else cen[n][center_of[active]]
+                step = lr.view(shape) / 2 * (nbeta.view(shape) * g + gamma.view(shape) * (w - w0))
                 if grad_noise:
                     drift_sq += (lr.view(shape) / 2 * nbeta.view(shape) * g).double().pow(2).flatten(1).sum(1)
                 w.add_(lr.sqrt().view(shape) * zn.view_as(w) - step)
@@ -132,13 +139,14 @@ def sample(model: nn.Module, row_loss: Callable, n_rows: int, settings: Sequence
     dist = np.full(L, np.nan)
     with torch.no_grad():
         if len(active):
-            dist[active.cpu().numpy()] = torch.sqrt(sum((lanes[n] - center[n]).double().pow(2).flatten(1).sum(1)
+            w0 = {n: cen[n][center_of[active]] for n in names}
+            dist[active.cpu().numpy()] = torch.sqrt(sum((lanes[n] - w0[n]).double().pow(2).flatten(1).sum(1)
                                                         for n in names)).cpu().numpy()
     ratio = np.where(failed, np.nan, (ratio_sum / draws).cpu().numpy()) if grad_noise else np.full(L, np.nan)
     return {
-        "trace": trace.T.numpy().reshape(S, C, steps),
+        "trace": trace.T.numpy().reshape(K, S, C, steps),
         "init_loss": init_loss,
-        "failed": failed.reshape(S, C),
-        "distance": dist.reshape(S, C),
-        "grad_noise": ratio.reshape(S, C),
+        "failed": failed.reshape(K, S, C),
+        "distance": dist.reshape(K, S, C),
+        "grad_noise": ratio.reshape(K, S, C),
     }

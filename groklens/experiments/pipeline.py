@@ -260,7 +260,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     notes = _analyze(exp, sc, scale, [r.path for r in new], n_workers, progress)
     keys = _measure_keys(exp, sc, scale)
     for r in new:
-        led.add(summarize_run(r.path, name, r.variant, r.seed, keys))
+        led.add(summarize_run(r.path, name, r.variant, r.seed, keys, curves=sc.extra.get("ledger_curves", ())))
     if new:
         led.save()
     t_an = time.perf_counter() - t0 - t_train
