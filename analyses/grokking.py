@@ -105,7 +105,8 @@ def format_summary(summary: Mapping) -> str:
         f"model    {cfg['model']} L={cfg['n_layers']} d_model={cfg['d_model']} heads={cfg['n_heads']} "
         f"d_mlp={cfg['d_mlp']} norm={cfg['norm']} attention={cfg['attention']} seed={cfg['seed']}"
     )
-    lines.append(f"optim    AdamW lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
+    opt = {"adamw": "AdamW", "adam": "Adam (L2 weight decay)"}.get(cfg.get("optimizer", "adamw"), cfg.get("optimizer"))
+    lines.append(f"optim    {opt} lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
     span = f"{steps[0]}..{steps[-1]}" if steps else "none"
     lines.append(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
     last = summary["last"]

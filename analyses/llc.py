@@ -1,19 +1,24 @@
-"""The local learning coefficient (LLC) by SGLD, through devinterp (docs/ANALYSES.md, "llc").
+"""The local learning coefficient (LLC) by SGLD (docs/ANALYSES.md, "llc").
 
   LLC_hat(w*) = n*beta * (E_w[L_n(w)] - L_n(w*)),   beta = 1 / log n by default
 
 w* is the checkpoint, L_n the run's own task loss (cross-entropy, or its StableMax loss) at the
 readout position(s), a per-input mean over the evaluation set of n inputs (default: the run's
 training inputs), weight decay and regularizer terms excluded. The expectation is over the
-localized tempered posterior exp(-n*beta L_n(w) - gamma/2 ||w - w*||^2), sampled by devinterp's
-SGLD (`devinterp.slt.sampling.sample` with its SGMCMC.sgld optimizer): `chains` chains of
-`burnin` + `draws` steps of size `lr`, minibatches of `minibatch` inputs, localization
-gamma = `localization`, inverse temperature `nbeta` (None: n / log n). devinterp feeds the loss
-through its `evaluate` hook; here that is the run's per-input loss, each "sequence" devinterp
-sees being one input's row index. L_n(w*) is devinterp's init loss (its mean over 32
-minibatches at w*). Each chain's estimate averages its loss over the draws (the steps after
-burn-in, as Lau et al. 2023); with burnin 0 it is devinterp's `compute_llc` exactly
-(llc_devinterp, which always averages every step).
+localized tempered posterior exp(-n*beta L_n(w) - gamma/2 ||w - w*||^2), sampled by SGLD:
+`chains` chains of `burnin` + `draws` steps of size `lr`, minibatches of `minibatch` inputs,
+localization gamma = `localization`, inverse temperature `nbeta` (None: n / log n). Each chain's
+estimate averages its loss over the draws (the steps after burn-in, as Lau et al. 2023).
+
+Two samplers give the same update (devinterp 2.x's SGMCMC.sgld):
+  backend="vmap"       (default) every chain at once, vectorized (analyses/sgld.py): every input
+                       enters every epoch of minibatches; L_n(w*) is the exact mean over the n inputs
+  backend="devinterp"  devinterp's own `devinterp.slt.sampling.sample`, chain after chain (the
+                       reference): its DataLoader drops the last partial minibatch and replays its
+                       first epoch, so only n - (n mod minibatch) inputs ever enter, and its
+                       L_n(w*) is the mean over 32 minibatches; the default n*beta is computed from
+                       the inputs that enter. Each "sequence" devinterp sees is one input's row index.
+llc_devinterp is devinterp's `compute_llc` definition (every step averaged, burn-in included).
 
 Diagnostics (devinterp 2.x computes no MALA acceptance; these show an uncalibrated sampler):
   trace         [chains, <= TRACE_BINS] n*beta (L - L_n(w*)) over every step (burn-in
@@ -22,9 +27,9 @@ Diagnostics (devinterp 2.x computes no MALA acceptance; these show an uncalibrat
                 ~0 when stationary; >> 0 the chain still climbs (too few steps, lr too small);
                 < 0 it finds lower loss than w* (not a minimum: the LLC can come out negative)
   failed_chains chains whose loss went non-finite (lr too large): llc_mean is then NaN
-  distance      [chains] ||w - w*|| at the last step, and grad_noise [chains], the mean over
-                the draws of ||gradient step|| / ||noise step|| (devinterp's save_metrics
-                norms; NaN unless save_metrics, which makes a step ~2.5x slower)
+  distance      [chains] ||w - w*|| at the last step (vmap; devinterp: with save_metrics)
+  grad_noise    [chains] the mean over the draws of ||gradient step|| / ||noise step||
+                (NaN unless save_metrics; devinterp's save_metrics makes a step ~2.5x slower)
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from groklens.analyses.common import check_loss, eval_rows, task_loss
+from groklens.analyses.common import check_loss, eval_rows
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,8 +57,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
 
 TRACE_BINS = 20
-SEED_STRIDE = 1_000_003  # > any number of chains
-# calibrated on the demo's p=23 runs (docs/ANALYSES.md, "llc"); devinterp 2.x has no default
+SEED_STRIDE = 1_000_003  # > any number of chains (analyses/sgld.py uses the same)
+BACKENDS = ("vmap", "devinterp")
+# from `groklens llc-calibrate` on the README's p=23 run (docs/ANALYSES.md, "llc"); devinterp 2.x has no default
 DEFAULT_LR = 5e-7
 DEFAULT_LOCALIZATION = 1e5
 
@@ -83,7 +89,10 @@ def _positive_number(name: str, v, *, zero: bool = False) -> float:
     return float(v)
 
 
-def check_hyperparameters(*, lr, localization, nbeta, chains, draws, burnin, minibatch, seed, n_rows: int) -> None:
+def check_hyperparameters(*, lr, localization, nbeta, chains, draws, burnin, minibatch, seed, n_rows: int,
+                          backend: str = "vmap") -> None:
+    """Every check of the llc hyperparameters, in one place (the analysis, its runner check and
+    llc-calibrate call it)."""
     _positive_number("lr", lr)
     _positive_number("localization", localization, zero=True)
     if nbeta is not None:
@@ -99,6 +108,8 @@ def check_hyperparameters(*, lr, localization, nbeta, chains, draws, burnin, min
         raise BadInput(f"llc: minibatch ({minibatch}) is larger than the evaluation set ({n_rows} inputs)")
     if n_rows < 2:
         raise BadInput("llc: the evaluation set needs at least 2 inputs")
+    if backend not in BACKENDS:
+        raise BadInput(f"llc: backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
 
 
 def default_nbeta(n: int) -> float:
@@ -107,6 +118,11 @@ def default_nbeta(n: int) -> float:
     from devinterp.utils import default_nbeta as _default
 
     return float(_default(int(n)))
+
+
+def rows_entering(n_rows: int, minibatch: int, backend: str) -> int:
+    """Inputs that ever enter the sampler: all of them (vmap), or devinterp's full minibatches."""
+    return n_rows if backend == "vmap" else n_rows - n_rows % minibatch
 
 
 class _Rows:
@@ -159,16 +175,12 @@ def _blocks(x: np.ndarray, k: int) -> np.ndarray:
     return np.stack([p.mean(-1) for p in parts], axis=-1)
 
 
-def sgld_llc(model, row_loss: Callable, n_rows: int, *, lr: float, localization: float, nbeta: float | None,
-             chains: int, draws: int, burnin: int, minibatch: int, seed: int = 0, save_metrics: bool = False) -> dict:
-    """The LLC at `model`'s parameters for the per-input loss row_loss(model, rows [b]) -> [b]
-    over rows 0..n_rows-1, sampled by devinterp; see the module docstring for the values."""
-    check_hyperparameters(lr=lr, localization=localization, nbeta=nbeta, chains=chains, draws=draws, burnin=burnin,
-                          minibatch=minibatch, seed=seed, n_rows=n_rows)
+def _devinterp_trace(model, row_loss: Callable, n_rows: int, *, lr, localization, nb, chains, draws, burnin,
+                     minibatch, seed, save_metrics) -> tuple[np.ndarray, float, dict | None]:
+    """devinterp's sample(): (loss trace [chains, steps], its init loss, its save_metrics norms)."""
     from devinterp.slt.llc import compute_llc
     from devinterp.slt.sampling import sample
 
-    nb = default_nbeta(n_rows) if nbeta is None else float(nbeta)
     rows = _Rows(row_loss, n_rows)
     device = str(next(model.parameters()).device)
     tmp = Path(tempfile.mkdtemp(prefix="groklens-llc-"))
@@ -183,22 +195,49 @@ def sgld_llc(model, row_loss: Callable, n_rows: int, *, lr: float, localization:
                           num_draws=draws, num_burnin_steps=burnin, batch_size=minibatch, localization=float(localization),
                           # chain c draws from init_seed + c: seeds far apart share no chain
                           init_seed=seed * SEED_STRIDE, device=device, save_metrics=bool(save_metrics),
-                          output_path=tmp / "samples.zarr",
-                          loss_fn=rows.loss_fn)
+                          output_path=tmp / "samples.zarr", loss_fn=rows.loss_fn)
         summary = compute_llc(tree)
         trace = np.asarray(summary["loss_trace"].values, dtype=np.float64)  # [chains, burnin + draws]
         init_loss = float(summary["init_loss"].values)
-        devinterp_llc = np.asarray(summary["llc_per_chain"].values, dtype=np.float64)
         metrics = {k: np.asarray(tree.dataset[f"metrics_{k}"].values, dtype=np.float64)
                    for k in ("distance", "scaled_grad", "noise")} if save_metrics else None
         tree.close()
     finally:
         gc.unfreeze()
         shutil.rmtree(tmp, ignore_errors=True)
-    return _summarise(trace, init_loss, nb, burnin, metrics, devinterp_llc)
+    if metrics is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            metrics = {"distance": metrics["distance"][:, -1],
+                       "grad_noise": (metrics["scaled_grad"][:, burnin:] / metrics["noise"][:, burnin:]).mean(axis=1)}
+    return trace, init_loss, metrics
 
 
-def _summarise(trace, init_loss, nb, burnin, metrics, devinterp_llc) -> dict:
+def sgld_llc(model, row_loss: Callable, n_rows: int, *, lr: float, localization: float, nbeta: float | None,
+             chains: int, draws: int, burnin: int, minibatch: int, seed: int = 0, save_metrics: bool = False,
+             backend: str = "vmap") -> dict:
+    """The LLC at `model`'s parameters for the per-input loss row_loss(model, rows [b]) -> [b]
+    over rows 0..n_rows-1; see the module docstring for the values."""
+    check_hyperparameters(lr=lr, localization=localization, nbeta=nbeta, chains=chains, draws=draws, burnin=burnin,
+                          minibatch=minibatch, seed=seed, n_rows=n_rows, backend=backend)
+    nb = default_nbeta(rows_entering(n_rows, minibatch, backend)) if nbeta is None else float(nbeta)
+    if backend == "devinterp":
+        trace, init_loss, metrics = _devinterp_trace(model, row_loss, n_rows, lr=lr, localization=localization, nb=nb,
+                                                     chains=chains, draws=draws, burnin=burnin, minibatch=minibatch,
+                                                     seed=seed, save_metrics=save_metrics)
+        if metrics is None:
+            metrics = {"distance": np.full(chains, np.nan), "grad_noise": np.full(chains, np.nan)}
+    else:
+        from groklens.analyses.sgld import sample
+
+        out = sample(model, row_loss, n_rows, [(float(lr), nb, float(localization))], chains=chains, burnin=burnin,
+                     draws=draws, minibatch=minibatch, seed=seed, grad_noise=save_metrics)
+        trace, init_loss = out["trace"][0, 0], float(out["init_loss"][0])
+        metrics = {"distance": out["distance"][0, 0], "grad_noise": out["grad_noise"][0, 0]}
+    return summarise(trace, init_loss, nb, burnin, metrics)
+
+
+def summarise(trace: np.ndarray, init_loss: float, nb: float, burnin: int, metrics: dict) -> dict:
+    """The llc values from a loss trace [chains, burnin + draws] (module docstring)."""
     failed = ~np.isfinite(trace).all(axis=1)
     drawn = trace[:, burnin:]
     per_chain = nb * (drawn.mean(axis=1) - init_loss)
@@ -206,28 +245,22 @@ def _summarise(trace, init_loss, nb, burnin, metrics, devinterp_llc) -> dict:
     drift = nb * (drawn[:, half:].mean(axis=1) - drawn[:, :half].mean(axis=1))
     n = len(per_chain)
     ok = not failed.any()
-    if metrics is None:
-        distance = ratio = np.full(n, np.nan)
-    else:
-        distance = metrics["distance"][:, -1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = (metrics["scaled_grad"][:, burnin:] / metrics["noise"][:, burnin:]).mean(axis=1)
     return {
         "llc_mean": float(per_chain.mean()) if ok else float("nan"),
         "llc_std": float(per_chain.std(ddof=1)) if ok and n > 1 else float("nan"),
         "llc_per_chain": np.where(failed, np.nan, per_chain),
-        "llc_devinterp": float(devinterp_llc.mean()) if ok else float("nan"),
+        "llc_devinterp": float(nb * (trace.mean() - init_loss)) if ok else float("nan"),
         "init_loss": init_loss,
         "nbeta": nb,
         "trace": _blocks(nb * (trace - init_loss), TRACE_BINS),
         "trace_drift": np.where(failed, np.nan, drift),
         "failed_chains": int(failed.sum()),
-        "distance": distance,
-        "grad_noise": ratio,
+        "distance": np.asarray(metrics["distance"], dtype=float),
+        "grad_noise": np.asarray(metrics["grad_noise"], dtype=float),
     }
 
 
-HYPERPARAMETERS = ("lr", "localization", "nbeta", "chains", "draws", "burnin", "minibatch", "seed")
+HYPERPARAMETERS = ("lr", "localization", "nbeta", "chains", "draws", "burnin", "minibatch", "seed", "backend")
 
 
 def check(model, data: TaskData, params: dict) -> None:
@@ -235,6 +268,26 @@ def check(model, data: TaskData, params: dict) -> None:
     check_loss(params.get("loss"))
     defaults = inspect.signature(llc).parameters
     check_hyperparameters(**{k: params.get(k, defaults[k].default) for k in HYPERPARAMETERS}, n_rows=len(rows))
+
+
+def task_row_loss(model, data: TaskData, rows: torch.Tensor, kind: str) -> Callable:
+    """row_loss(m, idx) -> [b]: the run's task loss of each of the inputs `rows[idx]`, from the
+    readout-only forward pass where the model has one (the trainer's)."""
+    from groklens.trainers.regularizers import task_loss
+
+    device = next(model.parameters()).device
+    inputs, labels = data.inputs[rows].to(device), data.labels[rows].to(device)
+    pos = data.readout_positions
+    window = slice(pos[0], pos[-1] + 1)
+    readout = getattr(model, "supports_readout", False)
+
+    def row_loss(m, idx: torch.Tensor) -> torch.Tensor:
+        idx = idx.to(device)
+        logits = m(inputs[idx], readout=window) if readout else m(inputs[idx])[:, window]
+        y = labels[idx]
+        return task_loss(logits[:, 0] if y.dim() == 1 else logits, y, kind, reduction="none")
+
+    return row_loss
 
 
 def llc(
@@ -252,6 +305,7 @@ def llc(
     loss: str | None = None,
     seed: int = 0,
     save_metrics: bool = False,
+    backend: str = "vmap",
 ) -> dict:
     """LLC at one checkpoint (module docstring): llc_mean, llc_std (across chains, ddof 1),
     llc_per_chain, llc_devinterp, init_loss, nbeta (the value used), trace, trace_drift,
@@ -262,14 +316,42 @@ def llc(
     # eval_rows and check_loss refuse a bad eval_set / loss, sgld_llc bad hyperparameters: the
     # runner's check() already ran once for all checkpoints
     rows = eval_rows(data, eval_set)
-    kind = check_loss(loss)
-    device = next(model.parameters()).device
-    inputs, labels = data.inputs[rows].to(device), data.labels[rows].to(device)
-
-    def row_loss(m, idx: torch.Tensor) -> torch.Tensor:
-        idx = idx.to(device)
-        return task_loss(m(inputs[idx]), labels[idx], data, kind, reduction="none")
-
-    out = sgld_llc(model, row_loss, len(rows), **params, save_metrics=save_metrics)
+    out = sgld_llc(model, task_row_loss(model, data, rows, check_loss(loss)), len(rows), **params,
+                   save_metrics=save_metrics)
     out["n_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
     return out
+
+
+CENTER_LANES = 256  # lanes (checkpoints x chains) per vectorized pass of llc_many
+
+
+def llc_many(models: list, data: TaskData, **params) -> list[dict]:
+    """llc() at several checkpoints of one run at once (the same architecture): with backend=vmap
+    every checkpoint's chains run in one vectorized pass (analyses/sgld.py, `centers`); chain c
+    draws the same noise and minibatches at every checkpoint, so each result is llc(model) of that
+    checkpoint. The runner calls it for a trajectory (Analysis.batch_func)."""
+    full = {**{k: p.default for k, p in inspect.signature(llc).parameters.items()
+               if p.default is not inspect.Parameter.empty}, **params}
+    if full["backend"] != "vmap" or full["save_metrics"] or len(models) < 2:
+        return [llc(m, data, **params) for m in models]
+    from groklens.analyses.sgld import sample
+
+    rows = eval_rows(data, full["eval_set"])
+    hp = {k: full[k] for k in HYPERPARAMETERS}
+    check_hyperparameters(**hp, n_rows=len(rows))
+    nb = default_nbeta(len(rows)) if hp["nbeta"] is None else float(hp["nbeta"])
+    row_loss = task_row_loss(models[0], data, rows, check_loss(full["loss"]))
+    per = max(1, CENTER_LANES // hp["chains"])
+    out: list[dict] = []
+    for start in range(0, len(models), per):
+        part = models[start : start + per]
+        res = sample(part[0], row_loss, len(rows), [(float(hp["lr"]), nb, float(hp["localization"]))],
+                     chains=hp["chains"], burnin=hp["burnin"], draws=hp["draws"], minibatch=hp["minibatch"],
+                     seed=hp["seed"], centers=part)
+        for k, m in enumerate(part):
+            r = summarise(res["trace"][k, 0], float(res["init_loss"][k]), nb, hp["burnin"],
+                          {"distance": res["distance"][k, 0], "grad_noise": res["grad_noise"][k, 0]})
+            r["n_params"] = int(sum(p.numel() for p in m.parameters() if p.requires_grad))
+            out.append(r)
+    return out
+

@@ -44,6 +44,9 @@ class Analysis:
     # (trajectory, params) -> params: a parameter value that names something of the run
     # (fourier's key_frequencies="last") made concrete before the parameters are checked and stored
     resolve: Callable[..., dict] | None = None
+    # batch_func(models, data, **params) -> one result per model: the same values as func at each
+    # checkpoint, computed together (the runner gives it the checkpoints it lacks, in chunks)
+    batch_func: Callable[..., list[dict]] | None = None
 
 
 # keyword arguments of an analysis function that are plumbing, not parameters of the measure
@@ -115,7 +118,7 @@ def _load_builtins() -> None:
     ANALYSES.register("llc")(Analysis(
         "llc", llc.llc, signature_defaults(llc.llc),
         "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
-        check=llc.check, in_default_set=False, only_when_named=True))
+        check=llc.check, in_default_set=False, only_when_named=True, batch_func=llc.llc_many))
     ANALYSES.register("probe")(Analysis(
         "probe", probing.probe, signature_defaults(probing.probe),
         "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",

@@ -26,6 +26,7 @@ from groklens.analyses.registry import Analysis, canonical_params, default_names
 from groklens.analyses.store import Sidecar, identity_attrs, matches, variant_id
 from groklens.errors import BadInput
 
+BATCH_CHECKPOINTS = 32  # checkpoints per call of an analysis's batch_func
 COMMIT_SECONDS = 10.0  # a killed analysis loses at most this much finished work
 PARAM_MAX_CHARS = 10_000  # an analysis parameter is a number, a name or a short list
 PARAM_MAX_DEPTH = 4
@@ -264,16 +265,29 @@ def _step_level(traj, sidecar: Sidecar, step_jobs: list[_Job], chosen: list[int]
                 sidecar.commit(j.name, j.variant, j.attrs, j.pending)
                 j.pending = {}
 
-    todo_steps = sorted(set().union(*[set(j.todo) for j in step_jobs])) if step_jobs else []
+    batched = [j for j in step_jobs if j.analysis.batch_func is not None]
+    single = [j for j in step_jobs if j.analysis.batch_func is None]
+    todo_steps = sorted(set().union(*[set(j.todo) for j in single])) if single else []
     from tqdm.auto import tqdm
 
     bar = tqdm(total=sum(len(j.todo) for j in step_jobs), disable=not progress, desc="analyze", unit="ckpt",
                dynamic_ncols=True, leave=False)
     last_commit = time.monotonic()
     try:
+        for j in batched:  # checkpoints computed together, BATCH_CHECKPOINTS at a time
+            for start in range(0, len(j.todo), BATCH_CHECKPOINTS):
+                part = j.todo[start : start + BATCH_CHECKPOINTS]
+                bar.set_postfix_str(f"{j.name} @ steps {part[0]}..{part[-1]}", refresh=False)
+                models = [model0 if s == chosen[0] else traj.model(s) for s in part]
+                for s, values in zip(part, j.analysis.batch_func(models, data, **_kwargs(j, init, None, traj.config))):
+                    _keep(j, s, _normalise(values, j.name))
+                bar.update(len(part))
+                if store and time.monotonic() - last_commit >= commit_seconds:
+                    flush()
+                    last_commit = time.monotonic()
         for s in todo_steps:
             model = model0 if s == chosen[0] else traj.model(s)
-            for j in step_jobs:
+            for j in single:
                 if s in j.todo:
                     bar.set_postfix_str(f"{j.name} @ step {s}", refresh=False)
                     _compute_one(j, model, data, init, s, traj.config)
@@ -296,18 +310,25 @@ def _step_level(traj, sidecar: Sidecar, step_jobs: list[_Job], chosen: list[int]
         flush()
 
 
-def _compute_one(j: _Job, model, data, init, step: int, cfg) -> None:
+def _kwargs(j: _Job, init, step: int | None, cfg) -> dict[str, Any]:
     kwargs = dict(j.params)
     if "loss" in kwargs and kwargs["loss"] is None:  # the loss the run trained with
         kwargs["loss"] = getattr(cfg, "loss", "ce")
     if j.analysis.needs_init:
         kwargs["init_params"] = init
-    if j.analysis.needs_step:
+    if j.analysis.needs_step and step is not None:
         kwargs["step"] = int(step)
-    values = _normalise(j.analysis.func(model, data, **kwargs), j.name)
+    return kwargs
+
+
+def _keep(j: _Job, step: int, values: dict[str, np.ndarray]) -> None:
     j.have[step] = values
     j.pending[step] = values
     j.computed.append(step)
+
+
+def _compute_one(j: _Job, model, data, init, step: int, cfg) -> None:
+    _keep(j, step, _normalise(j.analysis.func(model, data, **_kwargs(j, init, step, cfg)), j.name))
 
 
 # ---------------------------------------------------------------------- several runs

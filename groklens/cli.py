@@ -220,7 +220,8 @@ def info(run: str, as_json: bool) -> None:
 @click.argument("run", type=click.Path())
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
-                   "grokking, probe. Default: all but sharpness and probe, skipping those that do not apply.")
+                   "grokking, llc, probe. Default: fourier, attention, rank, radial, norms, grokking (all but "
+                   "sharpness, llc and probe), skipping those that do not apply.")
 @_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
@@ -239,6 +240,44 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
     for note in notes:
         click.echo(f"groklens: {note}", err=True)
     click.echo(strict_json(results) if as_json else format_results(results))
+
+
+@cli.command("llc-calibrate")
+@click.argument("run", type=click.Path())
+@click.option("--checkpoints", "steps", multiple=True, metavar="S",
+              help="Checkpoint step(s) to calibrate at (repeatable or comma-separated; default: the memorization "
+                   "checkpoint and the last one).")
+@click.option("--lr", "lrs", multiple=True, metavar="X", help="SGLD step sizes (default 3e-5,3e-4,3e-3,3e-2,3e-1).")
+@click.option("--nbeta", "nbetas", multiple=True, metavar="X",
+              help="Inverse temperatures n*beta (default 0.01,0.1,1,10 x n/log n).")
+@click.option("--localization", "localizations", multiple=True, metavar="X",
+              help="Localizations gamma (default 1,10,100,1e3,1e4,1e5).")
+@click.option("--chains", type=int, default=4, show_default=True, help="Chains per setting.")
+@click.option("--draws", type=int, default=200, show_default=True, help="Draws per chain after burn-in.")
+@click.option("--burnin", type=int, default=100, show_default=True, help="Burn-in steps per chain.")
+@click.option("--minibatch", type=int, default=32, show_default=True, help="Inputs per SGLD step.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Chain noise and minibatch seed.")
+@click.option("--eval-set", default="train", show_default=True, help="train | test | all: the inputs of L_n.")
+@click.option("--out", "-o", "out_dir", type=click.Path(), default=None,
+              help="Directory for calibration.json and one loss-trace figure per checkpoint.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON.")
+def llc_calibrate(run, steps, lrs, nbetas, localizations, chains, draws, burnin, minibatch, seed, eval_set, out_dir,
+                  quiet, as_json) -> None:
+    """Sweep the LLC's SGLD step size x nbeta x localization at checkpoints of RUN.h5, devinterp's
+    way: per setting the estimate, convergence, chain agreement, loss excursion, lr stability and
+    ordering, and a recommended setting (docs/ANALYSES.md, "llc")."""
+    from groklens.analyses.llc_calibrate import calibrate_run, format_calibration, parse_floats
+    from groklens.analyses.runner import parse_steps
+
+    cal, written = calibrate_run(
+        run, parse_steps(steps), lrs=parse_floats(lrs, "--lr"), nbetas=parse_floats(nbetas, "--nbeta"),
+        localizations=parse_floats(localizations, "--localization"), chains=chains, burnin=burnin, draws=draws,
+        minibatch=minibatch, seed=seed, eval_set=eval_set, out_dir=out_dir,
+        progress=None if quiet else (lambda line: click.echo(f"groklens: {line}", err=True)))
+    click.echo(strict_json(cal.to_json()) if as_json else format_calibration(cal))
+    for path in written:
+        click.echo(f"groklens: wrote {path}", err=True)
 
 
 @cli.command()

@@ -31,6 +31,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "routing_unit": ("layer", "sublayer"),
     "perp_grad_scale": ("orthograd", "unscaled"),
+    "optimizer": ("adamw", "adam"),
 }
 # Fields added after trajectory files were first written, with the value such an old file
 # meant: a key missing from a stored config is read as this, not as today's default.
@@ -75,6 +76,7 @@ class RunConfig:
     tau: float = 10.0  # unembed=bounded: fixed logit temperature (the paper: 10)
     fourier_freqs: str = "14 35 41 42 52"  # init=fourier: the K frequencies (Nanda's key frequencies)
     mlp_embed: str = "learned"  # model=mlp: learned (d_model wide) or onehot operand embeddings
+    mlp_unembed_bias: bool = True  # model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)
     # --- task knobs (digits_add; seq_add / seq_mul)
     n_digits: int = 3  # digits_add: digits per operand
     seq_len: int = 8  # seq tasks: L positions before the `=` readout token
@@ -100,10 +102,12 @@ class RunConfig:
     routing_copies: int = 1  # M copies trained together; each step's loss is taken on routed models
     routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
     routing_unit: str = "layer"  # what one permutation routes: layer | sublayer (transformer: attn, mlp apart)
-    # --- optimizer (AdamW, decoupled weight decay)
-    lr: float = 1e-3  # AdamW learning rate (after warm-up)
-    weight_decay: float = 1.0  # AdamW decoupled weight decay
-    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas: two numbers
+    # --- optimizer: adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2
+    #     gradient term wd * w, as devinterp's grokking notebook trains)
+    optimizer: str = "adamw"
+    lr: float = 1e-3  # learning rate (after warm-up)
+    weight_decay: float = 1.0  # weight decay (decoupled with adamw, an L2 gradient term with adam)
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam(W) betas: two numbers
     warmup_steps: int = 10  # linear learning-rate warm-up from 0 over this many steps
     batch_size: int = 0  # training inputs per step; 0 = the full training set
     # --- schedule of the run
@@ -214,6 +218,9 @@ class RunConfig:
             for name, value in transformer_only:
                 raise BadInput(f"{name}={value} is an option of model=transformer, not model={self.model}")
             _check(self.kl_attn_beta == 0, f"kl_attn_beta needs attention: model=transformer, not model={self.model}")
+        _check(self.mlp_unembed_bias or (self.model == "mlp" and self.mlp_bias),
+               "mlp_unembed_bias=false drops the unembedding bias of model=mlp with mlp_bias=true; "
+               f"model={self.model} with mlp_bias={str(self.mlp_bias).lower()} has none to drop")
         _check(self.norm_placement == "pre" or self.norm in ("ln", "rms"),
                f"norm_placement=post places a LayerNorm or RMSNorm (norm: ln | rms); norm={self.norm} has "
                + ("no norm to place" if self.norm == "none" else "its projection after every sum already"))

@@ -51,6 +51,7 @@ SHARED_FIELDS = (
     # architecture (anything that only changes the forward pass is fine under vmap)
     "model", "n_layers", "d_model", "n_heads", "d_head", "d_mlp", "act_fn", "norm", "norm_placement", "attention",
     "unembed", "init", "init_scheme", "causal", "mlp_bias", "radius", "tau", "fourier_freqs", "mlp_embed",
+    "mlp_unembed_bias",
     # the loss and the regularizers' knobs other than their strengths
     "loss", "act_norm_sites", "geomdr_target", "geomdr_start", "geomdr_end", "geomdr_site", "kl_attn_layer",
     "perp_grad_scale",

@@ -1,4 +1,4 @@
-"""torch.optim.AdamW without the compiler stack: the same code, the same update to the bit.
+"""torch.optim.AdamW (and Adam) without the compiler stack: the same code, the same update to the bit.
 
 torch.optim wraps `Optimizer.add_param_group`, `zero_grad`, `state_dict` and `load_state_dict`
 in `torch._disable_dynamo`, and `Adam.step` in `_use_grad_for_differentiable`; both wrappers
@@ -19,6 +19,7 @@ import inspect
 import torch
 
 _STEP = inspect.unwrap(torch.optim.AdamW.step)  # past torch's profile hook and grad-mode wrapper
+_ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
 
 
 class AdamW(torch.optim.AdamW):
@@ -33,3 +34,20 @@ class AdamW(torch.optim.AdamW):
     def step(self, closure=None):
         with torch.set_grad_enabled(self.defaults["differentiable"]):  # what _use_grad_for_differentiable does
             return _STEP(self, closure)
+
+
+class Adam(torch.optim.Adam):
+    """torch.optim.Adam, the same way: its weight_decay is the coupled L2 term (wd * w added to
+    the gradient before the moments), not AdamW's decoupled decay (config optimizer=adam)."""
+
+    add_param_group = AdamW.add_param_group
+    zero_grad = AdamW.zero_grad
+    state_dict = AdamW.state_dict
+    load_state_dict = AdamW.load_state_dict
+
+    def step(self, closure=None):
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return _ADAM_STEP(self, closure)
+
+
+OPTIMIZERS = {"adamw": AdamW, "adam": Adam}  # config field `optimizer`

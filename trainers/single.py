@@ -4,7 +4,8 @@ holds one of per copy.
 One step of a lane (docs/VARIANTS.md): forward (with capture hooks, in a scope, only when a
 regularizer term reads activations) -> objective = task loss (`loss`: ce | stablemax, float64,
 mean over the batch and its readout positions) + the active regularizer terms -> backward ->
-gradient transforms (Grokfast, then the perpendicular projection) -> AdamW step (torch's).
+gradient transforms (Grokfast, then the perpendicular projection) -> AdamW step (torch's; or
+Adam with an L2 weight-decay term, `optimizer=adam`).
 On CPU a run is deterministic for a given (seed, data_seed).
 """
 
@@ -21,7 +22,7 @@ from groklens.trainers.engine import (
     EVAL_CHUNK, Member, Strategy, nonfinite_reason, resolve_device, warmup_factor,
 )
 from groklens.trainers.models import build_model
-from groklens.trainers.optim import AdamW
+from groklens.trainers.optim import OPTIMIZERS
 from groklens.trainers.regularizers import Batch, build_regularizers, task_loss
 from groklens.tasks import TaskData
 
@@ -70,7 +71,8 @@ class Lane:
         self.cfg, self.t = cfg, t
         self.model = model.to(t.device)
         self.params = dict(self.model.named_parameters())
-        self.optimizer = AdamW(  # torch.optim.AdamW minus its torch._dynamo import (trainers/optim.py)
+        # torch.optim.AdamW (or Adam: optimizer=adam) minus its torch._dynamo import (trainers/optim.py)
+        self.optimizer = OPTIMIZERS[cfg.optimizer](
             self.params.values(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.regularizers = build_regularizers(cfg, self.model, data)
         self.terms = [r for r in self.regularizers if r.kind == "term"]

@@ -33,7 +33,7 @@ ratio of geometric means with the Welch interval on log times. Every value state
 
 from groklens.errors import BadInput, GroklensError  # noqa: F401  (re-exported)
 from groklens.experiments import (  # noqa: F401  (each registers its experiments)
-    activation_norm, demo, geomdr, grokfast, progress_measures, scaling_law, sphere_paper, stablemax,
+    activation_norm, demo, geomdr, grokfast, llc_grokking, progress_measures, scaling_law, sphere_paper, stablemax,
     structural_attention)
 from groklens.experiments.core import (  # noqa: F401
     CPU_FLOPS, DEFAULT_SEEDS, EXPERIMENTS, LEDGER_DIR, RESULTS_MD, SCALES, SPEEDUP_DEFINITION, STEP_OVERHEAD_S,

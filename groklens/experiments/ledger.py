@@ -4,7 +4,8 @@
 committed ledger is `docs/results/`; without `--ledger` it is `OUT/ledger/`). Each entry is one
 finished run: experiment, arm (variant), seed, run name, the full config and its hash,
 memorization and grokking steps at each threshold of `THRESHOLDS`, censoring, the final metrics,
-the measures the experiment reads (with the checkpoint each was read at), the groklens version
+the measures the experiment reads (with the checkpoint each was read at; an experiment whose
+scale names `ledger_curves` also keeps those measures at every stored checkpoint), the groklens version
 that trained it, its wall time and the device. Rows of docs/RESULTS.md are computed from these
 entries, so a later `--seeds N` trains only the seeds the ledger lacks. Trajectory files are
 never part of the ledger.
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,8 @@ GENERALIZED_PHASE = "generalized"
 # Fields added after the first ledger entries, with the value that reproduces the behaviour from
 # before they existed. A field at this value is left out of the hash.
 LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled",
-                                   "stop_test_loss": 0.0, "stop_min_steps": 0}
+                                   "stop_test_loss": 0.0, "stop_min_steps": 0, "optimizer": "adamw",
+                                   "mlp_unembed_bias": True}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
@@ -229,9 +232,11 @@ def device_of(cfg: dict[str, Any]) -> str:
 
 
 def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str],
-                  run_values: dict[str, Any] | None = None) -> dict[str, Any]:
+                  run_values: dict[str, Any] | None = None, curves: Sequence[str] = ()) -> dict[str, Any]:
     """The ledger entry of one finished run (see the module docstring); `run_values`: what the
-    experiment reads from the whole run (Experiment.run_values), kept as the entry's run_values."""
+    experiment reads from the whole run (Experiment.run_values), kept as the entry's run_values;
+    `curves`: measures kept at every checkpoint where they are stored (an experiment that reads a
+    whole curve)."""
     import groklens
     from groklens.analyses.compare import load_run
     from groklens.analyses.grokking import collapse, grokking_times
@@ -270,6 +275,7 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "collapse": collapse(metrics, GROK_THRESHOLD),
         "measures": with_values,
         **({"run_values": run_values} if run_values is not None else {}),
+        **({"curves": _curves(run, curves)} if curves else {}),
         "phase_checkpoints": phase_steps,
         "phase_notes": phase_notes,
         "groklens_version": trained_by or groklens.__version__,
@@ -278,6 +284,19 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "device": device_of(cfg),
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _curves(run, keys: Sequence[str]) -> dict[str, dict[str, list]]:
+    """measure key -> {steps, values} over every checkpoint the measure's analysis is stored at."""
+    from groklens.analyses.measures import MEASURES, reduce_value
+
+    out = {}
+    for m in MEASURES:
+        stored, key = run.stored.get(m.analysis), run.value_keys.get(m.key)
+        if m.key in keys and stored is not None and key is not None:
+            out[m.key] = {"steps": [int(s) for s in stored.steps],
+                          "values": [reduce_value(v, m.reduce) for v in stored.values[key]]}
+    return out
 
 
 class LedgerRun(PhaseTimes):

@@ -281,7 +281,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     keys = _measure_keys(exp, sc, scale)
     for r in new:
         led.add(summarize_run(r.path, name, r.variant, r.seed, keys,
-                              exp.run_values(r.path, sc) if exp.run_values else None))
+                              exp.run_values(r.path, sc) if exp.run_values else None,
+                              curves=sc.extra.get("ledger_curves", ())))
     if new:
         led.save()
     t_an = time.perf_counter() - t0 - t_train

@@ -64,10 +64,11 @@ def _hessian(model, x) -> np.ndarray:
     return s if isinstance(model, Regular) else np.block([[s, s], [s, s]])
 
 
-def _expected(h: np.ndarray) -> float:
+def expected(h: np.ndarray, nb: float = NB, gamma: float = GAMMA, lr: float = LR) -> float:
+    """This sampler's expected estimate for the quadratic loss with Hessian h (module docstring)."""
     lam = np.clip(np.linalg.eigvalsh(h), 0, None)
-    a = NB * lam + GAMMA
-    return float(np.sum(NB * lam / (2 * a * (1 - LR * a / 4))))
+    a = nb * lam + gamma
+    return float(np.sum(nb * lam / (2 * a * (1 - lr * a / 4))))
 
 
 def _estimate(model, x, y, **kw):
@@ -89,7 +90,7 @@ def estimates():
     for name, (model, xx, known) in out.items():
         yy = y if name == "regular" else y2
         r = _estimate(model.double(), xx, yy)
-        res[name] = (r, known, _expected(_hessian(model, xx)))
+        res[name] = (r, known, expected(_hessian(model, xx)))
     return res
 
 

@@ -18,7 +18,8 @@ from tests.helpers import groklens, train_interrupted
 NAMES = list(E.EXPERIMENTS)
 PUBLISHED = [n for n in NAMES if E.EXPERIMENTS.get(n).published]  # all but the demo
 ISSUE_NAMES = ["bounded-sphere", "uniform-attention", "s5-control", "fourier-fve", "activation-norm", "geomdr",
-               "structural-attention", "scaling-law", "nanogpt-addition", "grokfast", "stablemax", "progress-measures"]
+               "structural-attention", "scaling-law", "nanogpt-addition", "grokfast", "stablemax", "progress-measures",
+               "llc-grokking"]
 
 
 def test_registry_has_every_experiment_of_the_issue():

@@ -55,7 +55,8 @@ def test_same_update_and_state_as_torch_adamw():
 
 def test_training_loop_is_bit_identical_with_torch_adamw(tmp_path, monkeypatch):
     train_tiny(tmp_path / "ours.h5", steps=80, weight_decay=1.0)
-    monkeypatch.setattr(single, "AdamW", torch.optim.AdamW)  # the loop as it was before trainers/optim.py
+    # the loop as it was before trainers/optim.py
+    monkeypatch.setitem(single.OPTIMIZERS, "adamw", torch.optim.AdamW)
     train_tiny(tmp_path / "torch.h5", steps=80, weight_decay=1.0)
     a, b = Trajectory(tmp_path / "ours.h5"), Trajectory(tmp_path / "torch.h5")
     assert a.param_names == b.param_names
@@ -82,3 +83,38 @@ def test_adamw_does_not_import_the_compiler_stack():
 def test_methods_are_torch_own_code(method):
     # not a copy: the very function torch's wrapper holds
     assert getattr(AdamW, method) is getattr(torch.optim.Optimizer, method).__wrapped__
+
+
+def test_adam_is_adam_with_an_l2_term_written_out():
+    """optimizer=adam: weight decay enters the gradient (g + wd w) before Adam's moments (coupled),
+    unlike AdamW's decoupled w *= 1 - lr wd; checked against the update written out here."""
+    from groklens.trainers.optim import OPTIMIZERS
+
+    x, y = torch.randn(32, 7), torch.randint(0, 5, (32,))
+    ours, ref = _model(), _model()
+    lr, (b1, b2), wd, eps = 5e-3, (0.9, 0.999), 0.05, 1e-8
+    opt = OPTIMIZERS["adam"](ours.parameters(), lr=lr, betas=(b1, b2), weight_decay=wd)
+    _steps(ours, opt, x, y, 25)
+    params = list(ref.parameters())
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    for t in range(1, 26):
+        for p in params:
+            p.grad = None
+        F.cross_entropy(ref(x), y).backward()
+        with torch.no_grad():
+            for p, mi, vi in zip(params, m, v):
+                g = p.grad + wd * p
+                mi.mul_(b1).add_((1 - b1) * g)
+                vi.mul_(b2).add_((1 - b2) * g * g)
+                p.sub_(lr * (mi / (1 - b1**t)) / ((vi / (1 - b2**t)).sqrt() + eps))
+    for a, b in zip(ours.parameters(), params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_adam_runs_train_alone():
+    from groklens.config import RunConfig
+    from groklens.trainers.ensemble import ensemble_key, unsupported_reason
+
+    cfg = RunConfig(optimizer="adam")
+    assert ensemble_key(cfg) is None and "optimizer='adam'" in unsupported_reason(cfg)

@@ -309,3 +309,20 @@ def test_mlp_refuses_a_multi_target_task():
     data = TASKS.get("digits_add").build(tiny_config(task="digits_add", n_digits=1))
     with pytest.raises(BadInput, match="model=mlp needs a single-target task"):
         build_model(cfg, data)
+
+
+def test_mlp_without_unembed_bias_is_devinterps_grokking_mlp():
+    """mlp_unembed_bias=false: the hidden layer keeps its bias, the unembedding has none, and the
+    logits are gelu(E[a] W_l + E[b] W_r + b) W_U with W_in = [W_l; W_r] (the notebook's two Linears)."""
+    cfg = RunConfig(task="add", p=7, model="mlp", n_layers=1, d_model=4, d_mlp=8, act_fn="gelu", mlp_bias=True,
+                    mlp_unembed_bias=False)
+    data = TASKS.get("add").build(cfg)
+    model = build_model(cfg, data)
+    names = dict(model.named_parameters())
+    assert "unembed.b_U" not in names and "layers.0.b_in" in names
+    x = data.inputs[:5]
+    e, w = model.embed.W_E, model.layers[0].W_in
+    by_hand = torch.nn.functional.gelu(e[x[:, 0]] @ w[:4] + e[x[:, 1]] @ w[4:] + model.layers[0].b_in) @ model.W_U
+    torch.testing.assert_close(model(x)[:, -1], by_hand)
+    with pytest.raises(BadInput, match="mlp_unembed_bias=false"):
+        RunConfig.from_dict({"mlp_unembed_bias": False})  # the transformer has no such bias to drop

@@ -61,7 +61,7 @@ def _build_mlp(cfg: "RunConfig", data: "TaskData"):
         MLPConfig(
             d_model=data.d_vocab if onehot else cfg.d_model, n_heads=0, d_head=0, n_layers=cfg.n_layers,
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
-            act_fn=cfg.act_fn, mlp_bias=cfg.mlp_bias, embed=cfg.mlp_embed,
+            act_fn=cfg.act_fn, mlp_bias=cfg.mlp_bias, embed=cfg.mlp_embed, unembed_bias=cfg.mlp_unembed_bias,
         )
     ), cfg, data)
 

@@ -31,6 +31,7 @@ class MLPConfig(ModelConfig):
     a learned embedding (d_vocab with one-hot), d_mlp the hidden width."""
 
     embed: str = "learned"  # learned | onehot
+    unembed_bias: bool = True  # with mlp_bias: b_U too (False: the hidden layers' biases only)
 
     @property
     def d_in(self) -> int:
@@ -87,7 +88,7 @@ class MLP(HookedModel):
         self.layers = nn.ModuleList(
             [MLPLayer(widths[i], widths[i + 1], cfg.act_fn, cfg.mlp_bias) for i in range(cfg.n_layers)]
         )
-        self.unembed = MLPUnembed(cfg.d_mlp, cfg.d_vocab_out, cfg.mlp_bias)
+        self.unembed = MLPUnembed(cfg.d_mlp, cfg.d_vocab_out, cfg.mlp_bias and cfg.unembed_bias)
         self.hook_logits = HookPoint()  # [b, v]
         self.init_weights()
         self.setup()
