@@ -220,8 +220,8 @@ def info(run: str, as_json: bool) -> None:
 @click.argument("run", type=click.Path())
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
-                   "grokking, llc, probe. Default: fourier, attention, rank, radial, norms, grokking (all but "
-                   "sharpness, llc and probe), skipping those that do not apply.")
+                   "grokking, llc, probe, freq_ablation. Default: fourier, attention, rank, radial, norms, "
+                   "grokking (all but sharpness, llc, probe and freq_ablation), skipping those that do not apply.")
 @_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")

@@ -98,7 +98,9 @@ def test_list_prints_every_experiment_with_costs():
     for it in items:
         costs = [it["scales"][s]["cpu_seconds_estimate"] for s in E.SCALES]
         assert all(c > 0 for c in costs)
-        assert costs[0] < costs[1] < costs[2]  # smoke < quick < paper
+        # smoke < quick <= paper: the estimate counts training, and a paper scale may differ from
+        # the quick one in its analysis alone (llc-grokking: the LLC at 4x the checkpoints)
+        assert costs[0] < costs[1] <= costs[2]
 
 
 @pytest.mark.parametrize("args, needle", [
