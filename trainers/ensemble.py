@@ -32,7 +32,8 @@ from groklens.trainers.engine import (
     warmup_factor,
 )
 from groklens.trainers.models import build_model
-from groklens.trainers.regularizers import Batch, active_regularizers, task_loss
+from groklens.trainers.losses import task_loss
+from groklens.trainers.regularizers import Batch, active_regularizers
 from groklens.trainers.single import REG_EVAL_MAX
 from groklens.trainers.stacked import StackedGrokfast, StackedPerpGrad, adamw_step
 from groklens.tasks import TASKS, TaskData

@@ -22,7 +22,8 @@ from groklens.trainers.engine import (  # noqa: F401 - re-exported: the names ca
     EVAL_CHUNK, METRIC_NAMES, TrainResult, checkpoint_schedule, raise_failure, resolve_device, restore_counters,
     run, stop_accuracy, warmup_factor,
 )
-from groklens.trainers.regularizers import cross_entropy, regularizer_metric_names
+from groklens.trainers.losses import cross_entropy
+from groklens.trainers.regularizers import regularizer_metric_names
 from groklens.trainers.single import SingleRun
 from groklens.tasks import TASKS, TaskData
 

@@ -1,4 +1,5 @@
-"""Losses, regularizers and gradient transforms that the trainer composes (docs/VARIANTS.md).
+"""Regularizers and gradient transforms that the trainer composes with the task loss
+(trainers/losses.py; docs/VARIANTS.md).
 
 A regularizer is either
 - a *term* added to the task loss: it names the hook points it reads, and the trainer runs the
@@ -21,11 +22,10 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from groklens.errors import BadInput
 from groklens.registry import Registry
@@ -35,57 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from groklens.config import RunConfig
     from groklens.tasks import TaskData
-
-
-# ---------------------------------------------------------------------- losses
-LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("loss")
-
-
-@LOSSES.register("ce")
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Softmax cross-entropy in float64 (float32 underflows once a grokked model is confident)."""
-    return F.cross_entropy(logits.to(torch.float64), labels, reduction=reduction)
-
-
-def stablemax_s(x: torch.Tensor) -> torch.Tensor:
-    """Prieto et al. 2025: s(x) = x + 1 for x >= 0, 1 / (1 - x) for x < 0 (positive, monotone)."""
-    return torch.where(x >= 0, x + 1, 1 / (1 - x.clamp(max=0)))  # the clamp keeps the unused branch finite
-
-
-def stablemax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """StableMax probabilities s(x_i) / sum_j s(x_j), in float64."""
-    s = stablemax_s(logits.to(torch.float64))
-    return s / s.sum(dim=dim, keepdim=True)
-
-
-@LOSSES.register("stablemax")
-def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """-log StableMax(logits)[label], in float64. logits [n, v], labels [n];
-    reduction "mean" | "sum" | "none", as F.cross_entropy."""
-    s = stablemax_s(logits.to(torch.float64))
-    logp = s.log() - s.sum(-1, keepdim=True).log()
-    nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
-    if reduction == "mean":
-        return nll.mean()
-    if reduction == "sum":
-        return nll.sum()
-    if reduction == "none":
-        return nll
-    raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
-
-
-def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:
-    """The task loss of training and of every analysis, in float64: `loss` (ce | stablemax) at
-    the readout position, logits [b, v] and labels [b], or over K answer positions, logits
-    [b, K, v] and labels [b, K]. 'mean' averages every position; 'none' gives one value per
-    input (the mean over its K positions); 'sum' sums those."""
-    fn = LOSSES.get(loss)
-    v = logits.shape[-1]
-    if reduction == "mean":
-        return fn(logits.reshape(-1, v), labels.reshape(-1), reduction="mean")
-    out = fn(logits.reshape(-1, v), labels.reshape(-1), reduction="none")
-    per_input = out.reshape(labels.shape).mean(-1) if labels.dim() == 2 else out
-    return per_input.sum() if reduction == "sum" else per_input
 
 
 # ---------------------------------------------------------------------- regularizers
@@ -406,6 +355,6 @@ def build_regularizers(cfg: "RunConfig", model: "nn.Module", data: "TaskData") -
 
 
 __all__ = [
-    "LOSSES", "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names",
-    "cross_entropy", "task_loss", "stablemax", "stablemax_s", "stablemax_cross_entropy", "effective_rank", "hidden_sites",
+    "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names", "effective_rank",
+    "hidden_sites",
 ]

@@ -22,7 +22,8 @@ from groklens.trainers.engine import (
 )
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import AdamW
-from groklens.trainers.regularizers import Batch, build_regularizers, task_loss
+from groklens.trainers.losses import task_loss
+from groklens.trainers.regularizers import Batch, build_regularizers
 from groklens.tasks import TaskData
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")

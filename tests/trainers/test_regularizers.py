@@ -11,9 +11,8 @@ from groklens.checkpoints import Trajectory
 from groklens.trainers import loop
 from groklens.trainers.loop import Trainer, metric_names, resume, train
 from groklens.trainers.models import build_model
-from groklens.trainers.regularizers import (
-    REGULARIZERS, Batch, effective_rank, stablemax, stablemax_cross_entropy,
-)
+from groklens.trainers.losses import stablemax, stablemax_cross_entropy
+from groklens.trainers.regularizers import REGULARIZERS, Batch, effective_rank
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config, train_interrupted
 
