@@ -102,12 +102,12 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
         result = loop.train(cfg, out, force=force, progress=not quiet)
-    from groklens.analyses.grokking import censored_text
+    from groklens.analyses.grokking import censored_text, run_summary
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
     thr = run.config.grok_threshold  # the run's own threshold (--grok-threshold), beside 0.95 and 0.99
-    summary = run.summary(thresholds=tuple(sorted({0.95, 0.99, thr})))
+    summary = run_summary(run, thresholds=tuple(sorted({0.95, 0.99, thr})))
     if as_json:
         click.echo(strict_json(summary))
     else:
@@ -124,11 +124,12 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(run: str, as_json: bool) -> None:
     """Config, checkpoints, last metrics, memorization and grokking steps of RUN.h5."""
+    from groklens.analyses.grokking import run_summary
     from groklens.checkpoints import Trajectory
     from groklens.checkpoints.validate import InvalidTrajectory
 
     try:
-        summary = Trajectory(run).summary()
+        summary = run_summary(Trajectory(run))
     except InvalidTrajectory as exc:
         if as_json:  # what is wrong, all of it, then exit 2 like any bad input
             click.echo(strict_json({"path": exc.path, "valid": False, "problems": exc.problems}))

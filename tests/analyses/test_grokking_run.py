@@ -5,6 +5,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from groklens.analyses import compute
+from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from groklens.config import RunConfig
 from groklens.trainers.loop import train
@@ -19,7 +20,7 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     path = tmp_path / "grok.h5"
     train(RunConfig.from_dict(GROKS), path, progress=False)
     traj = Trajectory(path)
-    grok = traj.summary()["grokking_step"]["0.95"]
+    grok = run_summary(traj)["grokking_step"]["0.95"]
     assert grok is not None, "the reference run did not grok"
     # the key frequencies of the grokked model (Nanda's rule), then every checkpoint measured on that fixed set
     final = compute(traj, "fourier", steps=[int(traj.steps[-1])])

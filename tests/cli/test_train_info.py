@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from tests.helpers import TINY, config_flags, groklens, tiny_config
 
@@ -142,5 +143,5 @@ def test_train_reports_the_runs_own_grokking_threshold(tmp_path):
                    checkpoint_every=10, grok_threshold=0.5)), check=True)
     assert "(threshold 0.5)" in out.stdout
     run = Trajectory(tmp_path / "r.h5")
-    expected = run.summary(thresholds=(0.5,))["grokking_step"]["0.5"]
+    expected = run_summary(run, thresholds=(0.5,))["grokking_step"]["0.5"]
     assert f"grokked at {expected if expected is not None else '> 20'}" in out.stdout
