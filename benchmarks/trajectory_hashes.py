@@ -142,7 +142,7 @@ def _interrupt_at(step: int):
 
 def run_case(kind: str, cfgs, tmp: Path) -> list[Path]:
     from groklens.trainers.ensemble import resume_ensemble, train_ensemble
-    from groklens.trainers.loop import resume, train
+    from groklens.trainers.train import resume, train
 
     if kind == "single":
         train(cfgs[0], tmp / "run.h5", progress=False)

@@ -86,7 +86,7 @@ def cli(debug: bool) -> None:
 @_config_options
 def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **overrides) -> None:
     """Train a model and write its checkpoint trajectory to one HDF5 file."""
-    from groklens.trainers import loop
+    from groklens.trainers import train as training
 
     if resume_path is not None:
         if force:
@@ -96,12 +96,12 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, **o
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
                               [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out)) if v])
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
-        result = loop.resume(resume_path, progress=not quiet)
+        result = training.resume(resume_path, progress=not quiet)
     else:
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
-        result = loop.train(cfg, out, force=force, progress=not quiet)
+        result = training.train(cfg, out, force=force, progress=not quiet)
     from groklens.analyses.grokking import censored_text, run_summary
     from groklens.checkpoints import Trajectory
 

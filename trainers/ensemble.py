@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
+from groklens.checkpoints.locking import describe_holder, writer_alive
 from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TASKS, TaskData
@@ -37,6 +38,7 @@ from groklens.trainers.evaluation import concat, rows, score, split_columns, wei
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import Update, grad_norms
 from groklens.trainers.regularizers import MEMBER_FIELDS, Batch, build_regularizers
+from groklens.trainers.train import create_trajectory
 from groklens.trainers.step import check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows
 
 # Fields that may differ between members: the loop's (init and split seeds, optimizer strength,
@@ -308,9 +310,6 @@ def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, for
     """Train `cfgs` as one batched ensemble, member i into the trajectory file outs[i]. With
     force, an existing file is replaced only once its member's first checkpoint is committed
     (the writer stages it, as `train --force`), so a failed start never loses a run."""
-    from groklens.checkpoints.locking import describe_holder, writer_alive
-    from groklens.trainers.loop import create_trajectory
-
     if len(cfgs) != len(outs):
         raise BadInput("train_ensemble needs one output file per config")
     outs = [Path(o) for o in outs]

@@ -26,7 +26,7 @@ Evaluation: every copy on its own (`copy<m>.*` columns, the same quantities as a
 row) and the ensemble (`ensemble.*`: the mean of the copies' softmax probabilities; accuracy
 = its argmax, loss = -log of its probability of the label). The plain columns (`test_acc`, ...)
 are copy 0's, so a routed file read as a single run describes copy 0. The stop rule waits
-until every copy has grokked (`loop.stop_accuracy`).
+until every copy has grokked (`engine.stop_accuracy`).
 """
 
 from __future__ import annotations

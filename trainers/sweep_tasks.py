@@ -103,7 +103,7 @@ def _state_for_retry(path: Path, name: str) -> tuple[str, str]:
 
 
 def _execute_claimed(run: dict) -> dict:
-    from groklens.trainers import loop
+    from groklens.trainers import train as training
 
     name, path = run["name"], Path(run["path"])
     try:
@@ -115,11 +115,11 @@ def _execute_claimed(run: dict) -> dict:
             return {"name": name, "state": "running", "detail": "written by another process"}
         if state == "interrupted":
             check_same_config(path, cfg)
-            result = loop.resume(path, progress=False)
+            result = training.resume(path, progress=False)
             if result.status == "already complete":
                 _mark_complete(path)
         else:
-            result = loop.train(cfg, path, force=True, progress=False)
+            result = training.train(cfg, path, force=True, progress=False)
         return {"name": name, "state": "done", "detail": f"step {result.last_step}"}
     except Exception as exc:  # noqa: BLE001 - recorded; Ctrl-C and SystemExit (a requeue) go through
         return record_failure(path, name, exc)

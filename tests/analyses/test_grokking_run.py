@@ -8,7 +8,7 @@ from groklens.analyses import compute
 from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from groklens.config import RunConfig
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 # groks in ~1.1k steps (~20 s on one core): memorized by step 100, test accuracy >= 0.95 at ~1.1k
 GROKS = dict(task="add", p=23, train_frac=0.6, d_model=32, n_heads=2, d_head=16, d_mlp=128, lr=1e-2,

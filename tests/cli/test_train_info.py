@@ -37,7 +37,7 @@ def test_info_json_contract(cli_run):
 
 def test_json_output_is_strict_json_even_with_infinite_config_values(tmp_path):
     # routing_width inf is a legal config value; Python's json would print the bare token Infinity
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     path = tmp_path / "routed.h5"
     train(tiny_config(routing_copies=2, routing_width=float("inf"), steps=20, checkpoint_every=20), path,

@@ -8,7 +8,7 @@ import pytest
 
 from groklens.checkpoints import Trajectory
 from groklens.trainers.ensemble import ensemble_key, train_ensemble
-from groklens.trainers.loop import resume, train
+from groklens.trainers.train import resume, train
 from groklens.trainers.routing import RoutedRun
 from groklens.trainers.sweeps import InlineExecutor, parse_sweep, run_sweep
 from tests.helpers import TINY, tiny_config, train_interrupted

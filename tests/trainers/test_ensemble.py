@@ -10,7 +10,7 @@ import pytest
 from groklens.checkpoints import Trajectory
 from groklens.trainers import ensemble as ens
 from groklens.trainers.ensemble import ensemble_key, resume_ensemble, train_ensemble
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 from groklens.config import RunConfig
 from groklens.errors import BadInput

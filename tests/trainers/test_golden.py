@@ -47,7 +47,7 @@ def file_hash(path: Path) -> str:
 def train_all(tmp: Path) -> dict[str, str]:
     """Train each golden config into `tmp`; file name -> hash."""
     from groklens.trainers.ensemble import train_ensemble
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     train(tiny_config(**SINGLE), tmp / "single.h5", progress=False)
     ens = [tmp / f"ensemble{i}.h5" for i in range(len(ENSEMBLE))]

@@ -10,7 +10,7 @@ import pytest
 from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from groklens.trainers.ensemble import train_ensemble
-from groklens.trainers.loop import resume, train
+from groklens.trainers.train import resume, train
 from groklens.trainers.routing import RoutedRun
 from tests.helpers import tiny_config, train_interrupted
 

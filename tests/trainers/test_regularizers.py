@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
-from groklens.trainers import loop
-from groklens.trainers.loop import Trainer, metric_names, resume, train
+from groklens.trainers.engine import METRIC_NAMES
+from groklens.trainers.single import SingleRun
+from groklens.trainers.train import metric_names, resume, train
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import stack_of_one
 from groklens.trainers.losses import stablemax, stablemax_cross_entropy
@@ -41,14 +42,14 @@ def _capture(model, names, x):
 
 
 class _NoWriter:
-    """Stands in for the trajectory writer when a test drives Trainer.train_step directly."""
+    """Stands in for the trajectory writer when a test drives SingleRun.train_step directly."""
 
     class f:
         filename = "unused.h5"
 
 
 def _trainer(cfg, data):
-    return Trainer(cfg, data, lambda _t: _NoWriter(), progress=False)
+    return SingleRun(cfg, data, lambda _t: _NoWriter(), progress=False)
 
 
 # ---------------------------------------------------------------------- activation-norm penalty
@@ -320,10 +321,10 @@ def test_stablemax_sums_to_one_and_its_loss_is_the_formula():
 def test_metric_names_are_known_from_the_config_and_are_what_the_file_holds(tmp_path):
     cfg = tiny_config(steps=20, loss="stablemax", geomdr_lambda=0.1, kl_attn_beta=0.1, grokfast_lambda=1.0)
     names = metric_names(cfg)
-    assert names[: len(loop.METRIC_NAMES)] == loop.METRIC_NAMES
-    assert names[len(loop.METRIC_NAMES):] == ["train_ce", "test_ce", "reg_geomdr", "geomdr_erank",
+    assert names[: len(METRIC_NAMES)] == METRIC_NAMES
+    assert names[len(METRIC_NAMES):] == ["train_ce", "test_ce", "reg_geomdr", "geomdr_erank",
                                               "reg_kl_attn", "kl_attn", "grokfast_ema_norm"]
-    assert metric_names(tiny_config()) == loop.METRIC_NAMES  # the default run logs what it always did
+    assert metric_names(tiny_config()) == METRIC_NAMES  # the default run logs what it always did
     train(cfg, tmp_path / "r.h5", progress=False)
     m = Trajectory(tmp_path / "r.h5").metrics
     assert set(m) == {"step", *names}
