@@ -33,7 +33,7 @@ from groklens.checkpoints.locking import describe_holder, writer_alive
 from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TASKS, TaskData
-from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, TrainResult, resolve_device, restore_counters, run
+from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device, restore_counters, run
 from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import Update, grad_norms
@@ -73,9 +73,6 @@ def ensemble_key(cfg: RunConfig) -> tuple | None:
 
 def _hashable(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
-
-
-MemberResult = Member  # what train_ensemble returns per member: .path, .result, .error
 
 
 def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -367,6 +364,6 @@ def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_c
 
 
 __all__ = [
-    "PER_MEMBER_FIELDS", "SOLO_FIELDS", "EnsembleRun", "MemberResult", "TrainResult", "ensemble_key",
+    "PER_MEMBER_FIELDS", "SOLO_FIELDS", "EnsembleRun", "ensemble_key",
     "resume_ensemble", "shared_fields", "train_ensemble", "unsupported_reason",
 ]
