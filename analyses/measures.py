@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses.phases import PHASES
+from groklens.analyses.registry import canonical_params, get, params_json
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,6 @@ ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 def stored_analysis(run_path: Path, config: dict, name: str):
     """The stored results of analysis `name` for this run: the default parameter set when it is
     stored, else the most recently updated one; only results of this run's config. None if none."""
-    from groklens.analyses.registry import canonical_params, get, params_json
     from groklens.analyses.store import Sidecar, config_sha, variant_id
 
     sidecar = Sidecar(run_path)

@@ -22,8 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.phases import run_phases
+from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
 from groklens.analyses.store import Sidecar, identity_attrs, matches, variant_id
+from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput
 
 COMMIT_SECONDS = 10.0  # a killed analysis loses at most this much finished work
@@ -161,8 +164,6 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
     With a `notes` list, analyses that do not apply to this run are skipped and explained there
     instead of raising BadInput (what `groklens analyze` does for its default set).
     """
-    from groklens.checkpoints import Trajectory
-
     traj = trajectory if isinstance(trajectory, Trajectory) else Trajectory(trajectory)
     names = [n for n, _ in requests]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -320,8 +321,6 @@ def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
         elif kind == "end":
             out |= set(available[-1:])
         elif kind == "phases":
-            from groklens.analyses.phases import run_phases
-
             out |= set(run_phases(traj, threshold).checkpoint_steps())
         elif kind in ("every", "about") and n.isdigit() and int(n) >= 1:
             every = int(n) if kind == "every" else max(1, len(available) // int(n))
@@ -366,8 +365,6 @@ def analyze_runs(paths: Sequence[str | Path], requests: Sequence[tuple], *, chec
 
 def _analyze_one(task: dict[str, Any]) -> list[str]:
     """One run of analyze_runs (in this process or a worker)."""
-    from groklens.checkpoints import Trajectory
-
     if _in_worker():
         import scipy.sparse.linalg  # noqa: F401  (loads scipy's own BLAS, so that the limit below reaches it)
         import torch
@@ -427,9 +424,6 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
     chosen = asked or default_names()
     parsed = parse_params(params, chosen)
     notes: list[str] = []
-    from groklens.checkpoints import Trajectory
-
-    from groklens.analyses.radial import EpsDependenceWarning
 
     with warnings.catch_warnings():  # said once per analysis below, from the stored flags
         warnings.simplefilter("ignore", EpsDependenceWarning)
@@ -456,8 +450,6 @@ def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] |
               every: int | None = None, recompute: bool = False, progress: bool = True,
               copy: int | None = None, **params) -> dict[str, Any]:
     """`groklens probe`: {"probe": {"steps": [...], value: [...]}}; `copy` as analyze_run."""
-    from groklens.checkpoints import Trajectory
-
     params = {k: v for k, v in params.items() if v is not None}
     result = compute(Trajectory(run, copy=copy), "probe", steps=parse_steps(steps), every=every, recompute=recompute, progress=progress,
                      site=site, target=target, **params)
