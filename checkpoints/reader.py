@@ -20,13 +20,13 @@ import numpy as np
 
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import writer_alive
+from groklens.checkpoints.validate import check_file
+from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput
+from groklens.tasks import TaskData
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from groklens.config import RunConfig
-    from groklens.tasks import TaskData
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -59,8 +59,6 @@ def open_trajectory_file(path: str | Path, validate: bool = True) -> h5py.File:
     try:
         _check_format(path, f)
         if validate:
-            from groklens.checkpoints.validate import check_file
-
             check_file(f, path)
     except BaseException:
         f.close()
@@ -305,14 +303,11 @@ class Trajectory:
             data = json.loads(raw)
         except (TypeError, ValueError):
             raise BadInput(f"{self.path}: damaged trajectory (stored config is not JSON)") from None
-        from groklens.config import stored_dict
 
         return stored_dict(data)  # an older file's missing keys read as that file meant them
 
     @cached_property
     def config(self) -> "RunConfig":
-        from groklens.config import RunConfig
-
         return RunConfig.from_dict(self.config_dict)
 
     @property
@@ -406,8 +401,6 @@ class Trajectory:
     def dataset(self) -> "TaskData":
         """The exact inputs, labels and split the run trained on (from the file, not regenerated)."""
         import torch
-
-        from groklens.tasks import TaskData
 
         with self._open() as f:
             g = f[C.DATA]

@@ -17,7 +17,8 @@ import numpy as np
 
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import WriterLock, describe_holder
-from groklens.checkpoints.reader import open_trajectory_file
+from groklens.checkpoints.reader import Trajectory, open_trajectory_file
+from groklens.checkpoints.validate import InvalidTrajectory, model_problems
 from groklens.checkpoints.writer import hdf5_write_failed
 from groklens.errors import BadInput, RunFailure
 
@@ -54,9 +55,6 @@ def recover(path: str | Path) -> int:
 
 def _check_model(path: Path) -> None:
     """The stored parameters must be those of the model the stored config builds."""
-    from groklens.checkpoints.reader import Trajectory
-    from groklens.checkpoints.validate import InvalidTrajectory, model_problems
-
     traj = Trajectory(path)
     with open_trajectory_file(path, validate=False) as f:
         groups = [(f"/{C.PARAMS}", f[C.PARAMS])] + [(f"/{C.COPIES}/{k}", g) for k, g in f.get(C.COPIES, {}).items()]

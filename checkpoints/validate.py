@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.checkpoints import constants as C
+from groklens.config import RunConfig
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
     import h5py
-
-    from groklens.config import RunConfig
 
 MEMORY_SHARE = 0.8  # a run may plan for at most this share of the machine's memory
 MAX_CONFIG_BYTES = 1 << 20  # a stored config is a few KiB; anything near this is not one of ours
@@ -78,8 +77,6 @@ def file_problems(f: "h5py.File", path: Path | str) -> list[str]:
 
 
 def _config(f, problems: list[str]):
-    from groklens.config import RunConfig
-
     raw = f.attrs.get(C.ATTR_CONFIG)
     if isinstance(raw, bytes):
         raw = raw.decode(errors="replace")

@@ -21,7 +21,8 @@ import numpy as np
 
 from groklens import __version__
 from groklens.checkpoints import constants as C
-from groklens.checkpoints.locking import WriterLock
+from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
+from groklens.checkpoints.locking import WriterLock, describe_holder, writer_alive
 from groklens.errors import BadInput, RunFailure
 
 # gzip level 1 + shuffle: float32 weights barely compress, so keep the cost of writing low
@@ -119,8 +120,6 @@ class TrajectoryWriter:
         try:
             lock = WriterLock(path)
         except OSError:
-            from groklens.checkpoints.locking import describe_holder
-
             raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
                            "stop it before resuming") from None
         try:
@@ -173,9 +172,6 @@ class TrajectoryWriter:
 
     def _take_place(self) -> None:
         """The staged run has a checkpoint: it replaces the old run now (train --force)."""
-        from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
-        from groklens.checkpoints.locking import describe_holder, writer_alive
-
         target = self.replaces
         if writer_alive(target):  # started since the check before training: the live run wins
             raise BadInput(f"{target} is being written by a live process ({describe_holder(target)}); "
