@@ -14,7 +14,9 @@ refactor can touch: single, ensemble and routed runs; every regularizer and tran
 (act_norm, geomdr with its window, kl_attn, grokfast, perp_grad both scales); mini-batches;
 losses ce and stablemax; the multi-target task; the MLP; uniform attention (parameters without
 a gradient); members that stop, members with their own inputs (seq tasks); a run interrupted
-and resumed, single and ensemble. With --compare, every dataset that differs is named.
+and resumed, single and ensemble; and two ensembles that could not train before issue 30 (a
+multi-target task, per-member stop fields), which a comparison with an older recording lists as
+new. With --compare, every dataset that differs is named.
 """
 
 from __future__ import annotations
@@ -110,9 +112,12 @@ CASES = {
     "resume.ensemble": interrupted("ensemble", dict(seed=1, grokfast_lambda=1.0),
                                    dict(seed=2, act_norm_lambda=0.05)),
     "resume.routed": interrupted("single", dict(routing_copies=2, routing_width=1.0, grokfast_lambda=1.0)),
+    # what ensembles could not train before issue 30: a multi-target task, per-member stop fields
+    "ensemble.digits": ensemble(dict(DIGITS, seed=1, batch_size=16),
+                                dict(DIGITS, seed=2, batch_size=16, act_norm_lambda=0.05, grokfast_lambda=1.0)),
+    "ensemble.stop-loss": ensemble(dict(PHASED, seed=1, stop_after_grok=1, stop_test_loss=1.5),
+                                   dict(PHASED, seed=2, stop_after_grok=2, stop_min_steps=150)),
 }
-# cases added after the first recording (no before; listed so the comparison says so)
-NEW_CASES: set[str] = set()
 
 
 def dataset_hashes(path: Path) -> dict[str, str]:
