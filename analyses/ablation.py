@@ -86,7 +86,6 @@ def _projector(model, data: TaskData, frequencies: Sequence[int], site: str, alo
 
 
 def _losses(logits, data: TaskData, pos: int, prefix: str) -> dict[str, float]:
-    import torch
     import torch.nn.functional as F
 
     lg = logits[:, pos].double()

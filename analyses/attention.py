@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.errors import BadInput
+from groklens.probes.capture import capture
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
@@ -83,8 +84,6 @@ def attention_mass(model, data: TaskData, *, quantiles: Sequence[float] = QUANTI
     min_token_mass_quantiles [L, H, Q], kl_per_head [L, H], pattern [L, H, n_ctx] (the readout
     query's attention over source positions, mean over inputs); quantile_levels [Q].
     """
-    from groklens.probes.capture import capture
-
     sites = check(model, data, {"quantiles": list(quantiles)})
     q = int(data.readout_pos)
     pats = capture(model, data.inputs, sites, position=q, batch_size=batch_size)

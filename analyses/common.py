@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
 
 EVAL_SETS = ("train", "test", "all")
-LOSS_NAMES = CHOICES["loss"]  # the config's list; trainers.regularizers.LOSSES registers these (a test checks)
+LOSS_NAMES = CHOICES["loss"]  # the config's list; trainers.losses.LOSSES registers these (a test checks)
 
 
 def eval_rows(data: TaskData, eval_set: str) -> torch.Tensor:
@@ -39,18 +39,17 @@ def check_loss(loss) -> str:
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, data: TaskData, loss: str = "ce",
               reduction: str = "mean") -> torch.Tensor:
-    """The training objective's task loss (`trainers.regularizers.task_loss`, the one the trainer
-    uses), read at the run's readout position(s). logits [b, n_ctx, v], labels [b] or [b, K]."""
-    from groklens.trainers.regularizers import task_loss as loss_at_readout
+    """The training objective's task loss (trainers/losses.py, the one the trainer uses), read at
+    the run's readout position(s); `loss` checked as an analysis argument. logits [b, n_ctx, v],
+    labels [b] or [b, K]."""
+    from groklens.trainers.losses import task_loss_at_readout  # imports torch
 
-    positions = data.readout_positions
-    out = logits[:, positions[0]] if labels.dim() == 1 else logits[:, positions[0] : positions[-1] + 1]
-    return loss_at_readout(out, labels, check_loss(loss), reduction=reduction)
+    return task_loss_at_readout(logits, labels, data, check_loss(loss), reduction=reduction)
 
 
 def hidden_sites(model) -> list[str]:
     """Each layer's hidden representation: blocks.{l}.hook_resid_post (transformer) or
     layers.{i}.hook_post (MLP), the sites of the activation-norm penalty."""
-    from groklens.trainers.regularizers import hidden_sites as _hidden
+    from groklens.trainers.regularizers import hidden_sites as _hidden  # imports torch
 
     return _hidden(model)

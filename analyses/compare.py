@@ -67,7 +67,9 @@ from groklens.analyses.measures import (  # noqa: F401 - re-exported
     reduce_value,
     stored_analysis,
 )
+from groklens.analyses.registry import get
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
+from groklens.config import RunConfig, field_names
 from groklens.errors import BadInput
 
 SEED_FIELDS = ("seed", "data_seed")
@@ -217,7 +219,6 @@ def parse_group_by(group_by: str | Sequence[str] | None, runs: Sequence[RunSumma
         return [GROUP_VARIANT]
     if names == [GROUP_RUN]:
         return None
-    from groklens.config import field_names
 
     known = set(field_names())
     unknown = [n for n in names if n not in known]
@@ -256,8 +257,6 @@ def make_groups(runs: Sequence[RunSummary], group_by: list[str] | None) -> list[
 def variant_label(fields: dict[str, Any]) -> str:
     """The fields whose values are not RunConfig's defaults (compact), or all of them when every
     one is at its default (the reference row)."""
-    from groklens.config import RunConfig
-
     default = RunConfig().to_dict()
     changed = {k: v for k, v in fields.items() if k not in default or json.dumps(default[k]) != json.dumps(v)}
     return " ".join(f"{k}={_fmt_value(v)}" for k, v in (changed or fields).items())
@@ -405,7 +404,6 @@ def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = 
     """Compute the asked analyses (default: those the comparison shows but the ones computed only
     when named) at each run's memorization, grokking and last checkpoints where the sidecar lacks
     them; returns notes on skipped ones."""
-    from groklens.analyses.registry import get
     from groklens.analyses.runner import analyze_runs
 
     names = list(dict.fromkeys(metrics or [n for n in ANALYSES_USED if not get(n).only_when_named]))

@@ -45,6 +45,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.errors import BadInput
+from groklens.probes.capture import capture, check_sites
+from groklens.probes.grid import modular_grid
+from groklens.probes.interventions import run_patched
+from groklens.probes.linear import check_frequencies
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
@@ -99,7 +103,6 @@ def frequency_power(coeffs: np.ndarray, p: int) -> np.ndarray:
 def check_key_frequencies(key_frequencies: Sequence[int] | None, p: int) -> list[int] | None:
     if key_frequencies is None:
         return None
-    from groklens.probes.linear import check_frequencies
 
     return check_frequencies(key_frequencies, p)
 
@@ -319,8 +322,6 @@ def resolve_sites(model, site: str | None) -> dict:
     Transformer: blocks.{l}.mlp.hook_post, neurons -> logits through blocks.{l}.mlp.W_out and
     unembed.W_U, skip path blocks.{l}.hook_resid_mid. MLP model: its last hidden layer
     layers.{L-1}.hook_post, neurons -> logits through unembed.W_U alone, no skip path."""
-    from groklens.probes.capture import check_sites
-
     blocks = sorted(k for n in model.hook_dict if (k := _layer_of(r"blocks\.(\d+)\.mlp\.hook_post", n)) is not None)
     layers = sorted(k for n in model.hook_dict if (k := _layer_of(r"layers\.(\d+)\.hook_post", n)) is not None)
     if site is None:
@@ -369,8 +370,6 @@ def resolve_params(traj, params: dict) -> dict:
 
 
 def check(model, data: TaskData, params: dict) -> dict:
-    from groklens.probes.grid import modular_grid
-
     grid = modular_grid(data, "the Fourier analysis")
     if params.get("restricted_skip", "mean") not in RESTRICTED_SKIP:
         raise BadInput(f"restricted_skip must be one of {', '.join(RESTRICTED_SKIP)}; got {params['restricted_skip']!r}")
@@ -393,8 +392,6 @@ def _neuron_losses(model, data: TaskData, acts: dict, names: dict, c: np.ndarray
     """The neuron-only variant: restricted_loss_neuron_test, excluded_loss_neuron_train."""
     import torch
     import torch.nn.functional as F
-
-    from groklens.probes.interventions import run_patched
 
     pos, site = int(data.readout_pos), names["site"]
     post = acts[site].double().numpy()
@@ -423,9 +420,6 @@ def fourier(
     batch_size: int = 4096,
 ) -> dict:
     """Every Fourier measure at one checkpoint (see the module docstring and docs/ANALYSES.md)."""
-    from groklens.probes.capture import capture
-    from groklens.probes.grid import modular_grid
-
     names = check(model, data, {"key_frequencies": key_frequencies, "cluster_threshold": cluster_threshold,
                                 "site": site, "ls_top_k": ls_top_k, "restricted_skip": restricted_skip})
     grid = modular_grid(data, "the Fourier analysis")

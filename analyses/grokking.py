@@ -80,6 +80,60 @@ def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
     }
 
 
+# ---------------------------------------------------------------------- one run (`groklens info`, `train`)
+def run_summary(run, thresholds: Sequence[float] = (0.95, 0.99)) -> dict:
+    """What `groklens info --json` prints of `run` (a checkpoints.Trajectory): path, config,
+    status, checkpoints, the last evaluation, memorization and grokking steps (per copy and of
+    the ensemble for a routed run), collapse, and temporaries left beside it by killed writers."""
+    from groklens.checkpoints.reader import stale_temporaries  # h5py, deferred like the reader itself
+
+    metrics = run.metrics
+    steps = run.steps
+    last = {k: _plain(v[-1]) for k, v in metrics.items()} if len(metrics["step"]) else None
+    times = grokking_times(metrics, thresholds)
+    live = run.is_live
+    status = run.status
+    if status == "running" and not live and not len(steps):
+        status = ("died before its first checkpoint (writer gone: killed, e.g. out of memory?); nothing to "
+                  "resume: `groklens train --out FILE ...` starts it again over this file")
+    elif status == "running" and not live:
+        status = "interrupted (writer gone; `groklens train --resume` continues it)"
+    routing = {}
+    if run.n_copies > 1:  # per copy (0.95 and the other thresholds) and of the ensemble
+        def grok_of(prefix: str) -> dict:
+            series = {"step": metrics["step"], "test_acc": metrics.get(prefix + "test_acc", []),
+                      "train_acc": metrics.get(prefix + "train_acc", [])}
+            return grokking_times(series, thresholds)["grokking_step"]
+
+        routing = {"copies": run.n_copies, "copy": run.copy,
+                   "copy_grokking_step": [grok_of(f"copy{m}.") for m in range(run.n_copies)],
+                   "ensemble_grokking_step": grok_of("ensemble.")}
+    return {
+        "path": str(run.path),
+        **({"routing": routing} if routing else {}),
+        "config": run.config_dict,
+        "status": status,
+        "live": live,
+        "checkpoint_steps": [int(s) for s in steps],
+        "n_checkpoints": int(len(steps)),
+        "n_evaluations": int(len(metrics["step"])),
+        "last": last,
+        "memorization_step": times["memorization_step"],
+        "grokking_step": times["grokking_step"],
+        "censored_at": times["last_step"],
+        "collapse": {**collapse(metrics, run.config_dict.get("grok_threshold", thresholds[0])),
+                     "threshold": run.config_dict.get("grok_threshold", thresholds[0])},
+        "stale_temporaries": stale_temporaries(run.path),
+    }
+
+
+def _plain(x):
+    x = x.item() if hasattr(x, "item") else x
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
 # ---------------------------------------------------------------------- as text (`groklens info`, `train`)
 def censored_text(step: int | None, summary: Mapping) -> str:
     """'step N', or '> LAST (censored)' for a threshold not crossed by the last evaluation."""
@@ -95,7 +149,7 @@ def _num(value, spec: str) -> str:
 
 
 def format_summary(summary: Mapping) -> str:
-    """The lines of `groklens info` from a `Trajectory.summary()`."""
+    """The lines of `groklens info` from a `run_summary()`."""
     lines = []
     cfg = summary["config"]
     steps = summary["checkpoint_steps"]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses.phases import PHASES
+from groklens.analyses.registry import canonical_params, get, params_json
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,6 @@ def stored_analysis(run_path: Path, config: dict, name: str, copy: int = 0):
     """The stored results of analysis `name` for this run (copy `copy` of a routed run): the
     default parameter set when it is stored, else the most recently updated one; only results of
     this run's config. None if none."""
-    from groklens.analyses.registry import canonical_params, get, params_json
     from groklens.analyses.store import Sidecar, config_sha, variant_id
 
     sidecar = Sidecar(run_path, copy)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from groklens.analyses.grokking import first_crossing
 from groklens.errors import BadInput
 
 PHASES = ("memorization", "grokking", "end")
@@ -81,8 +82,6 @@ class Phases:
 
 def run_phases(traj, threshold: float = 0.95) -> Phases:
     """The phases of a run (a checkpoints.Trajectory) and their checkpoints."""
-    from groklens.analyses.grokking import first_crossing
-
     metrics = traj.metrics
     steps = np.asarray(metrics["step"])
     if "train_acc" not in metrics or "test_acc" not in metrics:

@@ -7,16 +7,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.fourier import neuron_fve, resolve_sites
 from groklens.errors import BadInput
+from groklens.probes.capture import capture, check_sites, resolve_position
+from groklens.probes.grid import modular_grid
+from groklens.probes.linear import CLASSIFIERS, SPLITS, TARGETS, check_frequencies, linear_probe, probe_split
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
 
 
 def check(model, data: TaskData, params: dict) -> None:
-    from groklens.probes.capture import check_sites, resolve_position
-    from groklens.probes.linear import CLASSIFIERS, SPLITS, TARGETS, probe_split
-
     site, target = params.get("site"), params.get("target")
     if site is None or target is None:
         raise BadInput("a probe needs a hook site and a target (site=..., target=...)")
@@ -30,14 +31,9 @@ def check(model, data: TaskData, params: dict) -> None:
     probe_split(data, params.get("split", "random"), params.get("train_frac", 0.5), params.get("seed", 0))
     resolve_position(params.get("position", "readout"), data)
     if target == "fourier":
-        from groklens.probes.grid import modular_grid
-        from groklens.probes.linear import check_frequencies
-
         grid = modular_grid(data, "the fourier probe target")
         check_frequencies(params.get("frequencies"), grid.p)
         if params.get("frequencies") is None:
-            from groklens.analyses.fourier import resolve_sites
-
             resolve_sites(model, None)  # key frequencies come from the neuron clustering
 
 
@@ -47,26 +43,18 @@ def probe(model, data: TaskData, *, site: str | None = None, target: str | None 
           alpha: float = 1.0) -> dict:
     """A linear probe at one checkpoint. For target 'fourier' without frequencies, the key
     frequencies of the checkpoint's neuron clustering (definition 2b) are used and returned."""
-    from groklens.probes.linear import linear_probe
-
     params = dict(site=site, target=target, position=position, frequencies=frequencies, split=split,
                   train_frac=train_frac, seed=seed, classifier=classifier)
     check(model, data, params)
     out: dict = {}
     if target == "fourier":
         if frequencies is None:
-            from groklens.analyses.fourier import neuron_fve, resolve_sites
-            from groklens.probes.capture import capture
-            from groklens.probes.grid import modular_grid
-
             grid = modular_grid(data)
             mlp = resolve_sites(model, None)["site"]
             post = capture(model, data.inputs, [mlp], position=int(data.readout_pos))[mlp].double().numpy()
             frequencies = [int(k) for k in neuron_fve(grid.to_grid(post))["key_frequencies_clustered"]]
         out["frequencies"] = np.array(sorted(frequencies), dtype=np.int64)
         if not frequencies:  # nothing clustered yet: no Fourier feature to decode
-            from groklens.probes.linear import probe_split
-
             tr, te = probe_split(data, split, train_frac, seed)
             out.update({"r2": float("nan"), "train_r2": float("nan"), "r2_per_target": np.zeros(0),
                         "n_train": len(tr), "n_test": len(te)})

@@ -29,6 +29,8 @@ import numpy as np
 
 from groklens.analyses.common import check_loss, eval_rows, hidden_sites, task_loss
 from groklens.errors import BadInput
+from groklens.probes.capture import check_sites, resolve_position, select_position
+from groklens.probes.interventions import scoped_hooks
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
@@ -85,8 +87,6 @@ def _free_scale(model, data: TaskData, sites: Sequence[str], norms: bool, n_inpu
     nothing); at least one row must have g_i != 0 (unused tensors are not flagged).
     Returns ({site or norm name: flagged}, the copy, its inputs)."""
     import torch
-
-    from groklens.probes.interventions import scoped_hooks
 
     m = copy.deepcopy(model).to(torch.float64).eval()
     for mod in m.modules():
@@ -152,8 +152,6 @@ def eps_note(analysis: str, where: dict[str, list[str]]) -> str:
 
 
 def check(model, data: TaskData, params: dict) -> list[str]:
-    from groklens.probes.capture import check_sites, resolve_position
-
     sites = params.get("sites")
     sites = hidden_sites(model) if sites is None else list(sites)
     if not sites:
@@ -170,9 +168,6 @@ def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, positio
     """Definition 6 per site: radius_mean, radius_std, rho, rho_baseline (1/d), rho_excluded.
     `loss` None means cross-entropy (`compute` passes the run's training loss)."""
     import torch
-
-    from groklens.probes.capture import resolve_position, select_position
-    from groklens.probes.interventions import scoped_hooks
 
     sites = check(model, data, {"sites": sites, "eval_set": eval_set, "position": position, "loss": loss})
     pos = resolve_position(position, data)

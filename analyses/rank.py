@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.common import hidden_sites
 from groklens.errors import BadInput
+from groklens.probes.capture import capture, check_sites, resolve_position
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
@@ -90,8 +92,6 @@ def weight_matrix(name: str, W: np.ndarray) -> np.ndarray:
 def default_sites(model) -> list[str]:
     """Each layer's hidden representation (as the activation-norm penalty and GeomDR read them)
     and, in a transformer, each block's MLP neurons."""
-    from groklens.analyses.common import hidden_sites
-
     found = list(hidden_sites(model))
     for name in model.hook_dict:
         if re.fullmatch(r"blocks\.(\d+)\.mlp\.hook_post", name) and name not in found:
@@ -100,8 +100,6 @@ def default_sites(model) -> list[str]:
 
 
 def check(model, data: TaskData, params: dict) -> tuple[list[str], list[str]]:
-    from groklens.probes.capture import check_sites, resolve_position
-
     sites = params.get("sites")
     sites = default_sites(model) if sites is None else list(sites)
     if sites:
@@ -126,8 +124,6 @@ def effective_rank(model, data: TaskData, *, sites: Sequence[str] | None = None,
                    weights: Sequence[str] | None = None, position="readout", batch_size: int = 4096) -> dict:
     """Definition 5 for hook sites (default: every block's resid_post and mlp.hook_post) over all
     inputs, and for weight matrices (default: every parameter with 2 or more dimensions)."""
-    from groklens.probes.capture import capture, resolve_position
-
     sites, weights = check(model, data, {"sites": sites, "weights": weights, "position": position})
     out: dict = {}
     if sites:

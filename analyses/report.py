@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from groklens.analyses.compare import Comparison, compare
+from groklens import __version__
+from groklens.analyses.compare import ANALYSES_USED, Comparison, SPEEDUP_METHOD, compare
+from groklens.analyses.registry import default_names, get
 from groklens.analyses.report_figures import DPI, FigureSpec, make_figures  # noqa: F401 - DPI re-exported
 from groklens.errors import BadInput
 
@@ -64,10 +66,6 @@ def _table(head: Sequence[str], body: Sequence[Sequence[str]], table_id: str) ->
 def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str | None]],
                 missing: Sequence[tuple[str, str]], notes: Sequence[str] = ()) -> str:
     """figures: (spec, file shown on the page, file linked when different: the PDF)."""
-    from groklens.analyses.compare import SPEEDUP_METHOD
-
-    from groklens import __version__
-
     e = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>groklens report</title>", _STYLE, "</head><body>",
@@ -211,8 +209,6 @@ def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | Non
     """Run the report's analyses along each run's checkpoints (every `every`-th, and always the
     phase checkpoints, so the table's memorization and grokking cells are filled), keeping results;
     `params`: METRIC.KEY=VALUE as `groklens analyze --param`."""
-    from groklens.analyses.compare import ANALYSES_USED
-    from groklens.analyses.registry import default_names, get
     from groklens.analyses.runner import analyze_runs, parse_params
 
     # unless told: the default set, of what the figures draw (the comparison's analyses)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses import figures as F
-from groklens.analyses.compare import Comparison, Group, RunSummary, fmt_number, measure_key
+from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
 
 DPI = 110
 # every figure a report can make (fig_<name>.<format>), in page order
@@ -108,7 +108,6 @@ def _key_for(run: RunSummary, analysis: str, pattern: str) -> str | None:
         hits = [(int(m.group(1)), k) for k in st.values
                 if (m := re.fullmatch(re.escape(prefix) + r"blocks\.(\d+)\.mlp\.hook_post", k))]
         return max(hits)[1] if hits else None
-    from groklens.analyses.compare import Measure
 
     return measure_key(Measure("", analysis, pattern, ""), list(st.values))
 
@@ -175,8 +174,6 @@ def _why_missing(groups: Sequence[Group], analysis: str) -> str:
 def chosen_checkpoints(run: RunSummary, stored_steps: Sequence[int], steps: Sequence[int] | None):
     """(step, label) pairs for the per-checkpoint grids: the stored steps nearest the asked ones, or
     nearest to the start, memorization, grokking and the last checkpoint."""
-    from groklens.analyses.compare import nearest_checkpoint
-
     if not stored_steps:
         return []
     if steps:

@@ -22,8 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.phases import run_phases
+from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
 from groklens.analyses.store import Sidecar, identity_attrs, matches, variant_id
+from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput
 
 BATCH_CHECKPOINTS = 32  # checkpoints per call of an analysis's batch_func
@@ -164,8 +167,6 @@ def compute_many(trajectory, requests: Sequence[tuple[str, dict[str, Any]]], *, 
     With a `notes` list, analyses that do not apply to this run are skipped and explained there
     instead of raising BadInput (what `groklens analyze` does for its default set).
     """
-    from groklens.checkpoints import Trajectory
-
     traj = trajectory if isinstance(trajectory, Trajectory) else Trajectory(trajectory)
     names = [n for n, _ in requests]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -346,8 +347,6 @@ def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
         elif kind == "end":
             out |= set(available[-1:])
         elif kind == "phases" or kind.startswith("phases@"):
-            from groklens.analyses.phases import run_phases
-
             at = kind.partition("@")[2]
             try:
                 t = float(at) if at else threshold
@@ -399,8 +398,6 @@ def analyze_runs(paths: Sequence[str | Path], requests: Sequence[tuple], *, chec
 
 def _analyze_one(task: dict[str, Any]) -> list[str]:
     """One run of analyze_runs (in this process or a worker)."""
-    from groklens.checkpoints import Trajectory
-
     if _in_worker():
         import scipy.sparse.linalg  # noqa: F401  (loads scipy's own BLAS, so that the limit below reaches it)
         import torch
@@ -474,9 +471,6 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
     chosen = asked or default_names()
     parsed = parse_params(params, chosen)
     notes: list[str] = []
-    from groklens.checkpoints import Trajectory
-
-    from groklens.analyses.radial import EpsDependenceWarning
 
     traj = Trajectory(run, copy=copy)
     steps, every = with_phases(traj, parse_steps(steps), every)
@@ -525,8 +519,6 @@ def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] |
               every: int | None = None, recompute: bool = False, progress: bool = True,
               copy: int | None = None, **params) -> dict[str, Any]:
     """`groklens probe`: {"probe": {"steps": [...], value: [...]}}; `copy` as analyze_run."""
-    from groklens.checkpoints import Trajectory
-
     params = {k: v for k, v in params.items() if v is not None}
     traj = Trajectory(run, copy=copy)
     steps, every = with_phases(traj, parse_steps(steps), every)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.grokking import grokking_times
 from groklens.errors import BadInput
 
 DEFAULT_VARS = ("width", "train_frac", "lr", "weight_decay")
@@ -86,7 +87,6 @@ def variable_value(var: str, cfg: dict, n_train: int | None = None) -> float:
 
 def collect_runs(directory: str | Path, variables: Sequence[str], threshold: float = 0.95) -> Collected:
     """Grokking times and variable values of every finished run (*.h5) in `directory`."""
-    from groklens.analyses.grokking import grokking_times
     from groklens.checkpoints import Trajectory
     from groklens.checkpoints.constants import SIDECAR_SUFFIX
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.analyses.common import check_loss, eval_rows, task_loss
+from groklens.analyses.radial import EpsDependenceWarning, eps_note, free_scale_norms
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -182,7 +183,6 @@ def sharpness(
     |trace|. `loss` None means cross-entropy (`compute` passes the run's training loss and step)."""
     check(model, data, {"top_k": top_k, "tol": tol, "trace_samples": trace_samples, "eval_set": eval_set,
                         "seed": seed, "loss": loss, "trace_rel_stderr": trace_rel_stderr})
-    from groklens.analyses.radial import EpsDependenceWarning, eps_note, free_scale_norms
 
     H = HessianOperator(model, data, eval_rows(data, eval_set), check_loss(loss))
     out = top_eigenvalues(H.matvec, H.n, top_k, tol=tol, seed=seed, maxiter=maxiter)

@@ -37,7 +37,7 @@ from groklens.analyses.sharpness import (
 )
 from groklens.checkpoints import Trajectory
 from groklens.config import RunConfig
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 
 def timed(fn, repeat: int = 1):

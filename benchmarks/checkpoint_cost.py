@@ -18,17 +18,18 @@ import torch
 
 from groklens.checkpoints import TrajectoryWriter
 from groklens.config import RunConfig
-from groklens.trainers import loop
+from groklens.trainers import train as training
+from groklens.trainers.single import SingleRun
 
 from common import Timed  # benchmarks/common.py
 
 
 
 def measure(cfg: RunConfig, out: Path) -> dict:
-    with Timed(TrajectoryWriter, "write_checkpoint") as ck, Timed(loop.Trainer, "train_step") as st, \
-            Timed(loop.Trainer, "evaluate") as ev:
+    with Timed(TrajectoryWriter, "write_checkpoint") as ck, Timed(SingleRun, "train_step") as st, \
+            Timed(SingleRun, "evaluate") as ev:
         t0 = time.perf_counter()
-        loop.train(cfg, out, progress=False)
+        training.train(cfg, out, progress=False)
         total = time.perf_counter() - t0
     return {
         "steps": cfg.steps, "checkpoints": ck.calls, "total_s": total,

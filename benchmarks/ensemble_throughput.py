@@ -1,6 +1,6 @@
 """Throughput of batched ensembles: trained model-steps per second of N small MLP configurations
 trained as one vmapped ensemble (groklens.trainers.ensemble) against the same N configurations
-trained one after another as single runs (groklens.trainers.loop.train).
+trained one after another as single runs (groklens.trainers.training.train).
 
 Both sides do everything a sweep does: evaluation every --eval-every steps on all p^2 inputs,
 checkpoints every --checkpoint-every steps into one trajectory file per run. Each side runs
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from groklens.checkpoints import Trajectory
 from groklens.trainers.ensemble import train_ensemble
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 from groklens.config import RunConfig
 

@@ -31,10 +31,11 @@ TIMINGS_ENV = "GROKLENS_BENCH_TIMINGS"
 def timed_execute_task(task: dict) -> list[dict]:
     """sweep_tasks.execute_task, with the productive parts timed; appends one JSON line per task."""
     from groklens.checkpoints import TrajectoryWriter
-    from groklens.trainers import loop, sweep_tasks
+    from groklens.trainers import sweep_tasks
+    from groklens.trainers.single import SingleRun
 
     t0, started = time.perf_counter(), time.time()
-    with Timed(loop.Trainer, "train_step") as st, Timed(loop.Trainer, "evaluate") as ev, \
+    with Timed(SingleRun, "train_step") as st, Timed(SingleRun, "evaluate") as ev, \
             Timed(TrajectoryWriter, "write_eval") as ew, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         out = sweep_tasks.execute_task(task)
     record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0, "step_s": st.total, "steps": st.calls,

@@ -5,12 +5,12 @@ Run by hand (not by the test suite), on one thread:
 
 For each configuration (the canonical p=113 model, `RunConfig()`; the bounded sphere, preset
 `sphere`) it times, in the same process and alternating blocks of `--block` steps:
-  groklens.step   `groklens.trainers.loop.Trainer.train_step` (hooks, regularizer plumbing,
+  groklens.step   `groklens.trainers.single.SingleRun.train_step` (hooks, regularizer plumbing,
                   float64 loss, grad-norm check, as `groklens train` runs it);
   groklens.step.explicit  the same step with the model's explicit forward path forced (what runs
                   when a hook is attached; the forward pass of groklens before the fused fast
                   path, bit-identical): the "before" of issue 18;
-  groklens.train  `groklens.trainers.loop.train` end to end (evaluation every `eval_every`
+  groklens.train  `groklens.trainers.train.train` end to end (evaluation every `eval_every`
                   steps on all p^2 inputs and checkpoints every `checkpoint_every` steps, as
                   configured), per step, from a separate short run;
   plain           a plain PyTorch loop written below: the same parameters (copied from the
@@ -45,7 +45,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from groklens.trainers import loop
+from groklens.trainers import train as training
+from groklens.trainers.engine import warmup_factor
+from groklens.trainers.single import SingleRun
 from groklens.tasks import TASKS
 from torch import nn
 
@@ -61,9 +63,9 @@ class _NoWriter:
         filename = "unused.h5"
 
 
-def groklens_trainer(cfg: RunConfig) -> loop.Trainer:
+def groklens_trainer(cfg: RunConfig) -> SingleRun:
     data = TASKS.get(cfg.task).build(cfg)
-    return loop.Trainer(cfg, data, lambda _t: _NoWriter(), progress=False)
+    return SingleRun(cfg, data, lambda _t: _NoWriter(), progress=False)
 
 
 class PlainTransformer(nn.Module):
@@ -189,7 +191,7 @@ class SDPATransformer(nn.Module):
 
 
 class PlainLoop:
-    def __init__(self, cfg: RunConfig, trainer: loop.Trainer, readout_only: bool, sdpa: bool = False):
+    def __init__(self, cfg: RunConfig, trainer: SingleRun, readout_only: bool, sdpa: bool = False):
         self.cfg, self.sdpa = cfg, sdpa
         if sdpa:
             self.model = SDPATransformer(cfg, trainer.model, trainer.data.readout_pos)
@@ -205,7 +207,7 @@ class PlainLoop:
 
     def step(self, step: int) -> float:
         for g in self.opt.param_groups:
-            g["lr"] = self.cfg.lr * loop.warmup_factor(self.cfg, step)
+            g["lr"] = self.cfg.lr * warmup_factor(self.cfg, step)
         loss = self.loss()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -238,15 +240,15 @@ def time_block(fn, start: int, n: int) -> float:
 
 
 def train_end_to_end(cfg: RunConfig, steps: int) -> tuple[float, dict[str, float]]:
-    """steps/s of loop.train over `steps` steps (evaluation and checkpoint every min(config's,
+    """steps/s of training.train over `steps` steps (evaluation and checkpoint every min(config's,
     steps) steps: at steps 0 and `steps`), and where its wall time went (seconds)."""
     from groklens.checkpoints import TrajectoryWriter
 
     c = cfg.replace(steps=steps, eval_every=min(cfg.eval_every, steps), checkpoint_every=min(cfg.checkpoint_every, steps))
-    with tempfile.TemporaryDirectory() as d, Timed(loop.Trainer, "train_step") as ts, \
-            Timed(loop.Trainer, "evaluate") as ev, Timed(TrajectoryWriter, "write_checkpoint") as ck:
+    with tempfile.TemporaryDirectory() as d, Timed(SingleRun, "train_step") as ts, \
+            Timed(SingleRun, "evaluate") as ev, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         t = time.perf_counter()
-        loop.train(c, Path(d) / "run.h5", progress=False)
+        training.train(c, Path(d) / "run.h5", progress=False)
         wall = time.perf_counter() - t
     parts = {"train_step": ts.total, "evaluate": ev.total, "write_checkpoint": ck.total}
     parts["other (file creation, setup)"] = wall - sum(parts.values())
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--block", type=int, default=20, help="steps per timed block")
     ap.add_argument("--repeats", type=int, default=5, help="alternating blocks per loop")
-    ap.add_argument("--e2e-steps", type=int, default=200, help="steps of each end-to-end loop.train run")
+    ap.add_argument("--e2e-steps", type=int, default=200, help="steps of each end-to-end training.train run")
     ap.add_argument("--configs", nargs="+", default=["canonical", "sphere"], choices=["canonical", "sphere"])
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler tables")
     ap.add_argument("--json", type=Path, default=None, help="write the results here too")
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
               f"/ plain = {r['time_explicit_step_over_plain']:.3f}")
         print(f"  rates: groklens.step / plain = {r['ratio_groklens_step_to_plain']:.3f};  groklens.train / plain = "
               f"{r['ratio_groklens_train_to_plain']:.3f};  plain.readout / plain = {r['ratio_plain_readout_to_plain']:.3f}")
-        print(f"  loop.train over {args.e2e_steps} steps, seconds: "
+        print(f"  training.train over {args.e2e_steps} steps, seconds: "
               + ", ".join(f"{k} {v:.2f}" for k, v in r["e2e_seconds"].items()))
         print(f"  same loss and gradients: {json.dumps(r['equivalence'])}")
         if args.profile:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from groklens.config import RunConfig
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,13 +20,13 @@ import numpy as np
 
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import writer_alive
+from groklens.checkpoints.validate import check_file
+from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput
+from groklens.tasks import TaskData
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from groklens.config import RunConfig
-    from groklens.tasks import TaskData
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -59,8 +59,6 @@ def open_trajectory_file(path: str | Path, validate: bool = True) -> h5py.File:
     try:
         _check_format(path, f)
         if validate:
-            from groklens.checkpoints.validate import check_file
-
             check_file(f, path)
     except BaseException:
         f.close()
@@ -333,14 +331,11 @@ class Trajectory:
             data = json.loads(raw)
         except (TypeError, ValueError):
             raise BadInput(f"{self.path}: damaged trajectory (stored config is not JSON)") from None
-        from groklens.config import stored_dict
 
         return stored_dict(data)  # an older file's missing keys read as that file meant them
 
     @cached_property
     def config(self) -> "RunConfig":
-        from groklens.config import RunConfig
-
         return RunConfig.from_dict(self.config_dict)
 
     @property
@@ -446,8 +441,6 @@ class Trajectory:
         """The exact inputs, labels and split the run trained on (from the file, not regenerated)."""
         import torch
 
-        from groklens.tasks import TaskData
-
         with self._open() as f:
             g = f[C.DATA]
             arrays = {name: g[name][:] for name in g}
@@ -462,50 +455,6 @@ class Trajectory:
             d_vocab=attrs["d_vocab"],
             d_vocab_out=attrs["d_vocab_out"],
         )
-
-    # ------------------------------------------------------------------ summary
-    def summary(self, thresholds: tuple[float, ...] = (0.95, 0.99)) -> dict:
-        """What `groklens info --json` prints."""
-        from groklens.analyses.grokking import collapse, grokking_times
-
-        metrics = self.metrics
-        steps = self.steps
-        last = {k: _plain(v[-1]) for k, v in metrics.items()} if len(metrics[C.METRICS_STEP]) else None
-        times = grokking_times(metrics, thresholds)
-        live = self.is_live
-        status = self.status
-        if status == "running" and not live and not len(steps):
-            status = ("died before its first checkpoint (writer gone: killed, e.g. out of memory?); nothing to "
-                      "resume: `groklens train --out FILE ...` starts it again over this file")
-        elif status == "running" and not live:
-            status = "interrupted (writer gone; `groklens train --resume` continues it)"
-        routing = {}
-        if self.n_copies > 1:  # per copy (0.95 and the other thresholds) and of the ensemble
-            def grok_of(prefix: str) -> dict:
-                series = {"step": metrics[C.METRICS_STEP], "test_acc": metrics.get(prefix + "test_acc", []),
-                          "train_acc": metrics.get(prefix + "train_acc", [])}
-                return grokking_times(series, thresholds)["grokking_step"]
-
-            routing = {"copies": self.n_copies, "copy": self.copy,
-                       "copy_grokking_step": [grok_of(f"copy{m}.") for m in range(self.n_copies)],
-                       "ensemble_grokking_step": grok_of("ensemble.")}
-        return {
-            "path": str(self.path),
-            **({"routing": routing} if routing else {}),
-            "config": self.config_dict,
-            "status": status,
-            "live": live,
-            "checkpoint_steps": [int(s) for s in steps],
-            "n_checkpoints": int(len(steps)),
-            "n_evaluations": int(len(metrics[C.METRICS_STEP])),
-            "last": last,
-            "memorization_step": times["memorization_step"],
-            "grokking_step": times["grokking_step"],
-            "censored_at": times["last_step"],
-            "collapse": {**collapse(metrics, self.config_dict.get("grok_threshold", thresholds[0])),
-                         "threshold": self.config_dict.get("grok_threshold", thresholds[0])},
-            "stale_temporaries": stale_temporaries(self.path),
-        }
 
 
 def stale_temporaries(run: Path) -> list[str]:
@@ -529,9 +478,3 @@ def stale_temporaries(run: Path) -> list[str]:
                 found.append(printable(name))
     return sorted(found)
 
-
-def _plain(x):
-    x = x.item() if hasattr(x, "item") else x
-    if isinstance(x, float) and not np.isfinite(x):
-        return None
-    return x

@@ -17,7 +17,8 @@ import numpy as np
 
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import WriterLock, describe_holder
-from groklens.checkpoints.reader import open_trajectory_file
+from groklens.checkpoints.reader import Trajectory, open_trajectory_file
+from groklens.checkpoints.validate import InvalidTrajectory, model_problems
 from groklens.checkpoints.writer import hdf5_write_failed
 from groklens.errors import BadInput, RunFailure
 
@@ -57,9 +58,6 @@ def recover(path: str | Path) -> int:
 
 def _check_model(path: Path) -> None:
     """The stored parameters must be those of the model the stored config builds."""
-    from groklens.checkpoints.reader import Trajectory
-    from groklens.checkpoints.validate import InvalidTrajectory, model_problems
-
     traj = Trajectory(path)
     with open_trajectory_file(path, validate=False) as f:
         groups = [(f"/{C.PARAMS}", f[C.PARAMS])] + [(f"/{C.COPIES}/{k}", g) for k, g in f.get(C.COPIES, {}).items()]
@@ -76,7 +74,7 @@ def _check_model(path: Path) -> None:
             raise InvalidTrajectory(path, problems)
 
 
-check_parameters = _check_model  # for callers that load a checkpoint before recovering (loop.resume)
+check_parameters = _check_model  # for callers that load a checkpoint before recovering (train.resume)
 
 
 def _lock(path: Path) -> WriterLock:

@@ -37,12 +37,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.checkpoints import constants as C
+from groklens.config import RunConfig
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
     import h5py
-
-    from groklens.config import RunConfig
 
 MEMORY_SHARE = 0.8  # a run may plan for at most this share of the machine's memory
 ACTIVATIONS = ("activations of one training step", "activations of the evaluation batch")
@@ -134,8 +133,6 @@ def config_checksum(config_json: str) -> str:
 
 
 def _config(f, problems: list[str]):
-    from groklens.config import RunConfig
-
     raw = f.attrs.get(C.ATTR_CONFIG)
     if isinstance(raw, bytes):
         raw = raw.decode(errors="replace")

@@ -21,7 +21,8 @@ import numpy as np
 
 from groklens import __version__
 from groklens.checkpoints import constants as C
-from groklens.checkpoints.locking import WriterLock
+from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
+from groklens.checkpoints.locking import WriterLock, describe_holder, not_writable, writer_alive
 from groklens.checkpoints.validate import config_checksum
 from groklens.errors import BadInput, RunFailure
 
@@ -132,8 +133,6 @@ class TrajectoryWriter:
         try:
             lock = WriterLock(path)
         except OSError as exc:
-            from groklens.checkpoints.locking import describe_holder, not_writable
-
             if not_writable(exc):
                 raise BadInput(f"cannot write {path} ({exc.strerror})") from None
             raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
@@ -188,9 +187,6 @@ class TrajectoryWriter:
 
     def _take_place(self) -> None:
         """The staged run has a checkpoint: it replaces the old run now (train --force)."""
-        from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
-        from groklens.checkpoints.locking import describe_holder, writer_alive
-
         target = self.replaces
         if writer_alive(target):  # started since the check before training: the live run wins
             raise BadInput(f"{target} is being written by a live process ({describe_holder(target)}); "

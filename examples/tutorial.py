@@ -30,10 +30,9 @@
 import os
 from pathlib import Path
 
-import numpy as np
 
 from groklens.config import RunConfig
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 WORK = Path(os.environ.get("GROKLENS_TUTORIAL_DIR", "tutorial-out"))
 WORK.mkdir(parents=True, exist_ok=True)
@@ -70,10 +69,11 @@ base_path = trained("base")
 # (pandas is the optional extra `groklens[pandas]`).
 
 # %%
+from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 
 run = Trajectory(base_path)
-summary = run.summary()
+summary = run_summary(run)
 print("checkpoints:", len(run.steps), "from", int(run.steps[0]), "to", int(run.steps[-1]))
 print("memorized at", summary["memorization_step"]["0.95"], "grokked at", summary["grokking_step"]["0.95"])
 metrics = run.to_pandas()

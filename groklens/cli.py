@@ -110,7 +110,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
     from groklens.threads import apply_threads
 
     choice = apply_threads(threads, quiet=True)  # before torch loads; the note once training starts
-    from groklens.trainers import loop, loggers
+    from groklens.trainers import loggers, train as training
 
     specs = loggers.check_specs(log_to)
     if resume_path is not None:
@@ -128,13 +128,13 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         cfg = config_from(preset_name, config_file, overrides)
         target = Path(out)
     note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
-    result = _train_or_resume(loop, loggers, specs, cfg, target, force, not quiet, note)
-    from groklens.analyses.grokking import censored_text
+    result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note)
+    from groklens.analyses.grokking import censored_text, run_summary
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
     thr = run.config.grok_threshold  # the run's own threshold (--grok-threshold), beside 0.95 and 0.99
-    summary = run.summary(thresholds=tuple(sorted({0.95, 0.99, thr})))
+    summary = run_summary(run, thresholds=tuple(sorted({0.95, 0.99, thr})))
     if as_json:
         click.echo(strict_json(summary))
     else:
@@ -146,8 +146,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         )
 
 
-def _train_or_resume(loop, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None):
-    """loop.train (cfg given) or loop.resume, with the --log loggers fed each evaluation row and
+def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None):
+    """training.train (cfg given) or training.resume, with the --log loggers fed each evaluation row and
     the busy-machine note said once training starts; Ctrl-C says how to continue."""
     from groklens.checkpoints import Trajectory
 
@@ -171,8 +171,8 @@ def _train_or_resume(loop, loggers, specs, cfg, target: Path, force: bool, progr
     first = [first_row]
     try:
         if cfg is None:
-            return loop.resume(target, progress=progress, on_eval=on_eval)
-        return loop.train(cfg, target, force=force, progress=progress, on_eval=on_eval)
+            return training.resume(target, progress=progress, on_eval=on_eval)
+        return training.train(cfg, target, force=force, progress=progress, on_eval=on_eval)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_resume_hint(target)) from None
     finally:
@@ -198,11 +198,12 @@ def _resume_hint(path: Path) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(run: str, as_json: bool) -> None:
     """Config, checkpoints, last metrics, memorization and grokking steps of RUN.h5."""
+    from groklens.analyses.grokking import run_summary
     from groklens.checkpoints import Trajectory
     from groklens.checkpoints.validate import InvalidTrajectory
 
     try:
-        summary = Trajectory(run).summary()
+        summary = run_summary(Trajectory(run))
     except InvalidTrajectory as exc:
         if as_json:  # what is wrong, all of it, then exit 2 like any bad input
             click.echo(strict_json({"path": exc.path, "valid": False, "problems": exc.problems}))

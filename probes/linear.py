@@ -21,6 +21,7 @@ import numpy as np
 
 from groklens.errors import BadInput
 from groklens.probes.capture import DEFAULT_BATCH, capture, check_sites, resolve_position
+from groklens.probes.grid import modular_grid
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
@@ -45,7 +46,6 @@ def probe_targets(data: TaskData, target: str, frequencies: Sequence[int] | None
             raise BadInput("probe target 'answer' needs a single-target task (labels [N]); this task has "
                            f"{data.labels.shape[1]} answer positions")
         return data.labels.numpy().astype(np.int64)
-    from groklens.probes.grid import modular_grid
 
     grid = modular_grid(data, "the fourier probe target")
     ks = check_frequencies(frequencies, grid.p)

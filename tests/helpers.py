@@ -19,19 +19,20 @@ def tiny_config(**overrides) -> RunConfig:
 
 
 def train_tiny(path: Path, **overrides):
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     return train(tiny_config(**overrides), path, progress=False)
 
 
 def train_interrupted(cfg: RunConfig, path: Path, at_step: int, trainer_cls=None) -> None:
     """Train `cfg` into `path` as if Ctrl-C came at training step `at_step` (the checkpoints
-    before it stay committed); `trainer_cls` is the class whose train_step runs (default Trainer)."""
+    before it stay committed); `trainer_cls` is the strategy class whose train_step runs (default SingleRun)."""
     import pytest
 
-    from groklens.trainers.loop import Trainer, train
+    from groklens.trainers.single import SingleRun
+    from groklens.trainers.train import train
 
-    cls = trainer_cls or Trainer
+    cls = trainer_cls or SingleRun
     original = cls.train_step
 
     def interrupted(self, step):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from groklens.checkpoints import Trajectory
 from groklens.config import PRESETS, RunConfig
 from groklens.errors import BadInput
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 from groklens.tasks import TASKS
 
 

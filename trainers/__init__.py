@@ -1,4 +1,5 @@
-"""groklens.trainers: tasks, models, regularizers, the training loop and sweeps."""
+"""groklens.trainers: models, losses, regularizers, the training step and loop, the entry points
+(train, resume) and sweeps. The tasks are the front door's (groklens/tasks.py)."""
 
 import groklens as _top
 

@@ -1,17 +1,21 @@
 """Batched ensembles: many small runs of one architecture trained together in one process.
 
-Members share the model architecture, the task, the data shape, the loss and the schedule;
-each keeps its own `seed` (initialisation and mini-batch order), `data_seed` (its own
-train/test split), `lr`, `weight_decay`, stop rule and regularizer strengths
-(PER_MEMBER_FIELDS): an ensemble may mix regularized and plain members. Parameters are
-stacked along a leading member dimension (`torch.func.stack_module_state`); one
-forward/backward runs every member at once through `torch.func.functional_call` under
-`torch.func.vmap` (with the regularizer terms inside it, each with the member's own weight),
-then Grokfast, the perpendicular gradient and AdamW act on the stacked tensors with
-per-member constants (trainers/stacked.py). The loop is the one every run goes through
-(trainers/engine.py); each member writes its own trajectory file, in the same format, at the
-same steps and with the same metrics as `groklens.trainers.loop.train` would: a member's
-trajectory equals the same configuration trained alone to float tolerance
+Members share every RunConfig field but the per-member ones (PER_MEMBER_FIELDS): each keeps its
+own `seed` (initialisation and mini-batch order), `data_seed` (its own train/test split, and
+its own inputs where the task draws them), `lr`, `weight_decay`, stop rule, and the fields its
+regularizers declare per member (their strengths, Grokfast's alpha): an ensemble may mix
+regularized and plain members. Routing (SOLO_FIELDS) is a strategy of its own: a routed
+config trains alone. Any task trains in an ensemble, multi-target ones included.
+
+Parameters are stacked along a leading member dimension (`torch.func.stack_module_state`);
+one forward/backward runs every member at once through `torch.func.functional_call` under
+`torch.func.vmap` (with the regularizer terms inside it, each with the member's own weight).
+Everything else is the step every strategy takes (trainers/step.py), the one update
+(trainers/optim.py: the gradient transforms, then AdamW, with per-member constants) and the one
+evaluation row (trainers/evaluation.py), on the stacked tensors. The loop is the one every run
+goes through (trainers/engine.py); each member writes its own trajectory file, in the same
+format, at the same steps and with the same metrics as `groklens.trainers.train.train` would: a
+member's trajectory equals the same configuration trained alone to float tolerance
 (tests/trainers/test_ensemble.py).
 """
 
@@ -25,52 +29,38 @@ import numpy as np
 import torch
 
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
+from groklens.checkpoints.locking import describe_holder, writer_alive
 from groklens.config import RunConfig
 from groklens.errors import BadInput
-from groklens.trainers.engine import (
-    EVAL_CHUNK, Member, Strategy, TrainResult, nonfinite_reason, resolve_device, restore_counters, run,
-    warmup_factor,
-)
-from groklens.trainers.models import build_model
-from groklens.trainers.regularizers import Batch, active_regularizers, task_loss
-from groklens.trainers.single import REG_EVAL_MAX
-from groklens.trainers.stacked import StackedGrokfast, StackedPerpGrad, adamw_step
 from groklens.tasks import TASKS, TaskData
+from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device, restore_counters, run
+from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
+from groklens.trainers.models import build_model
+from groklens.trainers.optim import Update, grad_norms
+from groklens.trainers.regularizers import MEMBER_FIELDS, Batch, build_regularizers
+from groklens.trainers.train import create_trajectory
+from groklens.trainers.step import check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows
 
-# Fields that may differ between members of one ensemble.
+# Fields that may differ between members: the loop's (init and split seeds, optimizer strength,
+# the stop rule; each member's own in trainers/engine.py) and those its regularizers declare.
 PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "stop_after_grok",
-                     "act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda", "grokfast_alpha",
-                     "perp_grad", "stop_test_loss", "stop_min_steps")
-# Fields the ensemble implements and that members must share (architecture, data shape, loss,
-# the regularizers' sites and windows, optimizer constants and schedule). Every other RunConfig
-# field (routing) must be at its default, or the run trains alone (`ensemble_key` returns None).
-SHARED_FIELDS = (
-    # task and data shape
-    "task", "p", "train_frac", "n_digits", "seq_len", "n_informative", "informative_layout",
-    "distractor_vocab",
-    # architecture (anything that only changes the forward pass is fine under vmap)
-    "model", "n_layers", "d_model", "n_heads", "d_head", "d_mlp", "act_fn", "norm", "norm_placement", "attention",
-    "unembed", "init", "init_scheme", "causal", "mlp_bias", "radius", "tau", "fourier_freqs", "mlp_embed",
-    "mlp_unembed_bias",
-    # the loss and the regularizers' knobs other than their strengths
-    "loss", "act_norm_sites", "geomdr_target", "geomdr_start", "geomdr_end", "geomdr_site", "kl_attn_layer",
-    "perp_grad_scale",
-    # optimizer constants and schedule
-    "betas", "warmup_steps", "batch_size", "steps", "eval_every", "checkpoint_every",
-    "log_checkpoints", "device",
-)
+                     "stop_test_loss", "stop_min_steps") + MEMBER_FIELDS
+# Fields of a strategy of their own: a config that sets one trains alone (`ensemble_key` None).
+SOLO_FIELDS = ("routing_copies", "routing_width", "routing_unit")
+
+
+def shared_fields() -> list[str]:
+    """Every other RunConfig field: the members of one ensemble share it (architecture, task and
+    data shape, loss, the regularizers' sites and windows, betas, schedule, device)."""
+    return [f.name for f in fields(RunConfig) if f.name not in PER_MEMBER_FIELDS + SOLO_FIELDS]
 
 
 def unsupported_reason(cfg: RunConfig) -> str | None:
     """Why `cfg` cannot join an ensemble (None when it can)."""
     default = RunConfig()
-    known = set(PER_MEMBER_FIELDS) | set(SHARED_FIELDS)
-    odd = [f.name for f in fields(RunConfig)
-           if f.name not in known and getattr(cfg, f.name) != getattr(default, f.name)]
-    if odd:  # routing: a routed run is its own strategy
+    odd = [name for name in SOLO_FIELDS if getattr(cfg, name) != getattr(default, name)]
+    if odd:
         return f"ensembles do not implement {', '.join(f'{n}={getattr(cfg, n)!r}' for n in odd)}"
-    if getattr(TASKS.get(cfg.task), "multi_target", False):
-        return f"ensembles read out one position; task {cfg.task!r} has several"
     return None
 
 
@@ -78,14 +68,16 @@ def ensemble_key(cfg: RunConfig) -> tuple | None:
     """What members of one ensemble must share, or None when `cfg` must train as a single run."""
     if unsupported_reason(cfg) is not None:
         return None
-    return tuple((name, _hashable(getattr(cfg, name))) for name in SHARED_FIELDS if hasattr(cfg, name))
+    return tuple((name, _hashable(getattr(cfg, name))) for name in shared_fields())
 
 
 def _hashable(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
-MemberResult = Member  # what train_ensemble returns per member: .path, .result, .error
+def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Per member m the rows idx[m] of t[m]: t [M, N, ...], idx [M, n] -> [M, n, ...]."""
+    return t[torch.arange(len(idx), device=idx.device)[:, None], idx]
 
 
 class EnsembleRun(Strategy):
@@ -100,6 +92,8 @@ class EnsembleRun(Strategy):
         self.members = [Member(c, d, Path(p)) for c, d, p in zip(cfgs, datas, paths)]
         self.gens = [torch.Generator().manual_seed(c.seed + 1) for c in cfgs]  # as a single run's
         self.positions = first.readout_positions
+        self.readout_slice = slice(self.positions[0], self.positions[-1] + 1)
+        self.multi_target = first.n_targets > 0
         # tasks whose inputs depend on data_seed (seq_*) give each member its own inputs
         self.shared_inputs = all(torch.equal(d.inputs, first.inputs) for d in datas[1:])
         self.n_inputs = len(first.inputs)
@@ -109,18 +103,11 @@ class EnsembleRun(Strategy):
         params, buffers = torch.func.stack_module_state(models)
         self.params = {n: params[n].detach().to(self.device).requires_grad_() for n in self.names}
         self.buffers = {n: b.to(self.device) for n, b in buffers.items()}
-        self.exp_avg = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        self.adam_steps = {n: 0 for n in self.names}  # per tensor: one without gradients is not stepped
-        # the union of the members' regularizers; a member's own strength (0: off) weights each
-        union = self.cfg0.replace(**{f: max(getattr(c, f) for c in cfgs) for f in PER_MEMBER_FIELDS[6:]})
-        self.terms = [cls(union, self.base, first) for cls in active_regularizers(union) if cls.kind == "term"]
+        regularizers = build_regularizers(cfgs, self.base, first, self.params)
+        self.terms = [r for r in regularizers if r.kind == "term"]
+        self.update = Update(cfgs, self.params, [r for r in regularizers if r.kind == "grad"])
         self.hooks = [(n, self._capture) for n in sorted({n for r in self.terms for n in r.hook_names})]
         self.acts: dict[str, torch.Tensor] = {}
-        self.grokfast = StackedGrokfast(self.params, [c.grokfast_alpha for c in cfgs],
-                                        [c.grokfast_lambda for c in cfgs]) if union.grokfast_lambda else None
-        self.perp = StackedPerpGrad([c.perp_grad for c in cfgs], union.perp_grad_scale == "orthograd") \
-            if union.perp_grad else None
         self._stack_member_tensors()
 
     # ------------------------------------------------------------------ member bookkeeping
@@ -130,17 +117,13 @@ class EnsembleRun(Strategy):
             self.inputs = ms[0].data.inputs.to(dev)  # [N, n_ctx], the same for every member
         else:
             self.inputs = torch.stack([m.data.inputs for m in ms]).to(dev)  # [M, N, n_ctx]
-        self.labels = torch.stack([m.data.labels for m in ms]).to(dev)  # [M, N]
+        self.labels = torch.stack([m.data.labels for m in ms]).to(dev)  # [M, N] or [M, N, K]
         self.train_idx = torch.stack([m.data.train_idx for m in ms]).to(dev)  # [M, n_train]
         self.test_idx = torch.stack([m.data.test_idx for m in ms]).to(dev)  # [M, n_test]
         member_inputs = self.inputs if not self.shared_inputs else self.inputs.expand(len(ms), -1, -1)
-        n_ctx = member_inputs.shape[2]
-        index = self.train_idx[:, :, None].expand(-1, -1, n_ctx)
-        self.train_x = torch.gather(member_inputs, 1, index)  # [M, n_train, n_ctx]
-        self.train_y = torch.gather(self.labels, 1, self.train_idx)  # [M, n_train]
+        self.train_x = _take(member_inputs, self.train_idx)  # [M, n_train, n_ctx]
+        self.train_y = _take(self.labels, self.train_idx)  # [M, n_train] or [M, n_train, K]
         self.train_mask = torch.stack([m.data.informative_mask[m.data.train_idx] for m in ms]).to(dev)
-        self.lr = torch.tensor([m.cfg.lr for m in ms], dtype=torch.float64)
-        self.wd = torch.tensor([m.cfg.weight_decay for m in ms], dtype=torch.float64)
         self.weights = {r.name: torch.tensor([getattr(m.cfg, r.weight_field) for m in ms], dtype=torch.float64,
                                              device=dev) for r in self.terms}
         # members with a term run the full forward pass with capture hooks, as they would alone;
@@ -150,11 +133,8 @@ class EnsembleRun(Strategy):
         self.groups = [(idx, capture) for idx, capture in ((plain, False), (regularized, True)) if idx]
         if self.terms:  # where terms are evaluated: each member's training inputs (a fixed subset if many)
             n = self.train_x.shape[1]
-            picks = torch.stack([torch.as_tensor(np.arange(n) if n <= REG_EVAL_MAX else np.sort(
-                np.random.default_rng([m.cfg.data_seed, 2]).choice(n, REG_EVAL_MAX, replace=False)))
-                for m in ms]).to(dev)
-            self.reg_x = torch.gather(self.train_x, 1, picks[:, :, None].expand(-1, -1, n_ctx))
-            self.reg_mask = torch.gather(self.train_mask, 1, picks[:, :, None].expand(-1, -1, n_ctx))
+            picks = torch.stack([torch.as_tensor(reg_eval_rows(m.cfg, n)) for m in ms]).to(dev)
+            self.reg_x, self.reg_mask = _take(self.train_x, picks), _take(self.train_mask, picks)
 
     def keep(self, keep: list[int]) -> None:
         if len(keep) == len(self.members):
@@ -162,12 +142,10 @@ class EnsembleRun(Strategy):
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         with torch.no_grad():
             self.params = {n: p.detach().index_select(0, idx).clone().requires_grad_() for n, p in self.params.items()}
-            self.exp_avg = {n: t.index_select(0, idx).clone() for n, t in self.exp_avg.items()}
-            self.exp_avg_sq = {n: t.index_select(0, idx).clone() for n, t in self.exp_avg_sq.items()}
             self.buffers = {n: b.index_select(0, idx).clone() for n, b in self.buffers.items()}
-        for transform in (self.grokfast, self.perp):
-            if transform is not None:
-                transform.keep(idx)
+        self.update.keep(idx)
+        for reg in self.terms:
+            reg.keep(idx)
         self.members = [self.members[i] for i in keep]
         self.gens = [self.gens[i] for i in keep]
         if self.members:
@@ -178,47 +156,29 @@ class EnsembleRun(Strategy):
         with torch.no_grad():
             for n in self.names:
                 self.params[n][i].copy_(params[n].to(self.device))
-                if step > 0:
-                    self.exp_avg[n][i].copy_(torch.from_numpy(np.array(state[f"optim.{n}.exp_avg"])))
-                    self.exp_avg_sq[n][i].copy_(torch.from_numpy(np.array(state[f"optim.{n}.exp_avg_sq"])))
-        if step > 0:
-            self.adam_steps = {n: int(np.array(state[f"optim.{n}.step"])) for n in self.names}
-        if self.grokfast is not None:
-            self.grokfast.load_state(i, state)
+        self.update.load(i, state, step)
         self.gens[i].set_state(torch.from_numpy(np.array(state["rng.batch"])))
 
     def payloads(self, indices: list[int]) -> list[tuple[dict, dict, list]]:
         """Per member, the same keys and dtypes as a single run's checkpoint."""
         host = {n: p.detach().cpu().numpy() for n, p in self.params.items()}
-        m1 = {n: t.cpu().numpy() for n, t in self.exp_avg.items()}
-        m2 = {n: t.cpu().numpy() for n, t in self.exp_avg_sq.items()}
         rng = torch.get_rng_state().numpy()
-        out = []
-        for i in indices:
-            st: dict[str, np.ndarray] = {}
-            for n in self.names:
-                st[f"optim.{n}.step"] = np.array(self.adam_steps[n], dtype=np.float32)
-                st[f"optim.{n}.exp_avg"] = m1[n][i]
-                st[f"optim.{n}.exp_avg_sq"] = m2[n][i]
-            if self.members[i].cfg.grokfast_lambda:
-                st.update(self.grokfast.state(i))
-            st["rng.torch"] = rng
-            st["rng.batch"] = self.gens[i].get_state().numpy()
-            out.append(({n: host[n][i] for n in self.names}, st, []))
-        return out
+        return [({n: host[n][i] for n in self.names},
+                 {**self.update.state(i), "rng.torch": rng, "rng.batch": self.gens[i].get_state().numpy()}, [])
+                for i in indices]
 
     # ------------------------------------------------------------------ the computation
     def _capture(self, tensor: torch.Tensor, hook) -> None:
         self.acts[hook.name] = tensor  # a member's (batched) activation, read inside the same vmap
 
     def _logits(self, params, buffers, x, capture: bool = False):
-        # the same readout forward a single run uses (single.Lane.forward)
-        call, pos = torch.func.functional_call, self.positions[0]
-        if capture and self.hooks:
-            return call(self.base, (params, buffers), (x,))[:, pos]
-        if getattr(self.base, "supports_readout", False):
-            return call(self.base, (params, buffers), (x,), {"readout": slice(pos, pos + 1)})[:, 0]
-        return call(self.base, (params, buffers), (x,))[:, pos]
+        """One member's readout logits (trainers/step.py), its parameters in the template."""
+        def call(x, **kwargs):
+            return torch.func.functional_call(self.base, (params, buffers), (x,), kwargs)
+
+        full = bool(capture and self.hooks)
+        logits = readout_logits(call, x, self.readout_slice, full, getattr(self.base, "supports_readout", False))
+        return readout(logits, self.multi_target)
 
     def _vmap(self, fn, *args, in_dims=0, capture: bool = True):
         """fn vmapped over the members, with the terms' capture hooks on the template for the call."""
@@ -231,22 +191,20 @@ class EnsembleRun(Strategy):
 
     def _batch(self):
         cfg, n_train = self.cfg0, self.train_y.shape[1]
-        if not (cfg.batch_size and cfg.batch_size < n_train):
+        picks = [draw_batch(n_train, cfg.batch_size, g) for g in self.gens]
+        if picks[0] is None:
             return self.train_x, self.train_y, self.train_mask
-        pick = torch.stack([torch.randperm(n_train, generator=g)[: cfg.batch_size] for g in self.gens]).to(self.device)
-        rows = pick[:, :, None].expand(-1, -1, self.train_x.shape[2])
-        return torch.gather(self.train_x, 1, rows), torch.gather(self.train_y, 1, pick), \
-            torch.gather(self.train_mask, 1, rows)
+        pick = torch.stack(picks).to(self.device)
+        return _take(self.train_x, pick), _take(self.train_y, pick), _take(self.train_mask, pick)
 
     def _objectives(self, step: int, x, y, mask) -> torch.Tensor:
         """Every member's objective [M] (float64): task loss + its weighted terms, per group."""
         def objective_fn(capture: bool):
             def member_objective(p, b, xm, ym, mm, w):
-                objective = task_loss(self._logits(p, b, xm, capture=capture), ym, self.cfg0.loss)
-                for reg in self.terms if capture else ():
-                    batch = Batch(xm, mm, self.positions)
-                    objective = objective + reg.term(self.acts, batch, step, weight=w[reg.name])[0]
-                return objective
+                terms = self.terms if capture else ()
+                logits = self._logits(p, b, xm, capture=capture)
+                return objective(logits, ym, self.cfg0.loss, terms, self.acts, Batch(xm, mm, self.positions), step,
+                                 weights=w)[1]
             return member_objective
 
         parts, order = [], []
@@ -255,10 +213,10 @@ class EnsembleRun(Strategy):
                 def sub(t):
                     return t
             else:
-                rows = torch.tensor(idx, device=self.device)
+                rows_ = torch.tensor(idx, device=self.device)
 
-                def sub(t, rows=rows):
-                    return t.index_select(0, rows)
+                def sub(t, rows_=rows_):
+                    return t.index_select(0, rows_)
             args = ({n: sub(p) for n, p in self.params.items()}, {n: sub(b) for n, b in self.buffers.items()},
                     sub(x), sub(y), sub(mask), {k: sub(w) for k, w in self.weights.items()})
             parts.append(self._vmap(objective_fn(capture), *args, capture=capture))
@@ -273,74 +231,43 @@ class EnsembleRun(Strategy):
             p.grad = None
         objectives = self._objectives(step, x, y, mask)  # [M]
         objectives.sum().backward()
-        # parameters the loss does not reach (W_Q, W_K under uniform attention) get no gradient;
-        # torch.optim.AdamW skips them (no decay either), and so do we
+        # parameters the loss does not reach (W_Q, W_K under uniform attention) get no gradient
         grads = {n: p.grad for n, p in self.params.items() if p.grad is not None}
-        # torch.nn.utils.get_total_norm per member: the norm of the per-tensor norms
-        per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
-        grad_norm = torch.linalg.vector_norm(per_tensor, dim=1)
-        host = torch.stack([objectives.detach(), grad_norm.double()]).cpu().numpy()  # one sync per step
-        failures = []
-        for i, m in enumerate(self.members):
-            m.grad_norm = float(host[1, i])
-            if not np.isfinite(host[:, i]).all():
-                what, value = ("loss", host[0, i]) if not np.isfinite(host[0, i]) else ("gradient", host[1, i])
-                failures.append((m, nonfinite_reason(what, value, step)))
+        host, reasons = check_finite(objectives, grad_norms(grads), step)  # one sync per step
+        for m, g in zip(self.members, host[1]):
+            m.grad_norm = float(g)
+        failures = [(m, r) for m, r in zip(self.members, reasons) if r is not None]
         if failures:
-            keep = [i for i in range(len(self.members)) if np.isfinite(host[:, i]).all()]
+            keep = [i for i, r in enumerate(reasons) if r is None]
             grads = {n: g.index_select(0, torch.tensor(keep, device=self.device)) for n, g in grads.items()}
             self.keep(keep)
             if not self.members:
                 return failures
-        self._update(step, grads)
+        self.update(self.params, grads, step)
         return failures
-
-    def _update(self, step: int, grads: dict[str, torch.Tensor]) -> None:
-        """Grokfast, the perpendicular gradient, then AdamW: a single run's order."""
-        if self.grokfast is not None:
-            self.grokfast.transform(grads)
-        if self.perp is not None:
-            self.perp.transform(self.params, grads)
-        lr = self.lr * torch.tensor([warmup_factor(m.cfg, step) for m in self.members], dtype=torch.float64)
-        adamw_step(self.params, grads, self.exp_avg, self.exp_avg_sq, self.adam_steps, lr, self.wd, self.cfg0.betas)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self, step: int) -> list[dict[str, float]]:
-        """The same rows as a single run's evaluation, one per member."""
-        loss, hit, ce = self._eval_losses()
-        norm = torch.sqrt(sum((p.detach().double() ** 2).flatten(1).sum(1) for p in self.params.values()))
-        series = {"loss": loss, "acc": hit, **({"ce": ce} if ce is not None else {})}
-        columns = {f"{split}_{name}": torch.gather(v, 1, idx).mean(1) for name, v in series.items()
-                   for split, idx in (("train", self.train_idx), ("test", self.test_idx))}
-        columns["weight_norm"] = norm
+        """The evaluation row of every member (trainers/evaluation.py)."""
+        columns = split_columns(self._scores(), self.train_idx, self.test_idx)
+        columns["weight_norm"] = weight_norms(self.params)
         columns.update(self._term_metrics(step))
-        keys = list(columns)
-        host = torch.stack([columns[k].double() for k in keys]).cpu().numpy()
-        extra = [{} for _ in self.members]
-        for transform in (self.grokfast, self.perp):
-            if transform is not None:
-                for row, metrics in zip(extra, transform.metrics()):
-                    row.update(metrics)
-        return [{"step": step, **{k: float(host[j, i]) for j, k in enumerate(keys)}, "grad_norm": m.grad_norm,
-                 "lr": m.cfg.lr * warmup_factor(m.cfg, step), **extra[i]} for i, m in enumerate(self.members)]
+        return rows(step, columns, [m.cfg for m in self.members], [m.grad_norm for m in self.members],
+                    self.update.metrics())
 
-    def _eval_losses(self):
-        """Per member and input [M, N]: task loss (float64), hit, and with loss != ce the cross-entropy."""
+    def _scores(self) -> dict[str, torch.Tensor]:
+        """Per member and input [M, N]: the scores of trainers/evaluation.py."""
         chunk = max(256, EVAL_CHUNK // len(self.members))
         x_dim = None if self.shared_inputs else 0
-        name = self.cfg0.loss
-        losses, correct, ces = [], [], []
+        loss, multi = self.cfg0.loss, self.multi_target
+        chunks = []
         for start in range(0, self.n_inputs, chunk):
             x = self.inputs[..., start : start + chunk, :]
-            yl = self.labels[:, start : start + chunk]  # [M, chunk]
+            labels = self.labels[:, start : start + chunk]  # [M, chunk] or [M, chunk, K]
             logits = torch.func.vmap(self._logits, in_dims=(0, 0, x_dim))(self.params, self.buffers, x)
-            losses.append(torch.func.vmap(lambda lg, y: task_loss(lg, y, name, reduction="none"))(logits, yl))
-            correct.append(logits.argmax(-1) == yl)
-            if name != "ce":
-                ces.append(torch.func.vmap(lambda lg, y: task_loss(lg, y, "ce", reduction="none"))(logits, yl))
-        ce = torch.cat(ces, dim=1) if ces else None
-        return torch.cat(losses, dim=1), torch.cat(correct, dim=1).double(), ce
+            chunks.append(torch.func.vmap(lambda lg, y: score(lg, y, loss, multi))(logits, labels))
+        return concat(chunks)
 
     def _term_metrics(self, step: int) -> dict[str, torch.Tensor]:
         """Each term's metrics [M] on the members' training inputs, at this step's parameters."""
@@ -357,8 +284,6 @@ class EnsembleRun(Strategy):
 
         return self._vmap(member_metrics, self.params, self.buffers, self.reg_x, self.reg_mask, self.weights)
 
-
-EnsembleTrainer = EnsembleRun  # the name earlier code used
 
 
 def _check_members(cfgs: Sequence[RunConfig], datas: Sequence[TaskData]) -> None:
@@ -382,9 +307,6 @@ def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, for
     """Train `cfgs` as one batched ensemble, member i into the trajectory file outs[i]. With
     force, an existing file is replaced only once its member's first checkpoint is committed
     (the writer stages it, as `train --force`), so a failed start never loses a run."""
-    from groklens.checkpoints.locking import describe_holder, writer_alive
-    from groklens.trainers.loop import create_trajectory
-
     if len(cfgs) != len(outs):
         raise BadInput("train_ensemble needs one output file per config")
     outs = [Path(o) for o in outs]
@@ -442,6 +364,6 @@ def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_c
 
 
 __all__ = [
-    "PER_MEMBER_FIELDS", "SHARED_FIELDS", "EnsembleRun", "EnsembleTrainer", "MemberResult", "TrainResult",
-    "ensemble_key", "resume_ensemble", "train_ensemble", "unsupported_reason",
+    "PER_MEMBER_FIELDS", "SOLO_FIELDS", "EnsembleRun", "ensemble_key",
+    "resume_ensemble", "shared_fields", "train_ensemble", "unsupported_reason",
 ]

@@ -1,53 +1,167 @@
-"""torch.optim.AdamW (and Adam) without the compiler stack: the same code, the same update to the bit.
+"""The update every strategy applies after backward: the gradient transforms, then AdamW, on
+stacked parameters `{name: [M, *shape]}` (one row per member) with per-member constants.
 
-torch.optim wraps `Optimizer.add_param_group`, `zero_grad`, `state_dict` and `load_state_dict`
-in `torch._disable_dynamo`, and `Adam.step` in `_use_grad_for_differentiable`; both wrappers
-import `torch._dynamo` on their first call (the constructor already calls add_param_group) so
-that torch.compile can trace around them. That import costs about as much as `import torch`
-itself, paid by every `groklens train` before its first step. groklens never compiles its
-optimizer, so `AdamW` here calls the undecorated methods (the functions the wrappers hold as
-`__wrapped__`) and sets the grad mode as `_use_grad_for_differentiable` does, minus its
-`torch._dynamo.graph_break()` calls, which do nothing outside torch.compile. Where a torch
-version lacks `__wrapped__` on a method, `inspect.unwrap` returns the method itself and that
-method keeps torch's behaviour (correct, only slower to start).
+Written once for every kind of run: an ensemble's parameters are stacked, a single run's (and
+each routed copy's) are viewed as stacks of one (`stack_of_one`), so a single run is an
+ensemble of one here and every transform or optimizer change reaches all three.
+
+`AdamW` repeats, operation for operation, the single-tensor AdamW that `torch.optim.AdamW` runs
+on CPU (weight decay `p *= 1 - lr*wd`; `m.lerp_(g, 1-b1)`; `v = v*b2 + (1-b2) g*g`;
+`p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)`), with `lr` and `wd` per member: on CPU it
+gives torch's float32 numbers to the bit (tests/trainers/test_optim.py). torch.optim itself
+cannot take a learning rate per row of one tensor, and its first call imports torch._dynamo
+(about the cost of `import torch`, paid before a run's first step); this one does neither.
+A parameter the loss does not reach (no gradient) is not stepped, not even decayed, as in torch.
+
+With `optimizer=adam` (config) the same class runs torch.optim.Adam's update instead: weight
+decay is the coupled L2 term `g + wd*w` added to the gradient before the moments (rescaled by
+Adam like the loss gradient), not AdamW's decoupled `p *= 1 - lr*wd`; devinterp's grokking
+notebook trains so.
 """
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-_STEP = inspect.unwrap(torch.optim.AdamW.step)  # past torch's profile hook and grad-mode wrapper
-_ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
+from groklens.trainers.engine import warmup_factor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from groklens.config import RunConfig
+    from groklens.trainers.regularizers import Regularizer
+
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # the checkpoint keys optim.<param>.<key>
 
 
-class AdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (same arguments, state and state_dict) whose first calls do not
-    import torch._dynamo; see the module docstring."""
-
-    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
-    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
-    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
-    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
-
-    def step(self, closure=None):
-        with torch.set_grad_enabled(self.defaults["differentiable"]):  # what _use_grad_for_differentiable does
-            return _STEP(self, closure)
+def stack_of_one(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{name: [1, *shape]} views of a module's parameters (or gradients): updated in place, the
+    update changes the module's own tensors."""
+    return {n: t.detach().unsqueeze(0) for n, t in tensors.items()}
 
 
-class Adam(torch.optim.Adam):
-    """torch.optim.Adam, the same way: its weight_decay is the coupled L2 term (wd * w added to
-    the gradient before the moments), not AdamW's decoupled decay (config optimizer=adam)."""
-
-    add_param_group = AdamW.add_param_group
-    zero_grad = AdamW.zero_grad
-    state_dict = AdamW.state_dict
-    load_state_dict = AdamW.load_state_dict
-
-    def step(self, closure=None):
-        with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return _ADAM_STEP(self, closure)
+def grad_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each member's gradient norm [M], as torch.nn.utils.get_total_norm: the norm of the
+    per-tensor norms (tensors without a gradient left out)."""
+    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
+    return torch.linalg.vector_norm(per_tensor, dim=1)
 
 
-OPTIMIZERS = {"adamw": AdamW, "adam": Adam}  # config field `optimizer`
+class AdamW:
+    """AdamW state (moments, per-tensor step counts) of stacked parameters; see the module docstring."""
+
+    def __init__(self, params: dict[str, torch.Tensor], betas: Sequence[float], coupled_decay: bool = False):
+        self.betas = tuple(betas)
+        self.coupled_decay = coupled_decay  # Adam's L2 term instead of AdamW's decoupled decay
+        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.steps = {n: 0 for n in params}  # per tensor: one without gradients is not stepped
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: torch.Tensor,
+             wd: torch.Tensor) -> None:
+        """Update every tensor in `grads`; lr, wd: float64 [M]."""
+        b1, b2 = self.betas
+        device = next(iter(params.values())).device
+        decay = (1 - lr * wd).to(torch.float32).to(device)  # [M]; as `1 - lr*wd` cast to float32
+        if self.coupled_decay:
+            same_wd = bool((wd == wd[0]).all())
+            wd32 = wd.to(torch.float32).to(device)
+        per_t: dict[int, tuple[torch.Tensor, float]] = {}  # step count -> (neg_step [M], bias_correction2_sqrt)
+        for n, g in grads.items():
+            self.steps[n] += 1
+            t = self.steps[n]
+            if t not in per_t:  # usually one count for every tensor: computed once per step
+                per_t[t] = ((-(lr / (1 - b1**t))).to(torch.float32).to(device), (1 - b2**t) ** 0.5)
+            neg_step, bias_correction2_sqrt = per_t[t]
+            p = params[n]
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            if not self.coupled_decay:
+                p.mul_(decay.view(shape))
+            elif same_wd:  # torch.optim.Adam: grad.add(param, alpha=weight_decay)
+                g = g.add(p, alpha=float(wd[0]))
+            else:
+                g = g + wd32.view(shape) * p
+            m, v = self.exp_avg[n], self.exp_avg_sq[n]
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
+            p.add_(m * neg_step.view(shape) / denom)  # = addcdiv_(m, denom, value=-step_size)
+
+    def state(self, i: int) -> dict[str, np.ndarray]:
+        """Member i's optimizer state under the checkpoint's keys (zeros before its first update)."""
+        out = {}
+        for n in self.steps:
+            out[f"optim.{n}.step"] = np.array(self.steps[n], dtype=np.float32)
+            out[f"optim.{n}.exp_avg"] = self.exp_avg[n][i].cpu().numpy()
+            out[f"optim.{n}.exp_avg_sq"] = self.exp_avg_sq[n][i].cpu().numpy()
+        return out
+
+    def load(self, i: int, state: dict[str, np.ndarray], step: int) -> None:
+        """Member i's state from a checkpoint at `step` (step 0: the initial zeros stay)."""
+        if step == 0:
+            return
+        with torch.no_grad():
+            for n in self.steps:
+                self.exp_avg[n][i].copy_(torch.from_numpy(np.array(state[f"optim.{n}.exp_avg"])))
+                self.exp_avg_sq[n][i].copy_(torch.from_numpy(np.array(state[f"optim.{n}.exp_avg_sq"])))
+        self.steps = {n: int(np.array(state[f"optim.{n}.step"])) for n in self.steps}  # shared by the members
+
+    def keep(self, idx: torch.Tensor) -> None:
+        self.exp_avg = {n: t.index_select(0, idx) for n, t in self.exp_avg.items()}
+        self.exp_avg_sq = {n: t.index_select(0, idx) for n, t in self.exp_avg_sq.items()}
+
+
+class Update:
+    """The gradient transforms of the members' regularizers (in composition order), then AdamW
+    with each member's lr (after warm-up) and weight decay, on stacked parameters."""
+
+    def __init__(self, cfgs: Sequence["RunConfig"], params: dict[str, torch.Tensor],
+                 transforms: Sequence["Regularizer"]):
+        self.cfgs = list(cfgs)
+        self.transforms = list(transforms)
+        # betas and the optimizer are shared (ensemble.py); optimizer=adam: Adam's coupled L2 decay
+        self.adamw = AdamW(params, cfgs[0].betas, coupled_decay=cfgs[0].optimizer == "adam")
+        self._constants()
+
+    def _constants(self) -> None:
+        self.lr = torch.tensor([c.lr for c in self.cfgs], dtype=torch.float64)
+        self.wd = torch.tensor([c.weight_decay for c in self.cfgs], dtype=torch.float64)
+
+    def __call__(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], step: int) -> None:
+        """The update from `step` to `step + 1` (grads are rewritten in place by the transforms)."""
+        for transform in self.transforms:
+            transform.transform(params, grads)
+        factor = torch.tensor([warmup_factor(c, step) for c in self.cfgs], dtype=torch.float64)
+        self.adamw.step(params, grads, self.lr * factor, self.wd)
+
+    def metrics(self) -> list[dict[str, float]]:
+        """Per member, what the transforms report on their last update."""
+        rows: list[dict[str, float]] = [{} for _ in self.cfgs]
+        for transform in self.transforms:
+            for row, metrics in zip(rows, transform.metrics()):
+                row.update(metrics)
+        return rows
+
+    def state(self, i: int) -> dict[str, np.ndarray]:
+        """Member i's optimizer and transform state (e.g. the Grokfast EMA), for an exact resume."""
+        out = self.adamw.state(i)
+        for transform in self.transforms:
+            out.update(transform.state(i))
+        return out
+
+    def load(self, i: int, state: dict[str, np.ndarray], step: int) -> None:
+        self.adamw.load(i, state, step)
+        for transform in self.transforms:
+            transform.load_state(i, state)
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Continue with members idx only."""
+        self.cfgs = [self.cfgs[i] for i in idx.tolist()]
+        self.adamw.keep(idx)
+        for transform in self.transforms:
+            transform.keep(idx)
+        self._constants()

@@ -1,31 +1,41 @@
-"""Losses, regularizers and gradient transforms that the trainer composes (docs/VARIANTS.md).
+"""Regularizers and gradient transforms that the trainer composes with the task loss
+(trainers/losses.py; docs/VARIANTS.md).
 
 A regularizer is either
 - a *term* added to the task loss: it names the hook points it reads, and the trainer runs the
   forward pass with capture hooks on them (inside `model.hooks(...)`, so nothing stays behind),
   then asks the term for its value on that batch; or
-- a *gradient transform*: it rewrites `p.grad` in place between backward and the AdamW step.
+- a *gradient transform*: it rewrites the gradients in place between backward and the AdamW
+  step (trainers/optim.py `Update`). Transforms are written on stacked tensors [M, *shape], one
+  row per member, with per-member constants: an ensemble's parameters are stacked, a single
+  run's are a stack of one, so one implementation serves every kind of run.
 Terms are composed in registry order (act_norm, geomdr, kl_attn) and so are transforms
 (grokfast, then perp_grad: the final gradient is orthogonal to the weights). Weight decay is
 AdamW's own, set by `weight_decay`, and nowhere else.
+
+A regularizer is built once for all the members trained together (`cfgs`: one config for a
+single run, M for an ensemble) and declares the config fields that may differ between them
+(`member_fields`: its strength, Grokfast's alpha); every other field it reads (sites, targets,
+windows, the projection's scale) the members share (trainers/ensemble.py).
 
 Each regularizer names its metrics from the config alone (the trajectory file creates every
 metric dataset before SWMR starts), and the trainer logs them at every evaluation: a term is
 evaluated on the training inputs at that step (`reg_<name>` = the weighted term as it enters the
 objective, plus its raw quantity); a transform reports on its last update.
-State that an exact resume needs (the Grokfast EMA) travels in `state()` / `load_state()`.
+State that an exact resume needs (the Grokfast EMA) travels in `state(i)` / `load_state(i, ...)`,
+per member.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from groklens.errors import BadInput
 from groklens.registry import Registry
@@ -35,57 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from groklens.config import RunConfig
     from groklens.tasks import TaskData
-
-
-# ---------------------------------------------------------------------- losses
-LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("loss")
-
-
-@LOSSES.register("ce")
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Softmax cross-entropy in float64 (float32 underflows once a grokked model is confident)."""
-    return F.cross_entropy(logits.to(torch.float64), labels, reduction=reduction)
-
-
-def stablemax_s(x: torch.Tensor) -> torch.Tensor:
-    """Prieto et al. 2025: s(x) = x + 1 for x >= 0, 1 / (1 - x) for x < 0 (positive, monotone)."""
-    return torch.where(x >= 0, x + 1, 1 / (1 - x.clamp(max=0)))  # the clamp keeps the unused branch finite
-
-
-def stablemax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """StableMax probabilities s(x_i) / sum_j s(x_j), in float64."""
-    s = stablemax_s(logits.to(torch.float64))
-    return s / s.sum(dim=dim, keepdim=True)
-
-
-@LOSSES.register("stablemax")
-def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """-log StableMax(logits)[label], in float64. logits [n, v], labels [n];
-    reduction "mean" | "sum" | "none", as F.cross_entropy."""
-    s = stablemax_s(logits.to(torch.float64))
-    logp = s.log() - s.sum(-1, keepdim=True).log()
-    nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
-    if reduction == "mean":
-        return nll.mean()
-    if reduction == "sum":
-        return nll.sum()
-    if reduction == "none":
-        return nll
-    raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
-
-
-def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:
-    """The task loss of training and of every analysis, in float64: `loss` (ce | stablemax) at
-    the readout position, logits [b, v] and labels [b], or over K answer positions, logits
-    [b, K, v] and labels [b, K]. 'mean' averages every position; 'none' gives one value per
-    input (the mean over its K positions); 'sum' sums those."""
-    fn = LOSSES.get(loss)
-    v = logits.shape[-1]
-    if reduction == "mean":
-        return fn(logits.reshape(-1, v), labels.reshape(-1), reduction="mean")
-    out = fn(logits.reshape(-1, v), labels.reshape(-1), reduction="none")
-    per_input = out.reshape(labels.shape).mean(-1) if labels.dim() == 2 else out
-    return per_input.sum() if reduction == "sum" else per_input
 
 
 # ---------------------------------------------------------------------- regularizers
@@ -99,15 +58,22 @@ class Batch:
 
 
 class Regularizer:
-    """Base class. Subclasses set name, kind ('term' | 'grad') and metric_keys."""
+    """Base class. Subclasses set name, kind ('term' | 'grad'), metric_keys and member_fields.
+
+    Built with every member's config (`cfgs`, in member order; `cfg` = the first, for the fields
+    they share), the model (a term's hook points; an ensemble's template) and the task data;
+    transforms get the stacked parameters `params` [M, *shape] their state is shaped after."""
 
     name: ClassVar[str]
     kind: ClassVar[str]
     metric_keys: ClassVar[tuple[str, ...]]
+    member_fields: ClassVar[tuple[str, ...]]  # the RunConfig fields that may differ between members
     weight_field: ClassVar[str] = ""  # a term's RunConfig weight (an ensemble passes it per member)
 
-    def __init__(self, cfg: "RunConfig", model: "nn.Module", data: "TaskData"):
-        self.cfg = cfg
+    def __init__(self, cfgs: Sequence["RunConfig"], model: "nn.Module", data: "TaskData",
+                 params: dict[str, torch.Tensor] | None = None):
+        self.cfgs = list(cfgs)
+        self.cfg = self.cfgs[0]
         self.hook_names: list[str] = []
 
     @staticmethod
@@ -123,20 +89,29 @@ class Regularizer:
         raise NotImplementedError
 
     def weight(self, weight):
-        return getattr(self.cfg, self.weight_field) if weight is None else weight
+        if weight is None:  # a run of one config (a single run, a routed copy)
+            assert len(self.cfgs) == 1, "an ensemble passes each member's weight"
+            return getattr(self.cfg, self.weight_field)
+        return weight
 
-    # gradient transforms
-    def transform(self, params: dict[str, torch.nn.Parameter]) -> None:
+    # gradient transforms, on stacked tensors [M, *shape]
+    def transform(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
+        """Rewrite `grads` (the tensors that have a gradient) in place."""
         raise NotImplementedError
 
-    def last_metrics(self) -> dict[str, float]:
-        return {}
+    def metrics(self) -> list[dict[str, float]]:
+        """Per member, what the last update reports."""
+        return [{} for _ in self.cfgs]
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Continue with members idx only."""
+        self.cfgs = [self.cfgs[i] for i in idx.tolist()]
 
     # exact resume
-    def state(self) -> dict[str, np.ndarray]:
+    def state(self, i: int) -> dict[str, np.ndarray]:
         return {}
 
-    def load_state(self, state: dict[str, np.ndarray], device: torch.device) -> None:
+    def load_state(self, i: int, state: dict[str, np.ndarray]) -> None:
         pass
 
 
@@ -179,10 +154,11 @@ class ActivationNormPenalty(Regularizer):
 
     name, kind, weight_field = "act_norm", "term", "act_norm_lambda"
     metric_keys = ("reg_act_norm", "act_norm_radius")
+    member_fields = ("act_norm_lambda",)
 
-    def __init__(self, cfg, model, data):
-        super().__init__(cfg, model, data)
-        self.hook_names = _resolve_sites(model, cfg.act_norm_sites, "act_norm_sites")
+    def __init__(self, cfgs, model, data, params=None):
+        super().__init__(cfgs, model, data)
+        self.hook_names = _resolve_sites(model, self.cfg.act_norm_sites, "act_norm_sites")
 
     @staticmethod
     def active(cfg) -> bool:
@@ -218,9 +194,11 @@ class GeomDR(Regularizer):
 
     name, kind, weight_field = "geomdr", "term", "geomdr_lambda"
     metric_keys = ("reg_geomdr", "geomdr_erank")
+    member_fields = ("geomdr_lambda",)
 
-    def __init__(self, cfg, model, data):
-        super().__init__(cfg, model, data)
+    def __init__(self, cfgs, model, data, params=None):
+        super().__init__(cfgs, model, data)
+        cfg = self.cfg
         site = cfg.geomdr_site.strip() or hidden_sites(model)[-1]
         if site not in model.hook_dict:
             raise BadInput(f"geomdr_site: no hook point {site!r} (e.g. {hidden_sites(model)[-1]})")
@@ -254,9 +232,11 @@ class KLAttention(Regularizer):
 
     name, kind, weight_field = "kl_attn", "term", "kl_attn_beta"
     metric_keys = ("reg_kl_attn", "kl_attn")
+    member_fields = ("kl_attn_beta",)
 
-    def __init__(self, cfg, model, data):
-        super().__init__(cfg, model, data)
+    def __init__(self, cfgs, model, data, params=None):
+        super().__init__(cfgs, model, data)
+        cfg = self.cfg
         if data.n_targets:
             raise BadInput("kl_attn_beta needs a single readout position")
         if cfg.causal and bool(data.informative_mask[:, data.readout_pos + 1 :].any()):
@@ -285,18 +265,32 @@ class KLAttention(Regularizer):
         return value, {"reg_kl_attn": value.detach(), "kl_attn": kl.detach()}
 
 
+def per_member(values: list[float], like: torch.Tensor) -> float | torch.Tensor:
+    """A per-member constant: the Python number when all members share it (a single run's exact
+    operation), else [M, 1, ...] to broadcast over the rows of `like`."""
+    if len(set(values)) == 1:
+        return float(values[0])
+    return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *([1] * (like.dim() - 1)))
+
+
+def row_sq(t: torch.Tensor) -> torch.Tensor:
+    """[M, ...] -> [M]: each member's row's squared norm, in float64."""
+    return (t.double() ** 2).flatten(1).sum(1)
+
+
 @REGULARIZERS.register("grokfast")
 class Grokfast(Regularizer):
     """Lee et al. 2024, Grokfast-EMA, as their `gradfilter_ema`: per parameter,
-    ema_t = alpha ema_{t-1} + (1 - alpha) g_t (ema_1 = g_1), then g_t <- g_t + lambda ema_t."""
+    ema_t = alpha ema_{t-1} + (1 - alpha) g_t (ema_1 = g_1), then g_t <- g_t + lambda ema_t;
+    alpha and lambda per member (lambda 0: the member's gradient is kept)."""
 
     name, kind = "grokfast", "grad"
     metric_keys = ("grokfast_ema_norm",)
+    member_fields = ("grokfast_lambda", "grokfast_alpha")
 
-    def __init__(self, cfg, model, data):
-        super().__init__(cfg, model, data)
-        self.alpha, self.lam = cfg.grokfast_alpha, cfg.grokfast_lambda
-        self.ema = {n: torch.zeros_like(p, memory_format=torch.preserve_format) for n, p in model.named_parameters()}
+    def __init__(self, cfgs, model, data, params=None):
+        super().__init__(cfgs, model, data)
+        self.ema = {n: torch.zeros_like(p) for n, p in params.items()}
         self.initialized = False
 
     @staticmethod
@@ -304,40 +298,56 @@ class Grokfast(Regularizer):
         return cfg.grokfast_lambda > 0
 
     @torch.no_grad()
-    def transform(self, params):
-        for n, p in params.items():
-            if p.grad is None:
-                continue
-            if self.initialized:
-                self.ema[n].mul_(self.alpha).add_(p.grad, alpha=1 - self.alpha)
+    def transform(self, params, grads):
+        alphas, lams = [c.grokfast_alpha for c in self.cfgs], [c.grokfast_lambda for c in self.cfgs]
+        for n, g in grads.items():
+            ema = self.ema[n]
+            alpha, lam = per_member(alphas, g), per_member(lams, g)
+            if not self.initialized:
+                ema.copy_(g)
+            elif isinstance(alpha, float):
+                ema.mul_(alpha).add_(g, alpha=1 - alpha)
             else:
-                self.ema[n].copy_(p.grad)
-            p.grad.add_(self.ema[n], alpha=self.lam)
+                ema.mul_(alpha).add_(g * (1 - alpha))
+            if isinstance(lam, float):
+                g.add_(ema, alpha=lam)
+            else:
+                g.add_(ema * lam)
         self.initialized = True
 
-    def last_metrics(self):
-        norm = torch.sqrt(sum((e.double() ** 2).sum() for e in self.ema.values()))
-        return {"grokfast_ema_norm": float(norm) if self.initialized else math.nan}
+    def metrics(self):
+        if not self.initialized:
+            return [{"grokfast_ema_norm": math.nan} for _ in self.cfgs]
+        norms = torch.sqrt(sum(row_sq(e) for e in self.ema.values())).cpu().numpy()
+        return [{"grokfast_ema_norm": float(x)} for x in norms]
 
-    def state(self):
-        out = {f"reg.grokfast.{n}.ema": e.detach().cpu().numpy() for n, e in self.ema.items()}
+    def keep(self, idx):
+        super().keep(idx)
+        self.ema = {n: e.index_select(0, idx) for n, e in self.ema.items()}
+
+    def state(self, i):
+        if not self.active(self.cfgs[i]):  # an ensemble member without Grokfast
+            return {}
+        out = {f"reg.grokfast.{n}.ema": e[i].detach().cpu().numpy() for n, e in self.ema.items()}
         out["reg.grokfast.initialized"] = np.array(float(self.initialized))
         return out
 
-    def load_state(self, state, device):
+    def load_state(self, i, state):
+        if "reg.grokfast.initialized" not in state:  # a member without Grokfast: its lambda is 0
+            return
         for n, e in self.ema.items():
-            e.copy_(torch.from_numpy(np.array(state[f"reg.grokfast.{n}.ema"])).to(device))
+            e[i].copy_(torch.from_numpy(np.array(state[f"reg.grokfast.{n}.ema"])))
         self.initialized = bool(np.array(state["reg.grokfast.initialized"]))
 
 
-def perpendicular(w: torch.Tensor, g: torch.Tensor, rows: bool = False, rescale: bool = False):
-    """The gradient g without its component along the weights w, and that component's squared
-    norm (float64): over the whole tensor, or with `rows` over each member's row of stacked
-    [M, ...] tensors. Unscaled: g - (w.g / w.w) w (a tensor with w = 0 keeps its gradient).
-    rescale (Prieto et al.'s OrthoGrad as published): proj = w.g / (w.w + 1e-30),
-    g_perp = g - proj w, then g_perp * ||g|| / (||g_perp|| + 1e-30)."""
+def perpendicular(w: torch.Tensor, g: torch.Tensor, rescale: bool = False):
+    """Per member (row of the stacked [M, ...] tensors): the gradient g without its component
+    along the weights w, and that component's squared norm [M] (float64). Unscaled:
+    g - (w.g / w.w) w (a row with w = 0 keeps its gradient). rescale (Prieto et al.'s OrthoGrad
+    as published): proj = w.g / (w.w + 1e-30), g_perp = g - proj w, then
+    g_perp * ||g|| / (||g_perp|| + 1e-30)."""
     def total(t: torch.Tensor) -> torch.Tensor:
-        return t.flatten(1).sum(1).view(-1, *([1] * (t.dim() - 1))) if rows else t.sum()
+        return t.flatten(1).sum(1).view(-1, *([1] * (t.dim() - 1)))
 
     if rescale:
         coef = total(w * g) / (total(w * w) + 1e-30)
@@ -347,44 +357,49 @@ def perpendicular(w: torch.Tensor, g: torch.Tensor, rows: bool = False, rescale:
         coef = total(w * g) / total(w * w).clamp_min(torch.finfo(w.dtype).tiny)
         out = g - coef * w
     removed = coef.double() ** 2 * total(w.double() ** 2)
-    return out, removed.flatten() if rows else removed
+    return out, removed.flatten()
 
 
 @REGULARIZERS.register("perp_grad")
 class PerpendicularGradient(Regularizer):
-    """Prieto et al. 2025, perpendicular gradient, per tensor (`perpendicular`): with
-    perp_grad_scale=orthograd (default) their OrthoGrad as published, the projection
-    g - (w.g / w.w) w rescaled to ||g||; with unscaled the projection alone. Either way the
-    update has no component along the weights."""
+    """Prieto et al. 2025, perpendicular gradient, per tensor (`perpendicular`), on the members
+    whose perp_grad is on: with perp_grad_scale=orthograd (default) their OrthoGrad as
+    published, the projection g - (w.g / w.w) w rescaled to ||g||; with unscaled the projection
+    alone. Either way the update has no component along the weights."""
 
     name, kind = "perp_grad", "grad"
     metric_keys = ("perp_grad_removed",)
+    member_fields = ("perp_grad",)
 
-    def __init__(self, cfg, model, data):
-        super().__init__(cfg, model, data)
-        self.rescale = cfg.perp_grad_scale == "orthograd"
-        self._removed: torch.Tensor | None = None
+    def __init__(self, cfgs, model, data, params=None):
+        super().__init__(cfgs, model, data)
+        self.rescale = self.cfg.perp_grad_scale == "orthograd"
+        self.removed: torch.Tensor | None = None
 
     @staticmethod
     def active(cfg) -> bool:
         return bool(cfg.perp_grad)
 
     @torch.no_grad()
-    def transform(self, params):
+    def transform(self, params, grads):
+        on = [bool(c.perp_grad) for c in self.cfgs]
+        mask = None if all(on) else torch.tensor(on, device=next(iter(grads.values())).device)
         removed, total = [], []
-        for p in params.values():
-            g = p.grad
-            if g is None:
-                continue
-            new, removed_sq = perpendicular(p.detach(), g, rescale=self.rescale)
-            total.append((g.double() ** 2).sum())
+        for n, g in grads.items():
+            new, removed_sq = perpendicular(params[n].detach(), g, rescale=self.rescale)
+            total.append(row_sq(g))
             removed.append(removed_sq)
-            g.copy_(new)
+            g.copy_(new if mask is None else torch.where(mask.view(-1, *([1] * (g.dim() - 1))), new, g))
         # the fraction of the gradient's norm that pointed along the weights (no host sync here)
-        self._removed = torch.sqrt(torch.stack(removed).sum() / torch.stack(total).sum().clamp_min(1e-300))
+        self.removed = torch.sqrt(torch.stack(removed).sum(0) / torch.stack(total).sum(0).clamp_min(1e-300))
 
-    def last_metrics(self):
-        return {"perp_grad_removed": float(self._removed) if self._removed is not None else math.nan}
+    def metrics(self):
+        values = [math.nan] * len(self.cfgs) if self.removed is None else self.removed.cpu().numpy()
+        return [{"perp_grad_removed": float(x)} for x in values]
+
+    def keep(self, idx):
+        super().keep(idx)
+        self.removed = None if self.removed is None else self.removed.index_select(0, idx)
 
 
 # the order in which the trainer composes them: terms, then transforms (perp_grad last)
@@ -392,20 +407,26 @@ COMPOSITION_ORDER = ("act_norm", "geomdr", "kl_attn", "grokfast", "perp_grad")
 assert set(COMPOSITION_ORDER) == set(REGULARIZERS.names())
 
 
-def active_regularizers(cfg: "RunConfig") -> list[type[Regularizer]]:
-    return [REGULARIZERS.get(name) for name in COMPOSITION_ORDER if REGULARIZERS.get(name).active(cfg)]
+MEMBER_FIELDS = tuple(f for name in COMPOSITION_ORDER for f in REGULARIZERS.get(name).member_fields)
+
+
+def active_regularizers(cfgs: Sequence["RunConfig"]) -> list[type[Regularizer]]:
+    """The regularizers active in any of `cfgs`, in composition order."""
+    return [REGULARIZERS.get(name) for name in COMPOSITION_ORDER if any(REGULARIZERS.get(name).active(c) for c in cfgs)]
 
 
 def regularizer_metric_names(cfg: "RunConfig") -> list[str]:
     """The metric names the active regularizers log, known from the config alone."""
-    return [key for cls in active_regularizers(cfg) for key in cls.metric_keys]
+    return [key for cls in active_regularizers([cfg]) for key in cls.metric_keys]
 
 
-def build_regularizers(cfg: "RunConfig", model: "nn.Module", data: "TaskData") -> list[Regularizer]:
-    return [cls(cfg, model, data) for cls in active_regularizers(cfg)]
+def build_regularizers(cfgs: Sequence["RunConfig"], model: "nn.Module", data: "TaskData",
+                       params: dict[str, torch.Tensor]) -> list[Regularizer]:
+    """The regularizers of members `cfgs` trained together (params: their stacked parameters)."""
+    return [cls(cfgs, model, data, params) for cls in active_regularizers(cfgs)]
 
 
 __all__ = [
-    "LOSSES", "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names",
-    "cross_entropy", "task_loss", "stablemax", "stablemax_s", "stablemax_cross_entropy", "effective_rank", "hidden_sites",
+    "MEMBER_FIELDS", "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names",
+    "effective_rank", "hidden_sites", "perpendicular",
 ]

@@ -26,7 +26,7 @@ Evaluation: every copy on its own (`copy<m>.*` columns, the same quantities as a
 row) and the ensemble (`ensemble.*`: the mean of the copies' softmax probabilities; accuracy
 = its argmax, loss = -log of its probability of the label). The plain columns (`test_acc`, ...)
 are copy 0's, so a routed file read as a single run describes copy 0. The stop rule waits
-until every copy has grokked (`loop.stop_accuracy`).
+until every copy has grokked (`engine.stop_accuracy`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ from groklens.config import RunConfig
 from groklens.trainers.engine import Member, Strategy, nonfinite_reason, resolve_device
 from groklens.trainers.models import build_model
 from groklens.trainers.regularizers import Batch
-from groklens.trainers.single import Lane, RunTensors, split_means
+from groklens.trainers.evaluation import split_columns
+from groklens.trainers.optim import grad_norms
+from groklens.trainers.single import Lane
+from groklens.trainers.step import RunTensors, check_finite
 from groklens.tasks import TaskData
 
 ENSEMBLE_METRICS = ("train_loss", "test_loss", "train_acc", "test_acc")
@@ -178,28 +181,24 @@ class RoutedRun(Strategy):
         return losses, objectives
 
     def train_step(self, step: int) -> list[tuple[Member, str]]:
-        for lane in self.lanes:
-            lane.set_lr(step)
         perms = self.sampler.sample(len(self.units))
         self.routing = perms
         objectives = torch.stack(self.routed_objectives(perms, step)[1])
         for lane in self.lanes:
-            lane.optimizer.zero_grad(set_to_none=True)
+            lane.zero_grad()
         objectives.sum().backward()
-        norms = torch.stack([torch.nn.utils.get_total_norm([p.grad for p in lane.params.values()
-                                                            if p.grad is not None]) for lane in self.lanes])
-        host = torch.cat([objectives.detach(), norms.double()]).cpu().numpy()  # one sync per step
-        n = self.copies
-        if not np.all(np.isfinite(host)):
-            bad = int(np.nonzero(~np.isfinite(host))[0][0])
-            what = f"loss of routed model {bad}" if bad < n else f"gradient of copy {bad - n}"
+        grads = [lane.grads() for lane in self.lanes]
+        host, _ = check_finite(objectives, torch.cat([grad_norms(g) for g in grads]), step)  # one sync per step
+        if not np.all(np.isfinite(host)):  # objective r is routed model r's, norm m is copy m's
+            which, bad = map(int, np.argwhere(~np.isfinite(host))[0])
+            what = f"loss of routed model {bad}" if which == 0 else f"gradient of copy {bad}"
             failed, self.members = self.members[0], []
-            return [(failed, nonfinite_reason(what, host[bad], step))]
-        for lane, g in zip(self.lanes, host[n:]):
+            return [(failed, nonfinite_reason(what, host[which, bad], step))]
+        for lane, g in zip(self.lanes, host[1]):
             lane.grad_norm = float(g)
         self.members[0].grad_norm = self.lanes[0].grad_norm
-        for lane in self.lanes:
-            lane.update()
+        for lane, g in zip(self.lanes, grads):
+            lane.step(step, g)
         return []
 
     # ------------------------------------------------------------------ evaluation
@@ -230,9 +229,9 @@ class RoutedRun(Strategy):
         t = self.t
         nll = -probs.gather(-1, t.labels[..., None])[..., 0].log()
         hit = probs.argmax(-1) == t.labels
-        loss = nll.mean(-1) if t.multi_target else nll
-        hit = (hit.all(-1) if t.multi_target else hit).double()
-        return {f"ensemble.{k}": v for k, v in {**split_means(t, "loss", loss), **split_means(t, "acc", hit)}.items()}
+        scores = {"loss": nll.mean(-1) if t.multi_target else nll, "acc": (hit.all(-1) if t.multi_target else hit).double()}
+        columns = split_columns({k: v[None] for k, v in scores.items()}, t.train_idx[None], t.test_idx[None])
+        return {f"ensemble.{k}": float(v[0]) for k, v in columns.items()}
 
     # ------------------------------------------------------------------ state for the file
     def host_state(self) -> dict[str, np.ndarray]:
@@ -264,7 +263,5 @@ class RoutedRun(Strategy):
         self.members = [self.members[i] for i in indices]
 
 
-RoutedTrainer = RoutedRun  # the name earlier code used
-
-__all__ = ["RoutedRun", "RoutedTrainer", "RouteSampler", "ring_kernel", "routing_units", "routed_metric_names",
+__all__ = ["RoutedRun", "RouteSampler", "ring_kernel", "routing_units", "routed_metric_names",
            "route_seed"]

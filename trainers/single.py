@@ -1,12 +1,12 @@
 """A model trained as a module: the single-run strategy, and the `Lane` the routed strategy
 holds one of per copy.
 
-One step of a lane (docs/VARIANTS.md): forward (with capture hooks, in a scope, only when a
-regularizer term reads activations) -> objective = task loss (`loss`: ce | stablemax, float64,
-mean over the batch and its readout positions) + the active regularizer terms -> backward ->
-gradient transforms (Grokfast, then the perpendicular projection) -> AdamW step (torch's; or
-Adam with an L2 weight-decay term, `optimizer=adam`).
-On CPU a run is deterministic for a given (seed, data_seed).
+One step of a lane is the step every strategy takes (trainers/step.py): forward (with capture
+hooks, in a scope, only when a regularizer term reads activations) -> objective = task loss
+(`loss`: ce | stablemax, float64, mean over the batch and its readout positions) + the active
+regularizer terms -> backward -> the update (trainers/optim.py: the gradient transforms, then
+AdamW, or Adam with an L2 weight-decay term with `optimizer=adam`), here on the module's parameters viewed as stacks of one. On CPU a run is deterministic
+for a given (seed, data_seed).
 """
 
 from __future__ import annotations
@@ -18,65 +18,27 @@ import numpy as np
 import torch
 
 from groklens.config import RunConfig
-from groklens.trainers.engine import (
-    EVAL_CHUNK, Member, Strategy, nonfinite_reason, resolve_device, warmup_factor,
-)
-from groklens.trainers.models import build_model
-from groklens.trainers.optim import OPTIMIZERS
-from groklens.trainers.regularizers import Batch, build_regularizers, task_loss
 from groklens.tasks import TaskData
-
-ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
-REG_EVAL_MAX = EVAL_CHUNK  # training inputs on which regularizer terms are evaluated (a fixed subset if more)
-
-
-class RunTensors:
-    """A run's data on the device: every input, the training set, the readout positions."""
-
-    def __init__(self, cfg: RunConfig, data: TaskData, device: torch.device):
-        self.positions = data.readout_positions  # [readout_pos], or K consecutive ones (multi-target)
-        self.multi_target = data.n_targets > 0
-        self.readout_slice = slice(self.positions[0], self.positions[-1] + 1)
-        self.device = device
-        self.inputs = data.inputs.to(device)
-        self.labels = data.labels.to(device)
-        self.mask = data.informative_mask.to(device)
-        self.train_idx = data.train_idx.to(device)
-        self.test_idx = data.test_idx.to(device)
-        self.train_x = self.inputs[self.train_idx]
-        self.train_y = self.labels[self.train_idx]
-        self.train_mask = self.mask[self.train_idx]
-        n = len(self.train_idx)  # where terms are evaluated: the training inputs (a fixed subset if many)
-        pick = np.arange(n) if n <= REG_EVAL_MAX else np.sort(
-            np.random.default_rng([cfg.data_seed, 2]).choice(n, REG_EVAL_MAX, replace=False))
-        pick = torch.as_tensor(pick, device=device)
-        self.reg_eval = Batch(self.train_x[pick], self.train_mask[pick], self.positions)
-
-    def batch(self, batch_size: int, gen: torch.Generator):
-        """The step's mini-batch (x, y, mask), drawn from `gen`; the whole training set when full-batch."""
-        if batch_size and batch_size < len(self.train_y):
-            pick = torch.randperm(len(self.train_y), generator=gen)[:batch_size].to(self.device)
-            return self.train_x[pick], self.train_y[pick], self.train_mask[pick]
-        return self.train_x, self.train_y, self.train_mask
-
-    def readout(self, logits: torch.Tensor) -> torch.Tensor:
-        """[b, K, v] at the readout positions -> [b, v] (one target), or [b, K, v] (K answer tokens)."""
-        return logits if self.multi_target else logits[:, 0]
+from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device
+from groklens.trainers.losses import task_loss
+from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
+from groklens.trainers.models import build_model
+from groklens.trainers.optim import Update, grad_norms, stack_of_one
+from groklens.trainers.regularizers import Batch, build_regularizers
+from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits
 
 
 class Lane:
-    """One model being trained as a module: its parameters, AdamW, regularizers and batch order."""
+    """One model being trained as a module: its parameters, regularizers, update and batch order."""
 
     def __init__(self, cfg: RunConfig, data: TaskData, t: RunTensors, model: torch.nn.Module, seed: int):
         self.cfg, self.t = cfg, t
         self.model = model.to(t.device)
         self.params = dict(self.model.named_parameters())
-        # torch.optim.AdamW (or Adam: optimizer=adam) minus its torch._dynamo import (trainers/optim.py)
-        self.optimizer = OPTIMIZERS[cfg.optimizer](
-            self.params.values(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-        self.regularizers = build_regularizers(cfg, self.model, data)
+        self.stacked = stack_of_one(self.params)  # views: the update writes the module's parameters
+        self.regularizers = build_regularizers([cfg], self.model, data, self.stacked)
         self.terms = [r for r in self.regularizers if r.kind == "term"]
-        self.transforms = [r for r in self.regularizers if r.kind == "grad"]
+        self.update = Update([cfg], self.stacked, [r for r in self.regularizers if r.kind == "grad"])
         self.acts: dict[str, torch.Tensor] = {}
         self.capture_hooks = [(name, self._capture) for name in sorted({n for r in self.terms for n in r.hook_names})]
         self.batch_gen = torch.Generator().manual_seed(seed + 1)  # mini-batch order only
@@ -89,39 +51,38 @@ class Lane:
     def forward(self, x: torch.Tensor, params: dict[str, torch.Tensor] | None = None,
                 capture: bool = True) -> torch.Tensor:
         """Logits at the readout positions [b, K, v], of this model or (routing) of `params` in its
-        place. Models that can compute just those; with regularizer terms, the full forward pass
-        with their hook sites captured in self.acts by hooks that live only for this call."""
-        def call(*args, **kwargs):
+        place; with regularizer terms, their hook sites are captured in self.acts by hooks that
+        live only for this call."""
+        def call(x, **kwargs):
             if params is None:
-                return self.model(*args, **kwargs)
-            return torch.func.functional_call(self.model, params, args, kwargs)
+                return self.model(x, **kwargs)
+            return torch.func.functional_call(self.model, params, (x,), kwargs)
 
+        supports = getattr(self.model, "supports_readout", False)
         if self.capture_hooks and capture:
             self.acts = {}
             with self.model.hooks(fwd_hooks=self.capture_hooks):
-                return call(x)[:, self.t.readout_slice]
-        if getattr(self.model, "supports_readout", False):
-            return call(x, readout=self.t.readout_slice)
-        return call(x)[:, self.t.readout_slice]
+                return readout_logits(call, x, self.t.readout_slice, True, supports)
+        return readout_logits(call, x, self.t.readout_slice, False, supports)
 
     def objective(self, logits: torch.Tensor, y: torch.Tensor, batch: Batch, step: int):
         """(task loss, objective = task loss + the terms on the activations just captured)."""
-        loss = task_loss(logits, y, self.cfg.loss)
-        objective = loss
-        for reg in self.terms:
-            objective = objective + reg.term(self.acts, batch, step)[0]
+        out = objective(logits, y, self.cfg.loss, self.terms, self.acts, batch, step)
         self.acts = {}
-        return loss, objective
+        return out
 
-    def set_lr(self, step: int) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * warmup_factor(self.cfg, step)
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The gradients of the last backward, as stacks of one (a parameter the loss does not
+        reach, e.g. W_Q under uniform attention, has none and is not stepped)."""
+        return stack_of_one({n: p.grad for n, p in self.params.items() if p.grad is not None})
 
-    def update(self) -> None:
-        """The gradient transforms, then AdamW."""
-        for transform in self.transforms:
-            transform.transform(self.params)
-        self.optimizer.step()
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def step(self, step: int, grads: dict[str, torch.Tensor]) -> None:
+        """The update from `step` to `step + 1`: the gradient transforms, then AdamW."""
+        self.update(self.stacked, grads, step)
 
     # ------------------------------------------------------------------ state for the file
     def host_params(self) -> dict[str, np.ndarray]:
@@ -130,40 +91,20 @@ class Lane:
     def host_state(self) -> dict[str, np.ndarray]:
         """Optimizer moments and step counts, regularizer state and the batch order: all an exact
         resume needs of this lane (the strategy adds the process's RNG)."""
-        out: dict[str, np.ndarray] = {}
-        for name, p in self.params.items():
-            st = self.optimizer.state.get(p, {})
-            for key in ADAM_STATE:
-                t = st.get(key)
-                if t is None:  # before the first update the state is empty: store zeros
-                    t = torch.zeros(() if key == "step" else p.shape)
-                out[f"optim.{name}.{key}"] = t.detach().float().cpu().numpy()
-        for reg in self.regularizers:  # e.g. the Grokfast EMA
-            out.update(reg.state())
-        out["rng.batch"] = self.batch_gen.get_state().numpy()
-        return out
+        return {**self.update.state(0), "rng.batch": self.batch_gen.get_state().numpy()}
 
     def load_state(self, params: dict[str, torch.Tensor], state: dict[str, np.ndarray], step: int) -> None:
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(params[name])
-        if step > 0:
-            for name, p in self.params.items():
-                self.optimizer.state[p] = {
-                    key: torch.from_numpy(np.array(state[f"optim.{name}.{key}"])).to(self.t.device)
-                    for key in ADAM_STATE
-                }
-                self.optimizer.state[p]["step"] = self.optimizer.state[p]["step"].cpu()
-        for reg in self.regularizers:
-            reg.load_state(state, self.t.device)
+        self.update.load(0, state, step)
         self.batch_gen.set_state(torch.from_numpy(np.array(state["rng.batch"])))
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self, step: int, observe=None) -> dict[str, float]:
-        """Loss and accuracy on every input (accuracy = exact match over the K answer positions
-        of a multi-target task), norms, and the regularizers' metrics. `observe(logits)` sees
-        each chunk's readout logits in input order (routing builds its ensemble from them)."""
+        """The evaluation row (trainers/evaluation.py) of this model. `observe(logits)` sees each
+        chunk's readout logits in input order (routing builds its ensemble from them)."""
         self.model.eval()
         try:
             return self._evaluate(step, observe)
@@ -172,41 +113,22 @@ class Lane:
 
     def _evaluate(self, step: int, observe) -> dict[str, float]:
         t, cfg = self.t, self.cfg
-        losses, correct, tokens, ces = [], [], [], []
+        chunks = []
         for start in range(0, len(t.inputs), EVAL_CHUNK):
-            x, y = t.inputs[start : start + EVAL_CHUNK], t.labels[start : start + EVAL_CHUNK]
-            logits = t.readout(self.forward(x, capture=False))
+            logits = t.readout(self.forward(t.inputs[start : start + EVAL_CHUNK], capture=False))
             if observe is not None:
                 observe(logits)
-            losses.append(task_loss(logits, y, cfg.loss, reduction="none"))
-            hit = logits.argmax(-1) == y
-            correct.append(hit.all(-1) if t.multi_target else hit)
-            if t.multi_target:
-                tokens.append(hit.double().mean(-1))
-            if cfg.loss != "ce":
-                ces.append(task_loss(logits, y, "ce", reduction="none"))
-        norm = torch.sqrt(sum((p.detach().double() ** 2).sum() for p in self.params.values()))
-        row = {"step": step, **split_means(t, "loss", torch.cat(losses)),
-               **split_means(t, "acc", torch.cat(correct).double()),
-               "weight_norm": float(norm), "grad_norm": self.grad_norm, "lr": cfg.lr * warmup_factor(cfg, step)}
-        if t.multi_target:
-            row.update(split_means(t, "token_acc", torch.cat(tokens)))
-        if ces:
-            row.update(split_means(t, "ce", torch.cat(ces)))
+            chunks.append(score(logits, t.labels[start : start + EVAL_CHUNK], cfg.loss, t.multi_target))
+        scores = {k: v[None] for k, v in concat(chunks).items()}
+        columns = split_columns(scores, t.train_idx[None], t.test_idx[None])
+        columns["weight_norm"] = weight_norms(self.stacked)
         if self.terms:  # each term on the training inputs, at this step's parameters
             self.forward(t.reg_eval.x)
             for reg in self.terms:
                 _, metrics = reg.term(self.acts, t.reg_eval, step, evaluating=True)
-                row.update({k: float(v) for k, v in metrics.items()})
+                columns.update({k: v.reshape(1) for k, v in metrics.items()})
             self.acts = {}
-        for reg in self.transforms:
-            row.update(reg.last_metrics())
-        return row
-
-
-def split_means(t: RunTensors, name: str, values: torch.Tensor) -> dict[str, float]:
-    """train_<name> and test_<name>: the mean of per-input `values` [N] over each split."""
-    return {f"train_{name}": float(values[t.train_idx].mean()), f"test_{name}": float(values[t.test_idx].mean())}
+        return rows(step, columns, [cfg], [self.grad_norm], self.update.metrics())[0]
 
 
 class SingleRun(Strategy):
@@ -250,20 +172,18 @@ class SingleRun(Strategy):
 
     def train_step(self, step: int) -> list[tuple[Member, str]]:
         lane, member = self.lane, self.members[0]
-        lane.set_lr(step)
         x, y, mask = self.t.batch(self.cfg.batch_size, lane.batch_gen)
-        loss, objective = lane.objective(self.t.readout(lane.forward(x)), y, Batch(x, mask, self.t.positions), step)
-        lane.optimizer.zero_grad(set_to_none=True)
-        objective.backward()
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in lane.params.values() if p.grad is not None])
-        loss_value, grad_value = float(objective.detach()), float(grad_norm)  # one sync per step
-        if not (math.isfinite(loss_value) and math.isfinite(grad_value)):
-            what, value = ("loss", loss_value) if not math.isfinite(loss_value) else ("gradient", grad_value)
+        loss, total = lane.objective(self.t.readout(lane.forward(x)), y, Batch(x, mask, self.t.positions), step)
+        lane.zero_grad()
+        total.backward()
+        grads = lane.grads()
+        host, (reason,) = check_finite(total.reshape(1), grad_norms(grads), step)  # one sync per step
+        if reason is not None:
             self.members = []
-            return [(member, nonfinite_reason(what, value, step))]
-        lane.grad_norm = member.grad_norm = grad_value
-        lane.update()
-        self.last_loss = float(loss.detach()) if lane.terms else loss_value
+            return [(member, reason)]
+        lane.grad_norm = member.grad_norm = float(host[1, 0])
+        lane.step(step, grads)
+        self.last_loss = float(loss.detach()) if lane.terms else float(host[0, 0])
         return []
 
     def evaluate(self, step: int) -> list[dict[str, float]]:

@@ -123,7 +123,7 @@ def _worker_context(multiprocessing):
         ctx = multiprocessing.get_context("forkserver")
         # the model modules too (TransformerLens' hook machinery): every import done here is
         # done once per sweep, not once per worker on its first run
-        ctx.set_forkserver_preload(["groklens.trainers.loop", "groklens.trainers.ensemble",
+        ctx.set_forkserver_preload(["groklens.trainers.train", "groklens.trainers.ensemble",
                                     "groklens.trainers.models.transformer", "groklens.trainers.models.mlp"])
         return ctx
     return multiprocessing.get_context("spawn")

@@ -19,6 +19,7 @@ from typing import Any
 
 from groklens.config import RunConfig
 from groklens.errors import BadInput
+from groklens.fileio import write_text_atomic
 from groklens.trainers.sweep_grid import RunSpec, Sweep
 
 MANIFEST = "sweep.json"
@@ -154,8 +155,6 @@ def record_failure(path: Path, name: str, exc: BaseException) -> dict:
 
 def _write_json(path: Path, data: Any) -> None:
     """Whole or not at all (groklens.fileio)."""
-    from groklens.fileio import write_text_atomic
-
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from groklens.config import RunConfig, field_names
+from groklens.config import RunConfig, field_names, safe_yaml
 from groklens.errors import BadInput
 
 SWEEP_KEYS = ("base", "axes", "zip", "seeds")
@@ -76,7 +76,6 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"sweep file {path} does not exist or is not a file")
-    from groklens.config import safe_yaml
 
     data = safe_yaml(path, what="sweep file")
     return parse_sweep(data, source=str(path))

@@ -131,7 +131,7 @@ def _state_for_retry(path: Path, name: str) -> tuple[str, str]:
 
 
 def _execute_claimed(run: dict) -> dict:
-    from groklens.trainers import loop
+    from groklens.trainers import train as training
 
     name, path = run["name"], Path(run["path"])
     try:
@@ -145,11 +145,11 @@ def _execute_claimed(run: dict) -> dict:
             return {"name": name, "state": "failed", "detail": detail}
         if state == "interrupted":
             check_same_config(path, cfg)
-            result = loop.resume(path, progress=False)
+            result = training.resume(path, progress=False)
             if result.status == "already complete":
                 _mark_complete(path)
         else:
-            result = loop.train(cfg, path, force=True, progress=False)
+            result = training.train(cfg, path, force=True, progress=False)
         return {"name": name, "state": "done", "detail": f"step {result.last_step}"}
     except Exception as exc:  # noqa: BLE001 - recorded; Ctrl-C and SystemExit (a requeue) go through
         return record_failure(path, name, exc)
@@ -195,7 +195,7 @@ def _sort_members(runs: list[dict]) -> tuple[dict[str, dict], list[tuple[str, li
             elif state == "blocked":
                 outcomes[name] = {"name": name, "state": "failed", "detail": detail}
             elif state == "interrupted":
-                from groklens.trainers.loop import check_stored_state
+                from groklens.trainers.train import check_stored_state
 
                 check_same_config(path, RunConfig.from_dict(run["config"]))
                 check_stored_state(path)  # before recover() writes anything

@@ -12,7 +12,7 @@ The runs are the product of the axes and the seeds; an axis (and `seeds`) overri
 values and seed only (fields in sorted order, then the seed: `d_mlp=64__lr=0.001__seed=0`),
 so the same grid always names the same runs, and adding a value to an axis keeps the names
 of the runs already there. Each run is an ordinary trajectory `DIR/<name>.h5` trained through
-`groklens.trainers.loop` (or a batched ensemble, `groklens.trainers.ensemble`).
+`groklens.trainers.train` (or a batched ensemble, `groklens.trainers.ensemble`).
 
 State of a run, from its files alone (`run_state`):
     done         DIR/<name>.h5 has a status starting with 'completed'

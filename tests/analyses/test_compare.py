@@ -31,7 +31,7 @@ SEEDS = (1, 2)
 
 def make_runs(directory: Path) -> dict[str, Path]:
     """Two variants x two seeds of real tiny runs: {"ln_s1": path, ...}."""
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     out = {}
     for name, over in VARIANTS.items():
@@ -117,7 +117,7 @@ def test_group_by_a_config_field(runs):
 def short_twin(run: Path, directory: Path, steps: int = 40, **over) -> Path:
     """The same run stopped at `steps` (same seed: identical up to there): censored where the
     full run crosses a threshold only later."""
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     path = directory / f"{run.stem}_short.h5"
     train(tiny_config(**{**BASE, **over, "steps": steps}), path, progress=False)
@@ -287,7 +287,7 @@ def _one_line_error(proc):
 
 
 def test_runs_of_different_tasks_are_refused(runs, tmp_path):
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     other = tmp_path / "sub.h5"
     train(tiny_config(task="sub", p=7, steps=10, eval_every=5, checkpoint_every=5), other, progress=False)
@@ -329,7 +329,7 @@ def test_compare_analyze_computes_the_llc_only_when_asked(tmp_path, monkeypatch)
     from groklens.analyses.measures import ANALYSES_USED
 
     path = tmp_path / "r.h5"
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     train(tiny_config(**{**BASE, "steps": 30}, seed=1), path, progress=False)
     asked = []

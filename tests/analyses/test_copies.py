@@ -8,7 +8,7 @@ import pytest
 
 from groklens.analyses.runner import compute
 from groklens.checkpoints import Trajectory, sidecar_path
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 from tests.helpers import groklens, tiny_config
 
 

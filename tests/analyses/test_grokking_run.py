@@ -5,9 +5,10 @@ import pytest
 from scipy.stats import spearmanr
 
 from groklens.analyses import compute
+from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from groklens.config import RunConfig
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 # groks at step ~250 (test accuracy 1.0 at the end) under every kernel variant tried (threads,
 # ATEN_CPU_CAPABILITY default/avx2/avx512, MKL_ENABLE_INSTRUCTIONS=SSE4_2); with 60% of the pairs
@@ -21,7 +22,7 @@ def test_neuron_fve_on_key_frequencies_rises_with_test_accuracy(tmp_path):
     path = tmp_path / "grok.h5"
     train(RunConfig.from_dict(GROKS), path, progress=False)
     traj = Trajectory(path)
-    grok = traj.summary()["grokking_step"]["0.95"]
+    grok = run_summary(traj)["grokking_step"]["0.95"]
     assert grok is not None, "the reference run did not grok"
     # the key frequencies of the grokked model (Nanda's rule), then every checkpoint measured on that fixed set
     final = compute(traj, "fourier", steps=[int(traj.steps[-1])])

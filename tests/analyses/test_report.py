@@ -107,7 +107,7 @@ def test_vector_formats(runs, fmt, tmp_path):
 
 def test_bad_input_writes_nothing(runs, tmp_path):
     other = tmp_path / "mul.h5"
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     train(tiny_config(task="mul", p=7, steps=10, eval_every=5, checkpoint_every=5), other, progress=False)
     out = tmp_path / "rep"

@@ -19,7 +19,7 @@ from groklens.analyses.scaling import (
 )
 from groklens.checkpoints import TrajectoryWriter
 from groklens.checkpoints.writer import config_json
-from groklens.trainers.loop import METRIC_NAMES
+from groklens.trainers.engine import METRIC_NAMES
 
 from groklens.errors import BadInput
 from groklens.tasks import TASKS

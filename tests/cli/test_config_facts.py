@@ -43,7 +43,7 @@ def test_unknown_key_in_the_file_is_bad_input(tmp_path):
 
 def test_the_loss_registry_registers_exactly_the_configs_losses():
     from groklens.analyses.common import LOSS_NAMES
-    from groklens.trainers.regularizers import LOSSES
+    from groklens.trainers.losses import LOSSES
 
     assert sorted(CHOICES["loss"]) == LOSSES.names()
     assert LOSS_NAMES is CHOICES["loss"]

@@ -71,7 +71,7 @@ def test_the_estimate_is_above_what_a_run_really_holds(tmp_path):
 
     cfg = tiny_config(p=113, train_frac=0.3, d_model=256, n_heads=4, d_head=64, d_mlp=1024, steps=4,
                       eval_every=2, checkpoint_every=2)
-    code = ("import resource, sys; from groklens.config import RunConfig; from groklens.trainers.loop import train; "
+    code = ("import resource, sys; from groklens.config import RunConfig; from groklens.trainers.train import train; "
             "import torch, h5py, transformer_lens; base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"train(RunConfig.from_json({cfg.to_json()!r}), sys.argv[1], progress=False); "
             "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
@@ -85,10 +85,10 @@ def _died_before_first_checkpoint(path: Path) -> None:
     """A trainer killed (SIGKILL, as the kernel's OOM killer does) right after creating its file."""
     cfg = tiny_config()
     code = ("import os, signal, sys; from groklens.config import RunConfig; from groklens.tasks import TASKS; "
-            "from groklens.trainers import loop; from groklens.trainers.single import SingleRun; "
+            "from groklens.trainers import train as training; from groklens.trainers.single import SingleRun; "
             f"cfg = RunConfig.from_json({cfg.to_json()!r}); data = TASKS.get(cfg.task).build(cfg); "
             "s = SingleRun(cfg, data); params, state, _ = s.payloads([0])[0]; "
-            "loop.create_trajectory(__import__('pathlib').Path(sys.argv[1]), cfg, data, params, state); "
+            "training.create_trajectory(__import__('pathlib').Path(sys.argv[1]), cfg, data, params, state); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
                           timeout=300)

@@ -189,7 +189,7 @@ def test_interrupted_run_is_resumed_exactly(tmp_path):
     """A run interrupted at step 15 is continued from its step-10 checkpoint, not restarted, and
     ends equal to the same run trained without interruption."""
     from groklens.checkpoints import Trajectory
-    from groklens.trainers import loop
+    from groklens.trainers import train as training
 
     out = tmp_path / "gf"
     (out / "runs").mkdir(parents=True)
@@ -201,7 +201,7 @@ def test_interrupted_run_is_resumed_exactly(tmp_path):
     traj = Trajectory(path)
     assert traj.status.startswith("completed")
     assert [int(s) for s in traj.steps] == [0, 10, 20, 30]
-    loop.train(cfg, tmp_path / "fresh.h5", progress=False)
+    training.train(cfg, tmp_path / "fresh.h5", progress=False)
     fresh = Trajectory(tmp_path / "fresh.h5").params(30)
     for name, value in traj.params(30).items():
         assert np.array_equal(value.numpy(), fresh[name].numpy()), name
@@ -529,7 +529,7 @@ def test_no_train_records_only_the_finished_runs(tmp_path):
     import json
 
     from groklens.experiments import get_experiment, run_configs
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     out = tmp_path / "gf"
     (out / "runs").mkdir(parents=True)

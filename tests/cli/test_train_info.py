@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from tests.helpers import TINY, config_flags, groklens, tiny_config
 
@@ -36,7 +37,7 @@ def test_info_json_contract(cli_run):
 
 def test_json_output_is_strict_json_even_with_infinite_config_values(tmp_path):
     # routing_width inf is a legal config value; Python's json would print the bare token Infinity
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     path = tmp_path / "routed.h5"
     train(tiny_config(routing_copies=2, routing_width=float("inf"), steps=20, checkpoint_every=20), path,
@@ -146,5 +147,5 @@ def test_train_reports_the_runs_own_grokking_threshold(tmp_path):
                    checkpoint_every=10, grok_threshold=0.5)), check=True)
     assert "(threshold 0.5)" in out.stdout
     run = Trajectory(tmp_path / "r.h5")
-    expected = run.summary(thresholds=(0.5,))["grokking_step"]["0.5"]
+    expected = run_summary(run, thresholds=(0.5,))["grokking_step"]["0.5"]
     assert f"grokked at {expected if expected is not None else '> 20'}" in out.stdout

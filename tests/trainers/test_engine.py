@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from groklens.checkpoints import Trajectory
 from groklens.trainers.ensemble import ensemble_key, train_ensemble
-from groklens.trainers.loop import resume, train
+from groklens.trainers.train import resume, train
 from groklens.trainers.routing import RoutedRun
-from groklens.trainers.stacked import adamw_step
 from groklens.trainers.sweeps import InlineExecutor, parse_sweep, run_sweep
 from tests.helpers import TINY, tiny_config, train_interrupted
 
@@ -32,33 +30,6 @@ def assert_close_runs(a_path, b_path, tol=1e-6):
         assert np.array_equal(np.isnan(x), np.isnan(y)), name
         ok = ~np.isnan(x)
         assert np.all(np.abs(x[ok] - y[ok]) <= tol * np.maximum(1.0, np.abs(y[ok]))), (name, x, y)
-
-
-# ---------------------------------------------------------------------- the stacked AdamW
-def test_stacked_adamw_is_torch_adamw_per_member():
-    """Bit-identical on CPU to torch.optim.AdamW run on each member's tensors alone, with each
-    member's lr and weight decay; a tensor without a gradient is skipped (no decay), as torch does."""
-    gen = torch.Generator().manual_seed(0)
-    lrs, wds, betas = [1e-3, 3e-2, 0.1], [1.0, 0.0, 0.3], (0.9, 0.98)
-    shapes = {"a": (4, 5), "b": (7,), "frozen": (3,)}
-    stacked = {n: torch.randn(3, *s, generator=gen) for n, s in shapes.items()}
-    alone = [{n: torch.nn.Parameter(t[i].clone()) for n, t in stacked.items()} for i in range(3)]
-    opts = [torch.optim.AdamW(list(p.values()), lr=lr, betas=betas, weight_decay=wd)
-            for p, lr, wd in zip(alone, lrs, wds)]
-    m1 = {n: torch.zeros_like(t) for n, t in stacked.items()}
-    m2 = {n: torch.zeros_like(t) for n, t in stacked.items()}
-    counts = {n: 0 for n in stacked}
-    for _ in range(5):
-        grads = {n: torch.randn(3, *shapes[n], generator=gen) for n in ("a", "b")}
-        adamw_step(stacked, grads, m1, m2, counts, torch.tensor(lrs, dtype=torch.float64),
-                   torch.tensor(wds, dtype=torch.float64), betas)
-        for i, (params, opt) in enumerate(zip(alone, opts)):
-            for n in ("a", "b"):
-                params[n].grad = grads[n][i].clone()
-            opt.step()
-    for i, params in enumerate(alone):
-        for n, p in params.items():
-            assert torch.equal(stacked[n][i], p.detach()), (i, n)
 
 
 # ---------------------------------------------------------------------- ensembles of mixed members

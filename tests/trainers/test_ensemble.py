@@ -10,7 +10,7 @@ import pytest
 from groklens.checkpoints import Trajectory
 from groklens.trainers import ensemble as ens
 from groklens.trainers.ensemble import ensemble_key, resume_ensemble, train_ensemble
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 
 from groklens.config import RunConfig
 from groklens.errors import BadInput
@@ -82,6 +82,19 @@ def test_member_equals_single_run(tmp_path, model):
     assert not np.allclose(w[0], w[1])
 
 
+def test_multi_target_members_equal_single_runs(tmp_path):
+    """A task read out at K answer positions (digits_add): loss over the K positions, exact-match
+    and per-token accuracy, a regularizer term and Grokfast, in an ensemble as alone."""
+    cfgs = [tiny_config(task="digits_add", n_digits=1, train_frac=0.6, steps=40, batch_size=16, **m)
+            for m in ({"seed": 1}, {"seed": 2, "act_norm_lambda": 0.05, "grokfast_lambda": 1.0, "data_seed": 4})]
+    results = train_ensemble(cfgs, [tmp_path / f"e{i}.h5" for i in range(2)])
+    assert all(r.error is None for r in results)
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}.h5", progress=False)
+        assert_same_trajectory(tmp_path / f"e{i}.h5", tmp_path / f"s{i}.h5")
+    assert {"train_token_acc", "test_token_acc"} <= set(Trajectory(tmp_path / "e1.h5").metrics)
+
+
 def test_minibatches_and_per_member_stop_rule(tmp_path):
     # every member stops 2 evaluations after its own threshold is reached, at different steps
     cfgs = _configs(batch_size=16, steps=120, stop_after_grok=2)
@@ -144,16 +157,22 @@ def test_ensemble_key_groups_by_architecture():
 
 
 def test_only_routed_configs_train_alone():
-    """Every RunConfig field is either per member or shared by an ensemble, except routing's: a
-    routed config is its own strategy and trains alone, with the reason said."""
-    known = set(ens.PER_MEMBER_FIELDS) | set(ens.SHARED_FIELDS)
-    assert {f.name for f in fields(RunConfig)} - known == {"routing_copies", "routing_width", "routing_unit"}
+    """Every RunConfig field is per member (the loop's and the regularizers' declared ones) or
+    shared by an ensemble, except routing's: a routed config is its own strategy and trains
+    alone, with the reason said. Any task joins, multi-target ones included."""
+    names = {f.name for f in fields(RunConfig)}
+    per_member, shared = set(ens.PER_MEMBER_FIELDS), set(ens.shared_fields())
+    assert per_member <= names and not per_member & shared
+    assert names - per_member - shared == set(ens.SOLO_FIELDS) == {"routing_copies", "routing_width", "routing_unit"}
+    assert {"act_norm_lambda", "grokfast_alpha", "perp_grad", "stop_test_loss"} <= per_member
+    assert {"act_norm_sites", "geomdr_end", "perp_grad_scale", "task", "betas"} <= shared
     routed = tiny_config(routing_copies=2)
     assert ensemble_key(routed) is None
     assert ens.unsupported_reason(routed).startswith("ensembles do not implement routing_copies=2")
     with pytest.raises(BadInput, match="ensembles do not implement"):
         ens.EnsembleRun([routed, routed], [None, None], ["a", "b"])
-    for option in ({"act_norm_lambda": 0.1}, {"loss": "stablemax"}, {"grokfast_lambda": 2.0}, {"perp_grad": True}):
+    for option in ({"act_norm_lambda": 0.1}, {"loss": "stablemax"}, {"grokfast_lambda": 2.0}, {"perp_grad": True},
+                   {"task": "digits_add", "n_digits": 1}):
         assert ensemble_key(tiny_config(**option)) is not None, option
 
 

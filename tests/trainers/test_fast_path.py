@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from groklens.trainers.models import build_model
-from groklens.trainers.regularizers import LOSSES
+from groklens.trainers.losses import LOSSES
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import pytest
 
 from tests.helpers import tiny_config
 
@@ -63,7 +62,7 @@ REGULARIZED = dict(**BASE, act_norm_lambda=0.05, grokfast_lambda=2.0, geomdr_lam
 def train_all(tmp: Path) -> list[Path]:
     """Train each golden config into `tmp`; the files, by name."""
     from groklens.trainers.ensemble import train_ensemble
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     train(tiny_config(**SINGLE), tmp / "single.h5", progress=False)
     ens = [tmp / f"ensemble{i}.h5" for i in range(len(ENSEMBLE))]
@@ -167,7 +166,7 @@ def test_a_changed_warmup_is_caught(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine, "warmup_factor", longer)
     monkeypatch.setattr(single, "warmup_factor", longer)
-    from groklens.trainers.loop import train
+    from groklens.trainers.train import train
 
     train(tiny_config(**SINGLE), tmp_path / "single.h5", progress=False)
     reference = json.loads(REFERENCE.read_text())

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 from groklens.trainers.ensemble import train_ensemble
-from groklens.trainers.loop import resume, train
+from groklens.trainers.train import resume, train
 from groklens.trainers.routing import RoutedRun
 from tests.helpers import tiny_config, train_interrupted
 
@@ -46,7 +47,7 @@ def test_single_run_checkpoints_at_memorization_and_grokking(tmp_path):
     crossings = first_crossings(run.metrics)
     assert crossings[("train_acc", 0.3)] % 100 and crossings[("test_acc", 0.3)] % 100  # off the schedule
     assert list(run.steps) == expected_steps(run.metrics)
-    assert set(crossings.values()) <= set(run.summary()["checkpoint_steps"])
+    assert set(crossings.values()) <= set(run_summary(run)["checkpoint_steps"])
 
 
 def test_ensemble_members_checkpoint_at_their_own_phases(tmp_path):

@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
-from groklens.trainers import loop
-from groklens.trainers.loop import Trainer, metric_names, resume, train
+from groklens.trainers.engine import METRIC_NAMES
+from groklens.trainers.single import SingleRun
+from groklens.trainers.train import metric_names, resume, train
 from groklens.trainers.models import build_model
-from groklens.trainers.regularizers import (
-    REGULARIZERS, Batch, effective_rank, stablemax, stablemax_cross_entropy,
-)
+from groklens.trainers.optim import stack_of_one
+from groklens.trainers.losses import stablemax, stablemax_cross_entropy
+from groklens.trainers.regularizers import REGULARIZERS, Batch, effective_rank
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config, train_interrupted
 
@@ -22,6 +23,11 @@ def _setup(**kw):
     cfg = tiny_config(**kw)
     data = TASKS.get(cfg.task).build(cfg)
     return cfg, data, build_model(cfg, data)
+
+
+def _grads(params):
+    """The module's gradients as the update sees them: stacks of one, written through in place."""
+    return stack_of_one({n: p.grad for n, p in params.items()})
 
 
 def _capture(model, names, x):
@@ -36,21 +42,21 @@ def _capture(model, names, x):
 
 
 class _NoWriter:
-    """Stands in for the trajectory writer when a test drives Trainer.train_step directly."""
+    """Stands in for the trajectory writer when a test drives SingleRun.train_step directly."""
 
     class f:
         filename = "unused.h5"
 
 
 def _trainer(cfg, data):
-    return Trainer(cfg, data, lambda _t: _NoWriter(), progress=False)
+    return SingleRun(cfg, data, lambda _t: _NoWriter(), progress=False)
 
 
 # ---------------------------------------------------------------------- activation-norm penalty
 def test_activation_norm_penalty_matches_a_hand_computation():
     lam = 0.3
     cfg, data, model = _setup(n_layers=2, act_norm_lambda=lam)
-    reg = REGULARIZERS.get("act_norm")(cfg, model, data)
+    reg = REGULARIZERS.get("act_norm")([cfg], model, data)
     assert reg.hook_names == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     x = data.inputs[:5]
     _, acts = _capture(model, reg.hook_names, x)
@@ -105,7 +111,7 @@ def test_kl_attention_term_matches_a_hand_computation(layout):
     beta = 0.7
     cfg, data, model = _setup(task="seq_add", seq_len=5, n_informative=2, informative_layout=layout,
                               distractor_vocab=3, kl_attn_beta=beta, n_layers=2, kl_attn_layer=-1)
-    reg = REGULARIZERS.get("kl_attn")(cfg, model, data)
+    reg = REGULARIZERS.get("kl_attn")([cfg], model, data)
     x, mask = data.inputs[:6], data.informative_mask[:6]
     _, cache = model.run_with_cache(x)
     _, acts = _capture(model, reg.hook_names, x)
@@ -128,7 +134,7 @@ def test_kl_attention_term_matches_a_hand_computation(layout):
 def test_kl_attention_is_zero_when_attention_is_already_uniform_on_the_informative_tokens():
     cfg, data, model = _setup(task="seq_add", seq_len=2, n_informative=2, kl_attn_beta=1.0, attention="uniform",
                               causal=False)
-    reg = REGULARIZERS.get("kl_attn")(cfg, model, data)
+    reg = REGULARIZERS.get("kl_attn")([cfg], model, data)
     _, acts = _capture(model, reg.hook_names, data.inputs)
     # uniform over 3 positions: KL(1/2, 1/2 || 1/3, 1/3) = log(3/2)
     value, _ = reg.term(acts, Batch(data.inputs, data.informative_mask, [2]), step=0)
@@ -148,7 +154,7 @@ def test_effective_rank_against_numpy_and_a_known_case():
 
 def test_geomdr_penalty_window_and_value():
     cfg, data, model = _setup(geomdr_lambda=2.0, geomdr_target=3.0, geomdr_start=5, geomdr_end=9)
-    reg = REGULARIZERS.get("geomdr")(cfg, model, data)
+    reg = REGULARIZERS.get("geomdr")([cfg], model, data)
     assert reg.hook_names == ["blocks.0.hook_resid_post"]
     x = data.inputs[data.train_idx]
     _, acts = _capture(model, reg.hook_names, x)
@@ -171,20 +177,20 @@ def test_geomdr_penalty_window_and_value():
 def test_grokfast_filter_matches_the_formula_over_three_steps():
     alpha, lam = 0.8, 2.5
     cfg, data, model = _setup(grokfast_alpha=alpha, grokfast_lambda=lam)
-    reg = REGULARIZERS.get("grokfast")(cfg, model, data)
     params = dict(model.named_parameters())
+    reg = REGULARIZERS.get("grokfast")([cfg], model, data, stack_of_one(params))
     gen = torch.Generator().manual_seed(3)
     raw = [{n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in params.items()} for _ in range(3)]
     ema = None
     for t in range(3):
         for n, p in params.items():
             p.grad = raw[t][n].float().clone()
-        reg.transform(params)
+        reg.transform(stack_of_one(params), _grads(params))
         # ema_1 = g_1; ema_t = alpha ema_{t-1} + (1 - alpha) g_t; g_t <- g_t + lambda ema_t
         ema = {n: raw[t][n].clone() if ema is None else alpha * ema[n] + (1 - alpha) * raw[t][n] for n in params}
         for n, p in params.items():
             assert torch.allclose(p.grad.double(), raw[t][n] + lam * ema[n], atol=1e-5), (t, n)
-    state = reg.state()
+    state = reg.state(0)
     assert all(np.allclose(state[f"reg.grokfast.{n}.ema"], ema[n].numpy(), atol=1e-6) for n in params)
 
 
@@ -230,14 +236,14 @@ def test_resume_with_grokfast_state_is_bit_identical(tmp_path):
 # ---------------------------------------------------------------------- perpendicular gradient
 def test_unscaled_perpendicular_gradient_removes_the_component_along_each_tensor():
     cfg, data, model = _setup(perp_grad=True, perp_grad_scale="unscaled", mlp_bias=True)
-    reg = REGULARIZERS.get("perp_grad")(cfg, model, data)
+    reg = REGULARIZERS.get("perp_grad")([cfg], model, data)
     params = dict(model.named_parameters())
     gen = torch.Generator().manual_seed(0)
     before = {}
     for n, p in params.items():
         p.grad = torch.randn(p.shape, generator=gen)
         before[n] = p.grad.double().clone()
-    reg.transform(params)
+    reg.transform(stack_of_one(params), _grads(params))
     for n, p in params.items():
         w, g = p.detach().double(), before[n]
         ww = (w * w).sum()
@@ -245,7 +251,7 @@ def test_unscaled_perpendicular_gradient_removes_the_component_along_each_tensor
         assert torch.allclose(p.grad.double(), expected, atol=1e-5), n
         if ww > 0:
             assert abs(float((w * p.grad.double()).sum())) < 1e-4 * float(g.norm() * w.norm())
-    assert 0 < reg.last_metrics()["perp_grad_removed"] < 1
+    assert 0 < reg.metrics()[0]["perp_grad_removed"] < 1
 
 
 def test_perpendicular_gradient_is_orthograd_as_published():
@@ -253,13 +259,13 @@ def test_perpendicular_gradient_is_orthograd_as_published():
     proj = w.g / (w.w + 1e-30); g_orth = g - proj w; g <- g_orth * ||g|| / (||g_orth|| + 1e-30)."""
     cfg, data, model = _setup(perp_grad=True, mlp_bias=True)
     assert cfg.perp_grad_scale == "orthograd"  # the default
-    reg = REGULARIZERS.get("perp_grad")(cfg, model, data)
+    reg = REGULARIZERS.get("perp_grad")([cfg], model, data)
     params = dict(model.named_parameters())
     gen = torch.Generator().manual_seed(1)
     raw = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
     for n, p in params.items():
         p.grad = raw[n].clone()
-    reg.transform(params)
+    reg.transform(stack_of_one(params), _grads(params))
     for n, p in params.items():
         w, g = p.detach().double().flatten().tolist(), raw[n].double().flatten().tolist()
         proj = sum(a * b for a, b in zip(w, g)) / (sum(a * a for a in w) + 1e-30)
@@ -316,12 +322,56 @@ def test_stablemax_sums_to_one_and_its_loss_is_the_formula():
 def test_metric_names_are_known_from_the_config_and_are_what_the_file_holds(tmp_path):
     cfg = tiny_config(steps=20, loss="stablemax", geomdr_lambda=0.1, kl_attn_beta=0.1, grokfast_lambda=1.0)
     names = metric_names(cfg)
-    assert names[: len(loop.METRIC_NAMES)] == loop.METRIC_NAMES
-    assert names[len(loop.METRIC_NAMES):] == ["train_ce", "test_ce", "reg_geomdr", "geomdr_erank",
+    assert names[: len(METRIC_NAMES)] == METRIC_NAMES
+    assert names[len(METRIC_NAMES):] == ["train_ce", "test_ce", "reg_geomdr", "geomdr_erank",
                                               "reg_kl_attn", "kl_attn", "grokfast_ema_norm"]
-    assert metric_names(tiny_config()) == loop.METRIC_NAMES  # the default run logs what it always did
+    assert metric_names(tiny_config()) == METRIC_NAMES  # the default run logs what it always did
     train(cfg, tmp_path / "r.h5", progress=False)
     m = Trajectory(tmp_path / "r.h5").metrics
     assert set(m) == {"step", *names}
     assert np.isnan(m["grokfast_ema_norm"][0]) and np.isfinite(m["grokfast_ema_norm"][1:]).all()
     assert np.isfinite(m["reg_geomdr"]).all() and np.isfinite(m["kl_attn"]).all()
+
+
+# ---------------------------------------------------------------------- transforms on stacks
+SHARED = [dict(grokfast_lambda=2.0, grokfast_alpha=0.8, perp_grad=True)] * 3
+MIXED = [dict(grokfast_lambda=2.0, grokfast_alpha=0.8, perp_grad=True), dict(grokfast_lambda=0.0, perp_grad=False),
+         dict(grokfast_lambda=1.0, grokfast_alpha=0.95, perp_grad=True)]
+
+
+@pytest.mark.parametrize("members", [SHARED, MIXED], ids=["shared-constants", "own-constants"])
+def test_transforms_on_a_stack_equal_each_member_transformed_alone(members):
+    """One implementation for every kind of run: on stacked members each row is what the
+    transform does to that member alone, as a stack of one (how a single run holds it): bit for
+    bit where the members share their constants (a shared constant is applied as the single
+    run's Python number), to float32 rounding where each has its own (Grokfast alpha and lambda,
+    0 = off; perp_grad on or off), which broadcast as a tensor."""
+    cfgs = [tiny_config(**m) for m in members]
+    data = TASKS.get(cfgs[0].task).build(cfgs[0])
+    model = build_model(cfgs[0], data)
+    gen = torch.Generator().manual_seed(5)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    params = {n: torch.randn(3, *s, generator=gen) for n, s in shapes.items()}
+    kinds = ("grokfast", "perp_grad")
+    stack = [REGULARIZERS.get(k)(cfgs, model, data, params) for k in kinds]
+    rows = [{n: p[i : i + 1] for n, p in params.items()} for i in range(3)]
+    alone = [[REGULARIZERS.get(k)([c], model, data, rows[i]) for k in kinds if REGULARIZERS.get(k).active(c)]
+             for i, c in enumerate(cfgs)]
+    same = torch.equal if members is SHARED else (lambda a, b: torch.allclose(a, b, rtol=1e-6, atol=1e-6))
+    for _ in range(3):
+        grads = {n: torch.randn(3, *s, generator=gen) for n, s in shapes.items()}
+        own = [{n: g[i : i + 1].clone() for n, g in grads.items()} for i in range(3)]
+        for reg in stack:
+            reg.transform(params, grads)
+        for i, regs in enumerate(alone):
+            for reg in regs:
+                reg.transform(rows[i], own[i])
+            for n in shapes:
+                assert same(grads[n][i], own[i][n][0]), (i, n)
+    for i, regs in enumerate(alone):
+        state = stack[0].state(i)
+        assert (state == {}) if not regs else all(same(torch.from_numpy(v), torch.from_numpy(regs[0].state(0)[k]))
+                                                   for k, v in state.items()), i
+        expected = {k: v for reg in regs for k, v in reg.metrics()[0].items()}
+        got = {**stack[0].metrics()[i], **stack[1].metrics()[i]}
+        assert {k: got[k] for k in expected} == pytest.approx(expected, rel=1e-6), i

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 from groklens.checkpoints import Trajectory
-from groklens.trainers import loop, sweeps
+from groklens.trainers import train as training
+from groklens.trainers import sweeps
 from groklens.trainers.sweeps import (
     InlineExecutor,
     LocalExecutor,
@@ -44,7 +45,7 @@ def single(tmp_path: Path, cfg, name: str) -> Path:
     """The same config trained alone, the reference for a sweep's run."""
     path = tmp_path / "ref" / f"{name}.h5"
     path.parent.mkdir(exist_ok=True)
-    loop.train(cfg, path, progress=False)
+    training.train(cfg, path, progress=False)
     return path
 
 
@@ -130,7 +131,7 @@ def test_half_finished_directory_is_completed(tmp_path):
     out = tmp_path / "sweep"
     out.mkdir()
     done, interrupted, empty, missing = sorted(runs)
-    loop.train(runs[done].config, out / f"{done}.h5", progress=False)
+    training.train(runs[done].config, out / f"{done}.h5", progress=False)
     done_mtime = (out / f"{done}.h5").stat().st_mtime_ns
     # an interrupted run: Ctrl-C at step 50 leaves checkpoints 0, 20, 40
     train_interrupted(runs[interrupted].config, out / f"{interrupted}.h5", 50)

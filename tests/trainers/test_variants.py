@@ -9,7 +9,7 @@ import torch
 from groklens.checkpoints import Trajectory
 from groklens.config import PRESETS, RunConfig, preset
 from groklens.errors import BadInput
-from groklens.trainers.loop import train
+from groklens.trainers.train import train
 from groklens.trainers.models import build_model
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config

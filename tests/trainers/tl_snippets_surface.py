@@ -57,13 +57,13 @@ def prefix_input(c: Ctx):
 
 def return_type_loss(c: Ctx):
     """model(tokens, return_type='loss' / 'both' / None) is the trainer's task loss"""
-    from groklens.trainers.loop import Trainer
+    from groklens.trainers.single import SingleRun
 
     class _W:
         class f:
             filename = "unused.h5"
 
-    tr = Trainer(c.cfg, c.data, lambda _t: _W(), progress=False)
+    tr = SingleRun(c.cfg, c.data, lambda _t: _W(), progress=False)
     tr.model.load_state_dict(c.model.state_dict())
     tr.model.eval()
     with torch.no_grad():

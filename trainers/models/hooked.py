@@ -14,6 +14,7 @@ import torch
 from transformer_lens import ActivationCache, HookedRootModule
 
 from groklens.errors import BadInput
+from groklens.trainers.losses import task_loss_at_readout as task_loss
 
 
 class TLUnsupported(BadInput, ValueError):
@@ -276,8 +277,6 @@ class HookedModel(HookedRootModule):
             return None
         if return_type not in ("loss", "both"):
             raise TLUnsupported(f"return_type must be logits, loss, both or None; got {return_type!r}")
-        from groklens.analyses.common import task_loss
-
         loss = task_loss(logits, self.labels_for(tokens), self.task_data, loss=self.task_loss_name,
                          reduction="none" if loss_per_token else "mean")
         return loss if return_type == "loss" else (logits, loss)

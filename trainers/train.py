@@ -1,4 +1,4 @@
-"""Training entry points: `train` a run from scratch into a trajectory file, `resume` one.
+"""Train a run of one trajectory file from scratch (`train`), or continue one (`resume`).
 
 A run of one file is a single run (`single.SingleRun`) or, with routing_copies > 1, a routed
 set of copies (`routing.RoutedRun`); both go through the one loop in trainers/engine.py, as
@@ -15,19 +15,16 @@ from typing import Callable
 import numpy as np
 
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
+from groklens.checkpoints.locking import describe_holder, writer_alive
+from groklens.checkpoints.validate import check_resources
 from groklens.checkpoints.writer import config_json
 from groklens.config import RunConfig
 from groklens.errors import BadInput
-from groklens.trainers.engine import (  # noqa: F401 - re-exported: the names callers know
-    EVAL_CHUNK, METRIC_NAMES, TrainResult, checkpoint_schedule, raise_failure, resolve_device, restore_counters,
-    run, stop_accuracy, warmup_factor,
-)
-from groklens.trainers.regularizers import cross_entropy, regularizer_metric_names
-from groklens.trainers.single import SingleRun
 from groklens.tasks import TASKS, TaskData
-
-readout_loss = cross_entropy  # the float64 cross-entropy, under the name earlier code used
-Trainer = SingleRun  # the single-run strategy, under the name earlier code used
+from groklens.trainers.engine import METRIC_NAMES, TrainResult, raise_failure, resolve_device, restore_counters, run
+from groklens.trainers.regularizers import regularizer_metric_names
+from groklens.trainers.routing import RoutedRun, routed_metric_names
+from groklens.trainers.single import SingleRun
 
 
 def metric_names(cfg: RunConfig) -> list[str]:
@@ -43,22 +40,13 @@ def metric_names(cfg: RunConfig) -> list[str]:
         names += ["train_ce", "test_ce"]
     names += regularizer_metric_names(cfg)
     if cfg.routing_copies > 1:  # per-copy and ensemble columns (trainers/routing.py)
-        from groklens.trainers.routing import routed_metric_names
-
         names = routed_metric_names(names, cfg.routing_copies)
     return names
 
 
 def strategy_class(cfg: RunConfig):
     """SingleRun, or routing.RoutedRun for routing_copies > 1."""
-    if cfg.routing_copies == 1:
-        return SingleRun
-    from groklens.trainers.routing import RoutedRun
-
-    return RoutedRun
-
-
-trainer_class = strategy_class
+    return SingleRun if cfg.routing_copies == 1 else RoutedRun
 
 
 def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True,
@@ -70,9 +58,6 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     so a run that fails before that leaves the old one (checkpoints/writer.py).
     `on_commit(step)` is called after each committed checkpoint, `on_eval(row)` after each
     evaluation row is written (trainers/loggers.py)."""
-    from groklens.checkpoints.locking import describe_holder, writer_alive
-    from groklens.checkpoints.validate import check_resources
-
     cfg.validate()
     out = Path(out)
     if out.exists() and out.is_dir():

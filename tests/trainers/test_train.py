@@ -5,7 +5,9 @@ import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput, RunFailure
-from groklens.trainers.loop import checkpoint_schedule, readout_loss, resume, train
+from groklens.trainers.losses import cross_entropy
+from groklens.trainers.engine import checkpoint_schedule
+from groklens.trainers.train import resume, train
 from tests.helpers import tiny_config, train_tiny
 
 
@@ -48,7 +50,7 @@ def test_loss_is_float64_and_does_not_underflow():
     logits = torch.tensor([[20.0, 0.0, 0.0]])
     labels = torch.tensor([0])
     assert F.cross_entropy(logits, labels).item() == 0.0
-    loss = readout_loss(logits, labels)
+    loss = cross_entropy(logits, labels)
     assert loss.dtype == torch.float64 and loss.item() > 0
     assert loss.item() == pytest.approx(2 * np.exp(-20.0), rel=1e-9)
 
