@@ -24,6 +24,14 @@ if getattr(_top, "__file__", None) is None:  # a folder named groklens (the clon
                       "(the current directory or the script's); run from another directory, or rename the clone "
                       "(README, 'Importing groklens')")
 
+def to_pandas(trajectory, analysis: str | None = None):
+    """A pandas DataFrame of a run: its metrics, or with `analysis` a stored analysis ('all':
+    every one) by checkpoint step; see tables.to_pandas."""
+    from groklens.analyses.tables import to_pandas as _to_pandas
+
+    return _to_pandas(trajectory, analysis)
+
+
 def compute(trajectory, name: str, **kwargs):
     """Analysis `name` along `trajectory` (a Trajectory or a path); see runner.compute."""
     from groklens.analyses.runner import compute as _compute

@@ -22,6 +22,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.errors import BadInput
+from groklens.analyses.fourier import fourier_basis, frequency_rows, key_directions, neuron_fve, resolve_sites
+from groklens.probes.capture import position_axis, check_sites, capture
+from groklens.probes.grid import modular_grid
+from groklens.probes.interventions import scoped_hooks
+from groklens.probes.linear import check_frequencies
 
 if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
@@ -31,8 +36,6 @@ ALONG = ("token", "a", "b", "a+b")
 
 def _rows(p: int, frequencies: Sequence[int]) -> np.ndarray:
     """[2|K|, p] orthonormal cos/sin rows of the frequencies (analyses/fourier.py's basis)."""
-    from groklens.analyses.fourier import fourier_basis, frequency_rows
-
     B = fourier_basis(p)
     return B[[r for k in frequencies for r in frequency_rows(p, int(k))]]
 
@@ -41,9 +44,6 @@ def _projector(model, data: TaskData, frequencies: Sequence[int], site: str, alo
     """The forward hook that removes the frequencies at `site` (inputs in data's row order)."""
     import torch
 
-    from groklens.analyses.fourier import key_directions
-    from groklens.probes.capture import position_axis
-    from groklens.probes.grid import modular_grid
 
     grid = modular_grid(data, "frequency ablation")
     p = grid.p
@@ -99,9 +99,6 @@ def _losses(logits, data: TaskData, pos: int, prefix: str) -> dict[str, float]:
 
 
 def check(model, data: TaskData, params: dict) -> None:
-    from groklens.probes.capture import check_sites
-    from groklens.probes.grid import modular_grid
-
     grid = modular_grid(data, "frequency ablation")
     along, site = params.get("along", "token"), params.get("site", "hook_embed")
     if along not in ALONG:
@@ -112,8 +109,6 @@ def check(model, data: TaskData, params: dict) -> None:
     check_sites(model, [site])
     freqs = params.get("frequencies")
     if freqs is not None:
-        from groklens.probes.linear import check_frequencies
-
         check_frequencies(freqs, grid.p)
 
 
@@ -123,15 +118,10 @@ def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | No
     (default: the checkpoint's key frequencies, Nanda's rule); see the module docstring."""
     import torch
 
-    from groklens.probes.interventions import scoped_hooks
 
     check(model, data, {"frequencies": frequencies, "site": site, "along": along})
     pos = int(data.readout_pos) if position is None else int(position)
     if frequencies is None:
-        from groklens.analyses.fourier import neuron_fve, resolve_sites
-        from groklens.probes.capture import capture
-        from groklens.probes.grid import modular_grid
-
         names = resolve_sites(model, None)
         post = capture(model, data.inputs, [names["site"]], position=int(data.readout_pos))[names["site"]]
         frequencies = [int(k) for k in neuron_fve(modular_grid(data).to_grid(post.double().numpy()))["key_frequencies"]]

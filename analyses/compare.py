@@ -71,6 +71,9 @@ from groklens.analyses.registry import get
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
 from groklens.config import RunConfig, field_names
 from groklens.errors import BadInput
+from groklens.analyses.fourier import trivial_key_note
+from groklens.analyses.grokking import collapse, collapse_text
+from groklens.analyses.tables import comparison_frame
 
 SEED_FIELDS = ("seed", "data_seed")
 GROUP_VARIANT = "variant"  # --group-by variant: runs whose configs differ only in seed / data_seed
@@ -356,8 +359,6 @@ class Comparison:
 
     def to_pandas(self):
         """The CSV's table as a pandas DataFrame (numbers unrounded); pandas is an optional extra."""
-        from groklens.analyses.tables import comparison_frame
-
         return comparison_frame(self)
 
     def format(self, fmt: str) -> str:
@@ -424,9 +425,6 @@ def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = 
 def run_notes(runs: Sequence[RunSummary], threshold: float) -> list[str]:
     """Facts of single runs a reader must not miss: a run that crossed the threshold and then
     collapsed (or fell back and recovered), and a Fourier key set that is most of the frequencies."""
-    from groklens.analyses.fourier import trivial_key_note
-    from groklens.analyses.grokking import collapse, collapse_text
-
     out = []
     for r in runs:
         text = collapse_text(collapse(r.metrics, threshold))

@@ -358,8 +358,6 @@ def resolve_params(traj, params: dict) -> dict:
     are; the list is what is stored with the results (a later "last" resolves to the same list)."""
     if params.get("key_frequencies") != KEY_SET_LAST:
         return params
-    from groklens.probes.capture import capture
-    from groklens.probes.grid import modular_grid
 
     model, data = traj.model(int(traj.steps[-1])), traj.dataset()
     names = resolve_sites(model, params.get("site"))

@@ -42,6 +42,10 @@ from typing import Any
 import numpy as np
 
 from groklens.errors import BadInput
+from groklens.analyses.llc import _blocks, summarise, check_hyperparameters, default_nbeta, task_row_loss
+from groklens.analyses.common import check_loss, eval_rows
+from groklens.analyses.phases import run_phases
+from groklens.fileio import write_text_atomic
 
 DEFAULT_LRS = (3e-5, 3e-4, 3e-3, 3e-2, 3e-1)
 NBETA_MULTIPLES = (0.01, 0.1, 1.0, 10.0)  # x n / log n
@@ -138,7 +142,6 @@ def _health(r: dict[str, Any], chance: float | None) -> dict[str, bool]:
 
 
 def _sample_target(target: Target, settings, *, chains, burnin, draws, minibatch, seed, max_lanes) -> list[dict]:
-    from groklens.analyses.llc import _blocks, summarise
     from groklens.analyses.sgld import sample
 
     out: list[dict] = []
@@ -166,8 +169,6 @@ def sweep(targets: Sequence[Target], *, lrs: Sequence[float] = DEFAULT_LRS, nbet
           progress: Callable[[str], None] | None = None) -> Calibration:
     """The calibration sweep over the targets (module docstring). nbetas None: NBETA_MULTIPLES x
     n / log n of the first target's n."""
-    from groklens.analyses.llc import check_hyperparameters, default_nbeta
-
     if not targets:
         raise BadInput("llc-calibrate: no checkpoints to calibrate at")
     nb0 = default_nbeta(targets[0].n_rows)
@@ -307,9 +308,6 @@ def run_targets(run, steps: Sequence[int] | None, *, eval_set: str = "train", lo
     checkpoint (before grokking) and the last one (after it)."""
     import math as _m
 
-    from groklens.analyses.common import check_loss, eval_rows
-    from groklens.analyses.llc import task_row_loss
-    from groklens.analyses.phases import run_phases
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(run)
@@ -358,7 +356,6 @@ def calibrate_run(run, steps: Sequence[int] | None = None, *, lrs: Sequence[floa
     import json
     from pathlib import Path
 
-    from groklens.fileio import write_text_atomic
 
     out = None if out_dir is None else Path(out_dir)
     if out is not None and (out.exists() and not out.is_dir() or not out.exists() and not out.parent.is_dir()):

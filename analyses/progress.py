@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from groklens.analyses.measures import stored_analysis
 
 CLEANUP_LOSS = 0.01
 PHASE_RULE = ("M = the test-loss peak before its fall; C = the excluded-loss peak after M; K = the first evaluation "
@@ -48,7 +49,6 @@ class ProgressCurves:
 def _fixed_key_variant(run_path: Path, config: dict[str, Any]):
     """(stored fourier results, key set or None): the variant with a fixed key set (the most recently
     updated if several), else the default variant."""
-    from groklens.analyses.measures import stored_analysis
     from groklens.analyses.store import Sidecar, config_sha
 
     sidecar = Sidecar(run_path)

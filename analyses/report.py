@@ -29,6 +29,9 @@ from groklens.analyses.compare import ANALYSES_USED, Comparison, SPEEDUP_METHOD,
 from groklens.analyses.registry import default_names, get
 from groklens.analyses.report_figures import DPI, FigureSpec, make_figures  # noqa: F401 - DPI re-exported
 from groklens.errors import BadInput
+from groklens.fileio import staged_outputs
+from groklens.analyses.report_figures import FIGURE_NAMES, MISSING_NAMES
+from groklens.analyses.compare_format import EPS_MARK, EPS_NOTE, dash_reasons
 
 FORMATS = ("png", "pdf", "svg")
 
@@ -86,7 +89,6 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
                      "last checkpoint. — = no value there (reasons below the table); n/a = the event never "
                      "happened. Groups: mean ± std over seeds.</p>")
         parts.append(_table(head, body, "analyses"))
-        from groklens.analyses.compare_format import EPS_MARK, EPS_NOTE, dash_reasons
 
         notes_below = dash_reasons(comp) + ([EPS_NOTE] if any(EPS_MARK in c for r in body for c in r) else [])
         if notes_below:
@@ -141,8 +143,6 @@ def _staging(out: Path):
     moved into `out` (a link in the way is replaced, never written through); on any failure
     it is removed and `out` is as it was; one left by a killed report is removed by the next
     (groklens.fileio.staged_outputs)."""
-    from groklens.fileio import staged_outputs
-
     return staged_outputs(out)
 
 
@@ -191,8 +191,6 @@ def _write_figures(specs: Sequence[FigureSpec], stage: Path, fmt: str, style: st
 
 def parse_figures(names: str | Sequence[str] | None) -> list[str] | None:
     """--figures NAME,...: known figure names (fig_ prefix allowed), BadInput for others."""
-    from groklens.analyses.report_figures import FIGURE_NAMES
-
     if names is None:
         return None
     items = [names] if isinstance(names, str) else list(names)
@@ -264,7 +262,6 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
     else:  # every axis is a log step axis: a run that has just started has nothing to draw yet
         specs, missing = [], [("every figure", "no run has an evaluation after step 0 yet")]
     if wanted is not None:  # --figures: only these, and only their missing entries
-        from groklens.analyses.report_figures import MISSING_NAMES
 
         specs = [sp for sp in specs if sp.name in wanted]
         missing = [(t, w) for t, w in missing if t == "every figure" or set(MISSING_NAMES.get(t, ())) & set(wanted)]

@@ -15,6 +15,7 @@ import numpy as np
 
 from groklens.analyses import figures as F
 from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
+from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
 
 DPI = 110
 # every figure a report can make (fig_<name>.<format>), in page order
@@ -368,8 +369,6 @@ def _fourier_figures(f: _Figs) -> None:
 def progress_panel(run: RunSummary) -> F.ProgressPanel | None:
     """Nanda's progress-measure curves of one run with its phases (analyses/progress.py); None when
     no restricted / excluded loss is stored at two or more checkpoints."""
-    from groklens.analyses.progress import phase_boundaries, progress_curves
-
     c = progress_curves(run.path)
     if len(c.ck_steps) < 2:
         return None
@@ -389,7 +388,6 @@ def _progress_figures(f: _Figs) -> None:
         f.missing.append((title, "no run has the fourier analysis stored at two or more checkpoints: run `groklens "
                                  "analyze RUN.h5 --metric fourier --param fourier.key_frequencies=last`"))
         return
-    from groklens.analyses.progress import PHASE_RULE
 
     f.figs.append(FigureSpec(
         "progress_measures", title,

@@ -28,6 +28,8 @@ from groklens.analyses.registry import Analysis, canonical_params, default_names
 from groklens.analyses.store import Sidecar, identity_attrs, matches, variant_id
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput
+from groklens.analyses.fourier import trivial_key_note
+from groklens.fileio import json_depth
 
 BATCH_CHECKPOINTS = 32  # checkpoints per call of an analysis's batch_func
 COMMIT_SECONDS = 10.0  # a killed analysis loses at most this much finished work
@@ -408,7 +410,6 @@ def _analyze_one(task: dict[str, Any]) -> list[str]:
         # 245 s with 2 workers, 211 s with 1, 77 s with the 2 workers at one thread each)
         torch.set_num_threads(1)
         threadpool_limits(1)
-    from groklens.analyses.radial import EpsDependenceWarning
 
     traj = Trajectory(task["path"])
     notes: list[str] = []
@@ -445,7 +446,6 @@ def parse_params(items: Iterable[str], metrics: Sequence[str]) -> dict[str, dict
             raise BadInput(f"--param {item!r} is for metric {metric!r}, which is not being computed")
         if len(raw) > PARAM_MAX_CHARS:
             raise BadInput(f"--param {head}: the value is {len(raw)} characters long, over {PARAM_MAX_CHARS}")
-        from groklens.fileio import json_depth
 
         if json_depth(raw) > PARAM_MAX_DEPTH:
             raise BadInput(f"--param {head}: the value is nested deeper than {PARAM_MAX_DEPTH} levels")
@@ -494,8 +494,6 @@ def with_phases(traj, steps: list[int] | None, every: int | None) -> tuple[list[
 
 def key_notes(results: dict[str, AnalysisResult], p: int | None) -> list[str]:
     """The fourier analysis' warning when its key set is most of the frequencies (small p)."""
-    from groklens.analyses.fourier import trivial_key_note
-
     r = results.get("fourier")
     if r is None or not p or "n_key_frequencies" not in r.values:
         return []

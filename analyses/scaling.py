@@ -38,6 +38,7 @@ import numpy as np
 
 from groklens.analyses.grokking import grokking_times
 from groklens.errors import BadInput
+from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
 
 DEFAULT_VARS = ("width", "train_frac", "lr", "weight_decay")
 # the config field that is each model's hidden width (the MLP of the scaling-law study has
@@ -324,8 +325,6 @@ def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, 
                 interactions: bool = False, censored: bool = False, phase: Sequence[str] | None = None,
                 write: bool = True) -> dict[str, Any]:
     """Collect, fit, and (write=True) write DIR/scaling-law.json and DIR/scaling-law.png."""
-    from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
-
     directory = Path(directory)
     if write and directory.is_dir():  # a read-only place or a directory in the way: before the fit
         check_writable_dir(directory, "write the scaling-law fit into")

@@ -39,6 +39,8 @@ import numpy as np
 from groklens import __version__
 from groklens.checkpoints import sidecar_path
 from groklens.errors import BadInput, RunFailure
+from groklens.checkpoints.validate import link_problems
+from groklens.fileio import check_writable_dir, remove_quietly
 
 SIDECAR_FORMAT = "groklens-analyses"
 SIDECAR_VERSION = 1
@@ -83,8 +85,6 @@ class Sidecar:
             msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
             raise BadInput(f"{self.path}: unreadable analyses file ({msg}); move it away to start afresh") from None
         try:
-            from groklens.checkpoints.validate import link_problems
-
             links = link_problems(f)
             if links:
                 raise BadInput(f"{self.path}: invalid analyses file: {links[0]}; move it away")
@@ -113,8 +113,6 @@ class Sidecar:
         with self._open():
             pass
         if writing:
-            from groklens.fileio import check_writable_dir
-
             check_writable_dir(self.path.parent, f"write {self.path.name} into")
             if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
                 raise BadInput(f"{self.path} is not a regular file; move it away")
@@ -151,8 +149,6 @@ class Sidecar:
                 if "/" in key or not key or key == STEPS:
                     raise ValueError(f"invalid value name {key!r}")
         with _directory_lock(self.path.parent):
-            from groklens.fileio import remove_quietly
-
             for stale in self.path.parent.glob(self.path.name + ".tmp-*"):
                 remove_quietly(stale)  # left by a killed commit (commits hold the lock)
             merged: dict[int, dict[str, Any]] = {}

@@ -22,6 +22,9 @@ from typing import Any
 import numpy as np
 
 from groklens.errors import BadInput
+from groklens.analyses.measures import stored_analysis
+from groklens.analyses.registry import get, ANALYSES
+from groklens.analyses.compare_format import table_rows
 
 
 def require_pandas():
@@ -52,9 +55,6 @@ def _column(rows: list) -> Any:
 
 def stored(run, name: str):
     """The stored results (store.Stored) of analysis `name` of `run` (a Trajectory), or None."""
-    from groklens.analyses.measures import stored_analysis
-    from groklens.analyses.registry import get
-
     get(name)  # an unknown name is BadInput
     return stored_analysis(run.path, run.config_dict, name, copy=run.copy or 0)
 
@@ -71,8 +71,6 @@ def analysis_frame(run, name: str):
 
 
 def analyses_frame(run):
-    from groklens.analyses.registry import ANALYSES
-
     pd = require_pandas()
     frames = []
     for name in ANALYSES.names():
@@ -99,8 +97,6 @@ def to_pandas(run, analysis: str | None = None):
 
 
 def comparison_frame(comp):
-    from groklens.analyses.compare_format import table_rows
-
     pd = require_pandas()
     head, rows = table_rows(comp)
     return pd.DataFrame([[None if c == "" else c for c in r] for r in rows], columns=head)

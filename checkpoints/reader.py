@@ -24,6 +24,9 @@ from groklens.checkpoints.validate import check_file
 from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput
 from groklens.tasks import TaskData
+from groklens.checkpoints.validate import link_problems
+from groklens.checkpoints.constants import sidecar_path
+from groklens.fileio import pid_alive
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -218,8 +221,6 @@ def _check_not_truncated(path: Path) -> None:
 
 
 def _check_format(path: Path, f: h5py.File) -> None:
-    from groklens.checkpoints.validate import link_problems
-
     try:
         links = link_problems(f)  # before anything is followed
         fmt = f.attrs.get(C.ATTR_FORMAT)
@@ -416,13 +417,6 @@ class Trajectory:
                 raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(g)})")
             return g[name][:n]
 
-    def to_pandas(self, analysis: str | None = None):
-        """A pandas DataFrame: the metrics (one row per evaluation), or with `analysis` a stored
-        analysis ('fourier', ...; 'all': every one) by checkpoint step (analyses/tables.py)."""
-        from groklens.analyses.tables import to_pandas
-
-        return to_pandas(self, analysis)
-
     def model(self, step: int, device: str = "cpu"):
         """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""
         from groklens.trainers.models import build_model
@@ -460,9 +454,6 @@ class Trajectory:
 def stale_temporaries(run: Path) -> list[str]:
     """Names of temporary files beside `run` left by killed writers (a --force staging file, a
     new file being created, a recovery copy, a sidecar commit) whose process is gone."""
-    from groklens.checkpoints.constants import sidecar_path
-    from groklens.fileio import pid_alive
-
     run = Path(run)
     kinds = [(f".{run.name}.force-", ".tmp"), (f".{run.name}.create-", ".tmp"), (f"{run.name}.recover-tmp-", ""),
              (f"{sidecar_path(run).name}.tmp-", "")]

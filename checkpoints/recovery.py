@@ -21,6 +21,7 @@ from groklens.checkpoints.reader import Trajectory, open_trajectory_file
 from groklens.checkpoints.validate import InvalidTrajectory, model_problems
 from groklens.checkpoints.writer import hdf5_write_failed
 from groklens.errors import BadInput, RunFailure
+from groklens.checkpoints.locking import not_writable
 
 
 def recover(path: str | Path) -> int:
@@ -86,8 +87,6 @@ def _lock(path: Path) -> WriterLock:
         except FileNotFoundError:
             raise BadInput(f"{path}: no such file") from None
         except OSError as exc:
-            from groklens.checkpoints.locking import not_writable
-
             if not_writable(exc):
                 raise BadInput(f"cannot write {path} ({exc.strerror}); nothing was changed") from None
             raise BadInput(f"{path} is being written or recovered by a live process "

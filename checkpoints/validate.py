@@ -39,6 +39,7 @@ import numpy as np
 from groklens.checkpoints import constants as C
 from groklens.config import RunConfig
 from groklens.errors import BadInput
+from groklens.tasks import TASKS
 
 if TYPE_CHECKING:  # pragma: no cover
     import h5py
@@ -250,8 +251,6 @@ def _data(f, cfg, problems: list[str]) -> int:
 
 def _data_fits_config(cfg, arrays, attrs, problems: list[str]) -> bool:
     """The data's shapes, vocabulary and readout position against the stored config's task."""
-    from groklens.tasks import TASKS
-
     want = data_shape(cfg)
     try:
         task = TASKS.get(cfg.task)

@@ -25,6 +25,7 @@ from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
 from groklens.checkpoints.locking import WriterLock, describe_holder, not_writable, writer_alive
 from groklens.checkpoints.validate import config_checksum
 from groklens.errors import BadInput, RunFailure
+from groklens.fileio import check_writable_dir, remove_quietly, stale_temporaries
 
 # gzip level 1 + shuffle: float32 weights barely compress, so keep the cost of writing low
 PARAM_COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
@@ -70,7 +71,6 @@ class TrajectoryWriter:
         target = Path(path)
         path = staging_path(target) if replace else creating_path(target)
         _check_creatable(path)
-        from groklens.fileio import remove_quietly, stale_temporaries
 
         for kind in ("force", "create"):  # left by writers killed before their first commit / while creating
             for stale in stale_temporaries(target.parent, f".{target.name}.{kind}-", ".tmp"):
@@ -117,8 +117,6 @@ class TrajectoryWriter:
             if not replace:
                 _link_into_place(path, target)
         except BaseException as exc:
-            from groklens.fileio import remove_quietly
-
             remove_quietly(path)  # never leave a half-made file behind
             if isinstance(exc, (OSError, RuntimeError)):
                 _abandon(f)
@@ -395,8 +393,6 @@ def _check_space(path: Path, need: int, what: str) -> None:
 
 
 def _check_creatable(path: Path) -> None:
-    from groklens.fileio import check_writable_dir
-
     check_writable_dir(path.parent)
 
 

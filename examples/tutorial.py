@@ -69,6 +69,7 @@ base_path = trained("base")
 # (pandas is the optional extra `groklens[pandas]`).
 
 # %%
+from groklens.analyses import to_pandas
 from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
 
@@ -76,7 +77,7 @@ run = Trajectory(base_path)
 summary = run_summary(run)
 print("checkpoints:", len(run.steps), "from", int(run.steps[0]), "to", int(run.steps[-1]))
 print("memorized at", summary["memorization_step"]["0.95"], "grokked at", summary["grokking_step"]["0.95"])
-metrics = run.to_pandas()
+metrics = to_pandas(run)
 print(metrics[["step", "train_acc", "test_acc", "train_loss", "test_loss"]].iloc[::8].to_string(index=False))
 GROK = summary["grokking_step"]["0.95"]
 assert GROK is not None, "the tutorial run did not grok"
@@ -96,7 +97,7 @@ from groklens.analyses import compute
 
 last = int(run.steps[-1])
 own = compute(run, "fourier")  # every checkpoint, its own key set
-fourier = run.to_pandas("fourier")  # the same, as a DataFrame: one row per checkpoint
+fourier = to_pandas(run, "fourier")  # the same, as a DataFrame: one row per checkpoint
 print(fourier[["step", "n_key_frequencies", "neuron_fve", "restricted_loss_all", "excluded_loss_train"]].to_string(index=False))
 keys = [int(k) for k in own.values["key_frequencies"][-1]]
 print("key frequencies of the grokked model:", keys)

@@ -22,6 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from groklens.errors import BadInput
 
 ENV = "GROKLENS_THREADS"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -86,8 +87,6 @@ def is_computing(argv: list[str]) -> bool:
 
 
 def parse_threads(value, where: str) -> int:
-    from groklens.errors import BadInput
-
     try:
         n = int(str(value).strip())
     except ValueError:

@@ -21,6 +21,7 @@ from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
 from groklens.trainers.sweep_grid import RunSpec, Sweep
+from groklens.fileio import load_json_file
 
 MANIFEST = "sweep.json"
 ERROR_SUFFIX = ".error.json"
@@ -74,8 +75,6 @@ ERROR_MAX_BYTES = 1 << 20
 
 def read_error(path: Path) -> str:
     """The one-line error of an error record (DIR/<name>.error.json), or what is wrong with it."""
-    from groklens.fileio import load_json_file
-
     try:
         record = load_json_file(path, "error record", max_bytes=ERROR_MAX_BYTES)
     except BadInput as exc:
@@ -200,8 +199,6 @@ def check_run_name(name: Any, where: str) -> str:
 def load_manifest(path: Path) -> dict[str, Any]:
     """DIR/sweep.json, checked: {"format": "groklens-sweep", "runs": {name: config mapping}, ...};
     every name a plain file name in DIR. BadInput (one line) for anything else."""
-    from groklens.fileio import load_json_file
-
     data = load_json_file(path, "sweep manifest")
     if not isinstance(data, dict):
         raise BadInput(f"{path} is not a sweep manifest (a {type(data).__name__}, not a mapping); move it away")

@@ -70,6 +70,7 @@ from groklens.trainers.sweep_files import (
 )
 from groklens.trainers.sweep_grid import RunSpec, Sweep, load_sweep, parse_sweep, run_name
 from groklens.trainers.sweep_tasks import check_buildable, execute_task, plan_tasks
+from groklens.fileio import check_writable_dir
 
 
 @dataclass
@@ -130,8 +131,6 @@ def check_threads(threads: int, executor: Any = "local") -> None:
 
 def _make_out_dir(out_dir: Path) -> Path:
     """DIR itself may be new, its parent must exist (a typo in -o is not a tree of directories)."""
-    from groklens.fileio import check_writable_dir
-
     if out_dir.exists() and not out_dir.is_dir():
         raise BadInput(f"{out_dir} exists and is not a directory")
     if not out_dir.exists():

@@ -25,6 +25,10 @@ from groklens.trainers.engine import METRIC_NAMES, TrainResult, raise_failure, r
 from groklens.trainers.regularizers import regularizer_metric_names
 from groklens.trainers.routing import RoutedRun, routed_metric_names
 from groklens.trainers.single import SingleRun
+from groklens.checkpoints.reader import open_trajectory_file
+from groklens.fileio import check_writable_dir
+from groklens.checkpoints import constants as C
+from groklens.checkpoints.recovery import check_parameters
 
 
 def metric_names(cfg: RunConfig) -> list[str]:
@@ -94,8 +98,6 @@ def check_force_target(out: Path) -> None:
     a link, a device, a foreign or unreadable file, or an immutable or read-only one."""
     import os
 
-    from groklens.checkpoints.reader import open_trajectory_file
-    from groklens.fileio import check_writable_dir
 
     if out.is_symlink():
         raise BadInput(f"{out} is a symbolic link; --force replaces only a groklens run file itself")
@@ -170,7 +172,6 @@ def check_resume_target(path: Path) -> None:
     repaired file) in a place this process can write (BadInput before anything is read)."""
     import os
 
-    from groklens.fileio import check_writable_dir
 
     if path.is_symlink():
         raise BadInput(f"{path} is a symbolic link (to {os.readlink(path)}); resume the run itself, not a link to it")
@@ -180,7 +181,6 @@ def check_resume_target(path: Path) -> None:
         check_writable_dir(path.parent, "resume a run in")
         if not os.access(path, os.W_OK):
             raise BadInput(f"cannot write {path} (permission denied, or the file is immutable)")
-        from groklens.checkpoints.locking import describe_holder, writer_alive
 
         if writer_alive(path):  # its state is being written: not read, not resumed
             raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
@@ -191,10 +191,6 @@ def load_stored(strategy, traj: Trajectory, step: int) -> int:
     """Load checkpoint `step` of `traj` (parameters, optimizer, regularizer and RNG state) into
     `strategy`, refusing (BadInput) state that is not what the run's own state looks like or
     does not load; nothing is written. Returns `step`."""
-    from groklens.checkpoints import constants as C
-    from groklens.checkpoints.reader import open_trajectory_file
-    from groklens.checkpoints.recovery import check_parameters
-
     check_parameters(traj.path)  # names and shapes of the model the config builds, finite
     _, fresh, _ = strategy.payloads([0])[0]  # the names, shapes and dtypes the run keeps
     with open_trajectory_file(traj.path, validate=False) as f:
@@ -240,8 +236,6 @@ def _row_only(on_eval):
 def died_before_first_checkpoint(path: Path) -> bool:
     """Whether `path` is a trajectory whose writer died before committing any checkpoint (killed,
     e.g. by the kernel for memory): it holds nothing to resume, and a new run may take its place."""
-    from groklens.checkpoints.locking import writer_alive
-
     try:
         traj = Trajectory(path)
         return len(traj.steps) == 0 and traj.status == "running" and not writer_alive(path)

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from groklens.analyses import compute
+from groklens.analyses import compute, to_pandas
 from groklens.analyses.compare import compare
 from groklens.checkpoints import Trajectory, sidecar_path
 from groklens.errors import BadInput
@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
 
 
 def test_metrics_frame_is_the_files_metrics(runs):
-    df = Trajectory(runs[0]).to_pandas()
+    df = to_pandas(Trajectory(runs[0]))
     with h5py.File(runs[0], "r") as f:
         g = f["metrics"]
         assert list(df.columns) == ["step", *[k for k in g if k != "step"]]
@@ -42,7 +42,7 @@ def test_metrics_frame_is_the_files_metrics(runs):
 
 
 def test_analysis_frame_is_the_sidecars_values_by_step(runs):
-    df = Trajectory(runs[0]).to_pandas("norms")
+    df = to_pandas(Trajectory(runs[0]), "norms")
     with h5py.File(sidecar_path(runs[0]), "r") as f:
         (variant,) = f["analyses/norms"].values()
         assert df["step"].tolist() == [int(s) for s in variant["steps"][:]]
@@ -50,10 +50,10 @@ def test_analysis_frame_is_the_sidecars_values_by_step(runs):
         assert scalars
         for k in scalars:
             assert np.allclose(df[k].to_numpy(float), variant[k][:], equal_nan=True), k
-    wide = Trajectory(runs[0]).to_pandas("all")
+    wide = to_pandas(Trajectory(runs[0]), "all")
     assert wide["step"].tolist() == df["step"].tolist() and f"norms.{scalars[0]}" in wide.columns
     with pytest.raises(BadInput, match="no stored 'fourier' analysis"):
-        Trajectory(runs[0]).to_pandas("fourier")
+        to_pandas(Trajectory(runs[0]), "fourier")
 
 
 def test_comparison_frame_is_the_csv_table_and_the_json_table(runs):
@@ -77,4 +77,4 @@ def test_comparison_frame_is_the_csv_table_and_the_json_table(runs):
 def test_without_pandas_one_line_says_how_to_get_it(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
     with pytest.raises(ImportError, match=r"^to_pandas needs pandas, an optional extra: pip install 'groklens\[pandas\]'$"):
-        Trajectory(runs[0]).to_pandas()
+        to_pandas(Trajectory(runs[0]))

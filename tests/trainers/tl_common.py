@@ -13,7 +13,7 @@ from tests.helpers import tiny_config
 from tests.trainers.tl_reference import Reference
 
 try:
-    from groklens.trainers.models.hooked import TLUnsupported
+    from groklens.trainers.models.tl_errors import TLUnsupported
 except ImportError:  # before issue 16: nothing refuses
     class TLUnsupported(ValueError):  # type: ignore[no-redef]
         pass

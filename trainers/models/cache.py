@@ -26,26 +26,11 @@ from typing import Any
 import torch
 from transformer_lens import ActivationCache
 
-from groklens.trainers.models.hooked import TLUnknownName, TLUnsupported
-
-_TARGET = "_groklens_target"  # attribute of a stack: the target index it was carried to, or "state"
-STATE = "state"
-
-
-def _tag(stack: torch.Tensor, target: int | str) -> torch.Tensor:
-    if stack._base is not None:
-        stack = stack.clone()
-    setattr(stack, _TARGET, target)
-    return stack
-
-
-def _target_of(stack: torch.Tensor) -> int | str | None:
-    """The tag of a stack, or of the stack it is a view of (a slice of positions, rows or batch)."""
-    for t in (stack, stack._base):
-        if t is not None and getattr(t, _TARGET, None) is not None:
-            return getattr(t, _TARGET)
-    return None
-
+from groklens.trainers.models.stream import (
+    STATE, carry_stack, decompose_resid, full_resid_decomposition, stack_head_results, stack_neuron_results,
+    tag_stack, target_of,
+)
+from groklens.trainers.models.tl_errors import TLUnknownName, TLUnsupported
 
 class GroklensCache(ActivationCache):
     """TL's ActivationCache: refuses (one-line TLUnsupported) on the MLP model, which has no residual
@@ -80,7 +65,7 @@ class GroklensCache(ActivationCache):
             return super().accumulated_resid(layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
         out = super().accumulated_resid(layer, incl_mid, False, pos_slice, mlp_input, return_labels)
         # the states are what the readers read: apply_ln changes nothing (no norm in front of them)
-        return (_tag(out[0], STATE), out[1]) if return_labels else _tag(out, STATE)
+        return (tag_stack(out[0], STATE), out[1]) if return_labels else tag_stack(out, STATE)
 
     def logit_attrs(self, *args: Any, **kwargs: Any):
         self._stream("logit_attrs")
@@ -94,14 +79,12 @@ class GroklensCache(ActivationCache):
                         incl_embeds=True, return_labels=False):
         if not self._stream("decompose_resid"):
             return super().decompose_resid(layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
-        from groklens.trainers.models.stream import decompose_resid
 
         return decompose_resid(self, layer, mlp_input, mode, pos_slice, incl_embeds, return_labels)
 
     def stack_head_results(self, layer=-1, return_labels=False, incl_remainder=False, pos_slice=None, apply_ln=False):
         if not self._stream("stack_head_results"):
             return super().stack_head_results(layer, return_labels, incl_remainder, pos_slice, apply_ln)
-        from groklens.trainers.models.stream import stack_head_results
 
         return stack_head_results(self, layer, return_labels, incl_remainder, pos_slice)
 
@@ -110,7 +93,6 @@ class GroklensCache(ActivationCache):
         if not self._stream("stack_neuron_results"):
             return super().stack_neuron_results(layer, pos_slice, neuron_slice, return_labels, incl_remainder,
                                                 apply_ln and not self._no_norm(apply_ln), project_output_onto, mlp_input)
-        from groklens.trainers.models.stream import stack_neuron_results
 
         return stack_neuron_results(self, layer, pos_slice, neuron_slice, return_labels, incl_remainder,
                                     project_output_onto, mlp_input)
@@ -121,7 +103,6 @@ class GroklensCache(ActivationCache):
             return super().get_full_resid_decomposition(layer, mlp_input, expand_neurons,
                                                         apply_ln and not self._no_norm(apply_ln), pos_slice,
                                                         return_labels, project_output_onto)
-        from groklens.trainers.models.stream import full_resid_decomposition
 
         return full_resid_decomposition(self, layer, mlp_input, expand_neurons, pos_slice, return_labels,
                                         project_output_onto)
@@ -134,9 +115,8 @@ class GroklensCache(ActivationCache):
         if not self._stream("apply_ln_to_stack"):
             return super().apply_ln_to_stack(residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim,
                                              recompute_ln)
-        from groklens.trainers.models.stream import carry_stack
 
-        return carry_stack(self, residual_stack, _target_of(residual_stack), layer, mlp_input, pos_slice, batch_slice,
+        return carry_stack(self, residual_stack, target_of(residual_stack), layer, mlp_input, pos_slice, batch_slice,
                            has_batch_dim)
 
 

@@ -13,23 +13,9 @@ from typing import Any
 import torch
 from transformer_lens import ActivationCache, HookedRootModule
 
-from groklens.errors import BadInput
+from groklens.trainers.models.cache import GroklensCache
 from groklens.trainers.losses import task_loss_at_readout as task_loss
-
-
-class TLUnsupported(BadInput, ValueError):
-    """A TransformerLens method that cannot be right for this model; the message says what to use."""
-
-
-class TLUnsupportedAttribute(TLUnsupported, AttributeError):
-    """An attribute TransformerLens users read that this model does not have (hasattr is False)."""
-
-
-class TLUnknownName(TLUnsupported, KeyError):
-    """A hook or cache name this model does not have (a KeyError too, as TransformerLens expects)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+from groklens.trainers.models.tl_errors import TLUnknownName, TLUnsupported, TLUnsupportedAttribute
 
 
 @dataclass
@@ -130,7 +116,6 @@ class HookedModel(HookedRootModule):
         self._label_index = None
 
     def run_with_cache(self, *args: Any, **kwargs: Any):  # type: ignore[override]
-        from groklens.trainers.models.cache import GroklensCache
 
         # TransformerLens 4.x returns a plain dict from HookedRootModule.run_with_cache
         out, cache = super().run_with_cache(*args, **kwargs)

@@ -16,8 +16,27 @@ from __future__ import annotations
 import torch
 from transformer_lens.utilities import Slice
 
-from groklens.trainers.models.cache import STATE, _tag
-from groklens.trainers.models.hooked import TLUnsupported
+from groklens.trainers.models.tl_errors import TLUnsupported
+
+_TARGET = "_groklens_target"  # attribute of a stack: the target index it was carried to, or "state"
+STATE = "state"
+
+
+def tag_stack(stack: torch.Tensor, target: int | str) -> torch.Tensor:
+    """`stack` (a copy when it is a view) marked as built for `target`: a later call that carries
+    it to another target knows what it holds."""
+    if stack._base is not None:
+        stack = stack.clone()
+    setattr(stack, _TARGET, target)
+    return stack
+
+
+def target_of(stack: torch.Tensor) -> int | str | None:
+    """The tag of a stack, or of the stack it is a view of (a slice of positions, rows or batch)."""
+    for t in (stack, stack._base):
+        if t is not None and getattr(t, _TARGET, None) is not None:
+            return getattr(t, _TARGET)
+    return None
 
 
 def _as_slice(s) -> Slice:
@@ -152,7 +171,7 @@ def decompose_resid(cache, layer, mlp_input, mode, pos_slice, incl_embeds, retur
     if mode == "all" and incl_embeds and rows and s.has_norm_bias():  # the stream holds the norms' biases too
         rows.append(s.bias(t, rows[0], mlp_biases=False))
         labels.append("bias")
-    stack = _tag(torch.stack(rows), t)
+    stack = tag_stack(torch.stack(rows), t)
     return (stack, labels) if return_labels else stack
 
 
@@ -164,7 +183,7 @@ def stack_head_results(cache, layer, return_labels, incl_remainder, pos_slice):
     if incl_remainder:
         stack = torch.cat([stack, (s.stream(t) - stack.sum(0))[None]])
         labels.append("remainder")
-    stack = _tag(stack, t)
+    stack = tag_stack(stack, t)
     return (stack, labels) if return_labels else stack
 
 
@@ -184,7 +203,7 @@ def stack_neuron_results(cache, layer, pos_slice, neuron_slice, return_labels, i
         stack = torch.cat([stack, (target - stack.sum(0))[None]])
         labels.append("remainder")
     stack = stack.squeeze(-1) if squeeze else stack
-    stack = _tag(stack, t) if P is None else stack
+    stack = tag_stack(stack, t) if P is None else stack
     return (stack, labels) if return_labels else stack
 
 
@@ -208,7 +227,7 @@ def full_resid_decomposition(cache, layer, mlp_input, expand_neurons, pos_slice,
     labels += ["embed", "pos_embed", "bias"]
     stack = torch.cat(rows)
     stack = stack.squeeze(-1) if squeeze else stack
-    stack = _tag(stack, t) if P is None else stack
+    stack = tag_stack(stack, t) if P is None else stack
     return (stack, labels) if return_labels else stack
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from groklens.trainers.models.hooked import TLUnsupported
+from groklens.trainers.models.tl_errors import TLUnsupported
 
 
 class TransformerLensWeights:

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from groklens.trainers.models.hooked import HookedModel, ModelConfig, TLUnsupported, TLUnsupportedAttribute
+from groklens.trainers.models.hooked import HookedModel, ModelConfig
+from groklens.trainers.models.tl_errors import TLUnsupported, TLUnsupportedAttribute
 from groklens.trainers.models.tl_weights import TransformerLensWeights
 
 
