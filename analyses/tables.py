@@ -12,7 +12,8 @@ are what the trajectory file, its sidecar and the comparison hold.
   `ANALYSIS.VALUE`.
 - `comparison_frame(comp)`: `compare --format csv`'s table, numbers unrounded.
 
-`Trajectory.to_pandas(analysis=None)` and `Comparison.to_pandas()` call these.
+`Trajectory.to_pandas()` is the metrics frame; `groklens.analyses.to_pandas(run, analysis)` and
+`Comparison.to_pandas()` call these.
 """
 
 from __future__ import annotations
@@ -21,26 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from groklens.errors import BadInput
+from groklens.errors import BadInput, require_pandas
 from groklens.analyses.measures import stored_analysis
 from groklens.analyses.registry import get, ANALYSES
 from groklens.analyses.compare_format import table_rows
 
 
-def require_pandas():
-    try:
-        import pandas
-    except ImportError:
-        raise ImportError("to_pandas needs pandas, an optional extra: pip install 'groklens[pandas]'") from None
-    return pandas
-
-
 def metrics_frame(run):
-    pd = require_pandas()
-    metrics = run.metrics
-    cols = {"step": np.asarray(metrics["step"], dtype=np.int64)}
-    cols.update({k: np.asarray(v, dtype=float) for k, v in metrics.items() if k != "step"})
-    return pd.DataFrame(cols)
+    """The metrics of `run` (a Trajectory): what Trajectory.to_pandas() gives."""
+    return run.to_pandas()
 
 
 def _column(rows: list) -> Any:
@@ -102,4 +92,4 @@ def comparison_frame(comp):
     return pd.DataFrame([[None if c == "" else c for c in r] for r in rows], columns=head)
 
 
-__all__ = ["analyses_frame", "analysis_frame", "comparison_frame", "metrics_frame", "require_pandas", "to_pandas"]
+__all__ = ["analyses_frame", "analysis_frame", "comparison_frame", "metrics_frame", "to_pandas"]

@@ -22,7 +22,7 @@ from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import writer_alive
 from groklens.checkpoints.validate import check_file
 from groklens.config import RunConfig, stored_dict
-from groklens.errors import BadInput
+from groklens.errors import BadInput, require_pandas
 from groklens.tasks import TaskData
 from groklens.checkpoints.validate import link_problems
 from groklens.checkpoints.constants import sidecar_path
@@ -416,6 +416,16 @@ class Trajectory:
             if name not in g:
                 raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(g)})")
             return g[name][:n]
+
+    def to_pandas(self):
+        """The metrics as a pandas DataFrame: one row per evaluation, columns `step` and every
+        logged metric (pandas is an optional extra). A stored analysis as a DataFrame:
+        groklens.analyses.to_pandas(run, NAME)."""
+        pd = require_pandas()
+        metrics = self.metrics
+        cols = {C.METRICS_STEP: np.asarray(metrics[C.METRICS_STEP], dtype=np.int64)}
+        cols.update({k: np.asarray(v, dtype=float) for k, v in metrics.items() if k != C.METRICS_STEP})
+        return pd.DataFrame(cols)
 
     def model(self, step: int, device: str = "cpu"):
         """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""

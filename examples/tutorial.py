@@ -77,7 +77,7 @@ run = Trajectory(base_path)
 summary = run_summary(run)
 print("checkpoints:", len(run.steps), "from", int(run.steps[0]), "to", int(run.steps[-1]))
 print("memorized at", summary["memorization_step"]["0.95"], "grokked at", summary["grokking_step"]["0.95"])
-metrics = to_pandas(run)
+metrics = run.to_pandas()
 print(metrics[["step", "train_acc", "test_acc", "train_loss", "test_loss"]].iloc[::8].to_string(index=False))
 GROK = summary["grokking_step"]["0.95"]
 assert GROK is not None, "the tutorial run did not grok"

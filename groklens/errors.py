@@ -17,3 +17,12 @@ class RunFailure(GroklensError):
     """Valid input, but the work failed (non-finite loss, disk full, ...) (exit 1)."""
 
     exit_code = 1
+
+
+def require_pandas():
+    """pandas, an optional extra imported on use (to_pandas); one ImportError line without it."""
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_pandas needs pandas, an optional extra: pip install 'groklens[pandas]'") from None
+    return pandas

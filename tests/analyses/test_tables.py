@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
 
 
 def test_metrics_frame_is_the_files_metrics(runs):
-    df = to_pandas(Trajectory(runs[0]))
+    df = Trajectory(runs[0]).to_pandas()
     with h5py.File(runs[0], "r") as f:
         g = f["metrics"]
         assert list(df.columns) == ["step", *[k for k in g if k != "step"]]
@@ -77,4 +77,4 @@ def test_comparison_frame_is_the_csv_table_and_the_json_table(runs):
 def test_without_pandas_one_line_says_how_to_get_it(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
     with pytest.raises(ImportError, match=r"^to_pandas needs pandas, an optional extra: pip install 'groklens\[pandas\]'$"):
-        to_pandas(Trajectory(runs[0]))
+        Trajectory(runs[0]).to_pandas()
