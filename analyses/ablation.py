@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.registry import analysis, MODULAR_TASKS
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,6 +118,9 @@ def check(model, data: TaskData, params: dict) -> None:
         check_frequencies(freqs, grid.p)
 
 
+@analysis("freq_ablation",
+          "loss and accuracy with Fourier frequencies removed from the embedding or a hook site (through a hook)",
+          check=check, tasks=MODULAR_TASKS, tier="named")
 def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | None = None, site: str = "hook_embed",
                        along: str = "token", position: int | None = None) -> dict:
     """Loss and accuracy (all / train / test) without and with `frequencies` removed at `site`
