@@ -185,10 +185,11 @@ def format_summary(summary: Mapping) -> str:
         lines.append(f"collapse {collapse_text(c)} (threshold {c['threshold']:g})")
     routing = summary.get("routing")
     if routing:  # a routed run: the lines above are copy 0's
-        per_copy = ", ".join(censored_text(g["0.95"], summary) for g in routing["copy_grokking_step"])
+        key = f"{GROK_THRESHOLD:g}"
+        per_copy = ", ".join(censored_text(g[key], summary) for g in routing["copy_grokking_step"])
         lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
-                     f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
-                     f"{censored_text(routing['ensemble_grokking_step']['0.95'], summary)}")
+                     f"(lines above: copy 0); grokked @{key} per copy: {per_copy}; ensemble: "
+                     f"{censored_text(routing['ensemble_grokking_step'][key], summary)}")
     stale = summary.get("stale_temporaries")
     if stale:
         lines.append(f"stale    {len(stale)} temporary file(s) of killed writers beside the run (removed by its next "
