@@ -39,22 +39,23 @@ def compute(trajectory, name: str, **kwargs):
     return _compute(trajectory, name, **kwargs)
 
 
+# helpers that are not analyses; each analysis function is exported under the name its
+# @analysis(export=...) gives it (fourier_analysis, hessian_sharpness, ...)
 _EXPORTS = {
     "compute_many": ("runner", "compute_many"),
     "AnalysisResult": ("runner", "AnalysisResult"),
     "get_analysis": ("registry", "get"),
     "analysis_names": ("registry", "names"),
-    "fourier_analysis": ("fourier", "fourier"),
     "fourier_basis": ("fourier", "fourier_basis"),
-    "attention_mass": ("attention", "attention_mass"),
-    "hessian_sharpness": ("sharpness", "sharpness"),
-    "effective_rank": ("rank", "effective_rank"),
-    "radial_statistics": ("radial", "radial"),
-    "weight_norms": ("norms", "norms"),
-    "probe_checkpoint": ("probing", "probe"),
     "grokking_times": ("grokking", "grokking_times"),
     "first_crossing": ("grokking", "first_crossing"),
 }
+
+
+def _exported() -> dict:
+    from groklens.analyses.registry import in_order
+
+    return {a.export: a.func for a in in_order() if a.export}
 
 
 def __getattr__(name):
@@ -63,12 +64,13 @@ def __getattr__(name):
 
         names()
         return ANALYSES
+    if name == "__all__":
+        return sorted([*_EXPORTS, *_exported(), "compute", "ANALYSES"])
     if name in _EXPORTS:
         import importlib
 
         module, attr = _EXPORTS[name]
         return getattr(importlib.import_module(f"groklens.analyses.{module}"), attr)
+    if not name.startswith("__") and name in (exported := _exported()):
+        return exported[name]
     raise AttributeError(f"module 'groklens.analyses' has no attribute {name!r}")
-
-
-__all__ = sorted([*_EXPORTS, "compute", "ANALYSES"])

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.registry import analysis, MODULAR_TASKS
 from groklens.errors import BadInput
 from groklens.analyses.fourier import fourier_basis, frequency_rows, key_directions, neuron_fve, resolve_sites
 from groklens.probes.capture import position_axis, check_sites, capture
@@ -112,6 +113,9 @@ def check(model, data: TaskData, params: dict) -> None:
         check_frequencies(freqs, grid.p)
 
 
+@analysis("freq_ablation",
+          "loss and accuracy with Fourier frequencies removed from the embedding or a hook site (through a hook)",
+          check=check, tasks=MODULAR_TASKS, tier="named")
 def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | None = None, site: str = "hook_embed",
                        along: str = "token", position: int | None = None) -> dict:
     """Loss and accuracy (all / train / test) without and with `frequencies` removed at `site`

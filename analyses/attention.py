@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 from groklens.probes.capture import capture
 
@@ -75,6 +76,9 @@ def mass_statistics(pattern_q: np.ndarray, informative: np.ndarray, quantiles: S
     }
 
 
+@analysis("attention", "attention mass of the readout query on informative tokens, per layer and head",
+          export="attention_mass",
+          check=check, measures=[("attn_mass", "mass", "attention mass on informative tokens", "mean")])
 def attention_mass(model, data: TaskData, *, quantiles: Sequence[float] = QUANTILES,
                    batch_size: int = 4096) -> dict:
     """Definition 3 for every attention layer, over all of the task's inputs.

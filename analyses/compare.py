@@ -67,9 +67,9 @@ from groklens.analyses.measures import (  # noqa: F401 - re-exported
     reduce_value,
     stored_analysis,
 )
-from groklens.analyses.registry import get
+from groklens.analyses.registry import default_names, get
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
-from groklens.config import RunConfig, field_names
+from groklens.config import GROK_THRESHOLD, RunConfig, field_names
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.analyses.grokking import collapse, collapse_text
@@ -106,7 +106,7 @@ class RunSummary(PhaseTimes):
         return n.removesuffix(".h5")
 
 
-def load_run(path: str | Path, threshold: float = 0.95) -> RunSummary:
+def load_run(path: str | Path, threshold: float = GROK_THRESHOLD) -> RunSummary:
     """A run's grokking times and its stored analyses at memorization, grokking and the end."""
     from groklens.checkpoints import Trajectory
 
@@ -141,7 +141,7 @@ def drop_sidecars(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[s
     return kept, notes
 
 
-def load_runs(paths: Sequence[str | Path], threshold: float = 0.95) -> list[RunSummary]:
+def load_runs(paths: Sequence[str | Path], threshold: float = GROK_THRESHOLD) -> list[RunSummary]:
     """Every run, checked: files exist and are trajectories, no run twice, one task."""
     if not paths:
         raise BadInput("give at least one RUN.h5")
@@ -401,13 +401,14 @@ def _plain(x: Any) -> Any:
 
 # ---------------------------------------------------------------------- entry points
 def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = None, *,
-                    threshold: float = 0.95, progress: bool = False) -> list[str]:
+                    threshold: float = GROK_THRESHOLD, progress: bool = False) -> list[str]:
     """Compute the asked analyses (default: those the comparison shows but the ones computed only
     when named) at each run's memorization, grokking and last checkpoints where the sidecar lacks
     them; returns notes on skipped ones."""
     from groklens.analyses.runner import analyze_runs
 
-    names = list(dict.fromkeys(metrics or [n for n in ANALYSES_USED if not get(n).only_when_named]))
+    extended = default_names(ANALYSES_USED, tier="extended")  # in the comparison's column order
+    names = list(dict.fromkeys(metrics or [n for n in ANALYSES_USED if n in extended]))
     for n in names:
         get(n)  # unknown -> BadInput before anything is computed
         if n not in ANALYSES_USED:
@@ -440,7 +441,7 @@ def run_notes(runs: Sequence[RunSummary], threshold: float) -> list[str]:
 
 
 def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
-            group_by: str | Sequence[str] | None = None, threshold: float = 0.95, analyze: bool = False,
+            group_by: str | Sequence[str] | None = None, threshold: float = GROK_THRESHOLD, analyze: bool = False,
             metrics: Sequence[str] | None = None, progress: bool = False) -> Comparison:
     """Compare runs (see the module docstring). The baseline run joins the runs if not among them."""
     paths = list(paths)

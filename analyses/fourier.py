@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.registry import analysis, MODULAR_TASKS
 from groklens.errors import BadInput
 from groklens.probes.capture import capture, check_sites
 from groklens.probes.grid import modular_grid
@@ -406,6 +407,13 @@ def _neuron_losses(model, data: TaskData, acts: dict, names: dict, c: np.ndarray
             "excluded_loss_neuron_train": float(F.cross_entropy(e_logits[tr], labels[tr]))}
 
 
+@analysis(
+    "fourier", "Fourier circuit: Nanda's key frequencies, neuron/embedding/least-squares FVE, restricted/excluded loss",
+    check=check, tasks=MODULAR_TASKS, resolve=resolve_params, export="fourier_analysis",
+    measures=[("fve_neuron", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
+              ("fve_ls", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
+              ("fve_ls_top5", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
+              ("n_key_freqs", "n_key_frequencies", "key frequencies (Nanda's set): how many")])
 def fourier(
     model,
     data: TaskData,

@@ -14,6 +14,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from groklens.config import GROK_THRESHOLD, PHASE_THRESHOLDS
+from groklens.analyses.registry import analysis
+
 
 def first_crossing(steps: Sequence[int], values: Sequence[float], threshold: float) -> int | None:
     """First step whose value is >= threshold, or None when the series never crosses."""
@@ -22,7 +25,7 @@ def first_crossing(steps: Sequence[int], values: Sequence[float], threshold: flo
     return int(np.asarray(steps)[hits[0]]) if len(hits) else None
 
 
-def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = (0.95, 0.99)) -> dict:
+def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
     """memorization_step / grokking_step keyed by threshold as a string ("0.95"), int or None."""
     steps = metrics["step"]
     out: dict = {"memorization_step": {}, "grokking_step": {}, "last_step": int(steps[-1]) if len(steps) else None}
@@ -33,7 +36,7 @@ def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
     return out
 
 
-def collapse(metrics: Mapping[str, np.ndarray], threshold: float = 0.95, prefix: str = "") -> dict:
+def collapse(metrics: Mapping[str, np.ndarray], threshold: float = GROK_THRESHOLD, prefix: str = "") -> dict:
     """Whether a run generalized and stayed there: `crossed` (first step with test accuracy >=
     threshold, None if never), `fell_below` (the first later evaluation below it, None if none),
     `final_test_acc`, and `collapsed`: it crossed and its last evaluation is below the threshold
@@ -64,7 +67,9 @@ def collapse_text(c: Mapping) -> str:
     return f"crossed at {c['crossed']}, fell below{at}, recovered (final test acc {final})"
 
 
-def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = (0.95, 0.99)) -> dict:
+@analysis("grokking", "memorization and grokking steps per accuracy threshold (test accuracy >= threshold), with censoring",
+          kind="run")
+def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
     """Per threshold (in the given order): memorization and grokking steps, -1 where censored,
     and whether each is censored (never crossed by `last_step`, the last evaluated step)."""
     times = grokking_times(metrics, thresholds)
@@ -81,7 +86,7 @@ def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
 
 
 # ---------------------------------------------------------------------- one run (`groklens info`, `train`)
-def run_summary(run, thresholds: Sequence[float] = (0.95, 0.99)) -> dict:
+def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
     """What `groklens info --json` prints of `run` (a checkpoints.Trajectory): path, config,
     status, checkpoints, the last evaluation, memorization and grokking steps (per copy and of
     the ensemble for a routed run), collapse, and temporaries left beside it by killed writers."""
@@ -180,10 +185,11 @@ def format_summary(summary: Mapping) -> str:
         lines.append(f"collapse {collapse_text(c)} (threshold {c['threshold']:g})")
     routing = summary.get("routing")
     if routing:  # a routed run: the lines above are copy 0's
-        per_copy = ", ".join(censored_text(g["0.95"], summary) for g in routing["copy_grokking_step"])
+        key = f"{GROK_THRESHOLD:g}"
+        per_copy = ", ".join(censored_text(g[key], summary) for g in routing["copy_grokking_step"])
         lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
-                     f"(lines above: copy 0); grokked @0.95 per copy: {per_copy}; ensemble: "
-                     f"{censored_text(routing['ensemble_grokking_step']['0.95'], summary)}")
+                     f"(lines above: copy 0); grokked @{key} per copy: {per_copy}; ensemble: "
+                     f"{censored_text(routing['ensemble_grokking_step'][key], summary)}")
     stale = summary.get("stale_temporaries")
     if stale:
         lines.append(f"stale    {len(stale)} temporary file(s) of killed writers beside the run (removed by its next "

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.analyses.common import check_loss, eval_rows
+from groklens.analyses.registry import analysis, batch_of
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -290,6 +291,9 @@ def task_row_loss(model, data: TaskData, rows: torch.Tensor, kind: str) -> Calla
     return row_loss
 
 
+@analysis("llc", "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
+          check=check, tier="named",
+          measures=[("llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)")])
 def llc(
     model,
     data: TaskData,
@@ -325,6 +329,7 @@ def llc(
 CENTER_LANES = 256  # lanes (checkpoints x chains) per vectorized pass of llc_many
 
 
+@batch_of("llc")
 def llc_many(models: list, data: TaskData, **params) -> list[dict]:
     """llc() at several checkpoints of one run at once (the same architecture): with backend=vmap
     every checkpoint's chains run in one vectorized pass (analyses/sgld.py, `centers`); chain c

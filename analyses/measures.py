@@ -8,41 +8,18 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from groklens.analyses.phases import PHASES
-from groklens.analyses.registry import canonical_params, get, params_json
+from groklens.analyses.registry import Measure, canonical_params, get, measures, params_json
 
 
-@dataclass(frozen=True)
-class Measure:
-    """One number per checkpoint taken from a stored analysis."""
-
-    key: str  # column name in CSV / JSON
-    analysis: str  # registry name of the analysis that stores it
-    value: str  # stored value name; '{site}' is filled with the last hidden-representation site
-    label: str  # column label in the table
-    reduce: str = "scalar"  # scalar | first (value[0]) | mean (mean over layers)
-
-
-MEASURES: tuple[Measure, ...] = (
-    Measure("fve_neuron", "fourier", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
-    Measure("fve_ls", "fourier", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
-    Measure("fve_ls_top5", "fourier", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
-    Measure("n_key_freqs", "fourier", "n_key_frequencies", "key frequencies (Nanda's set): how many"),
-    Measure("attn_mass", "attention", "mass", "attention mass on informative tokens", "mean"),
-    Measure("hessian_top", "sharpness", "top_eigenvalues", "Hessian top eigenvalue", "first"),
-    Measure("hessian_trace", "sharpness", "trace", "Hessian trace (Hutchinson)"),
-    Measure("eff_rank", "rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)"),
-    Measure("radius", "radial", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
-    Measure("rho", "radial", "rho@{site}", "radial gradient energy rho"),
-    Measure("rho_baseline", "radial", "rho_baseline@{site}", "isotropic baseline of rho (1/d)"),
-    Measure("llc", "llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)"),
-)
+# the comparison's columns: the measures each analysis declares (@analysis(..., measures=...)),
+# in the registry's column order
+MEASURES: tuple[Measure, ...] = measures()
 ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,6 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
 
 
+@analysis("norms", "global and per-parameter weight norms, distance from initialisation", needs_init=True,
+          export="weight_norms")
 def norms(model, data: TaskData = None, *, init_params: Mapping[str, torch.Tensor] | None = None) -> dict:
     params = {n: p.detach().cpu().double().numpy() for n, p in model.named_parameters()}
     out: dict = {}

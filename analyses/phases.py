@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from groklens.analyses.grokking import first_crossing
+from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 
 PHASES = ("memorization", "grokking", "end")
@@ -80,7 +81,7 @@ class Phases:
         return sorted({s for s in self.steps.values() if s is not None})
 
 
-def run_phases(traj, threshold: float = 0.95) -> Phases:
+def run_phases(traj, threshold: float = GROK_THRESHOLD) -> Phases:
     """The phases of a run (a checkpoints.Trajectory) and their checkpoints."""
     metrics = traj.metrics
     steps = np.asarray(metrics["step"])

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.analyses.fourier import neuron_fve, resolve_sites
+from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 from groklens.probes.capture import capture, check_sites, resolve_position
 from groklens.probes.grid import modular_grid
@@ -37,6 +38,8 @@ def check(model, data: TaskData, params: dict) -> None:
             resolve_sites(model, None)  # key frequencies come from the neuron clustering
 
 
+@analysis("probe", "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",
+          check=check, tier="named", export="probe_checkpoint")
 def probe(model, data: TaskData, *, site: str | None = None, target: str | None = None,
           position="readout", frequencies: Sequence[int] | None = None, split: str = "random",
           train_frac: float = 0.5, seed: int = 0, classifier: str = "logistic", C: float = 1.0,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.analyses.common import check_loss, eval_rows, hidden_sites, task_loss
+from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 from groklens.probes.capture import check_sites, resolve_position, select_position
 from groklens.probes.interventions import scoped_hooks
@@ -163,6 +164,12 @@ def check(model, data: TaskData, params: dict) -> list[str]:
     return sites
 
 
+@analysis("radial", "activation radius ||h||/sqrt(d) and radial gradient energy rho vs the 1/d baseline",
+          export="radial_statistics",
+          check=check,
+          measures=[("radius", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
+                    ("rho", "rho@{site}", "radial gradient energy rho"),
+                    ("rho_baseline", "rho_baseline@{site}", "isotropic baseline of rho (1/d)")])
 def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, position="all",
            eval_set: str = "train", loss: str | None = None, batch_size: int = 2048) -> dict:
     """Definition 6 per site: radius_mean, radius_std, rho, rho_baseline (1/d), rho_excluded.

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.analyses.common import hidden_sites
+from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 from groklens.probes.capture import capture, check_sites, resolve_position
 
@@ -120,6 +121,11 @@ def check(model, data: TaskData, params: dict) -> tuple[list[str], list[str]]:
     return sites, list(weights)
 
 
+# an SVD of every weight matrix at every checkpoint: the demo's figures show the sites only
+@analysis("rank", "effective rank (Roy-Vetterli, RankMe, participation ratio) of hook sites and weights",
+          export="effective_rank",
+          check=check, cheap_params={"weights": []},
+          measures=[("eff_rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)")])
 def effective_rank(model, data: TaskData, *, sites: Sequence[str] | None = None,
                    weights: Sequence[str] | None = None, position="readout", batch_size: int = 4096) -> dict:
     """Definition 5 for hook sites (default: every block's resid_post and mlp.hook_post) over all

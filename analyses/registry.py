@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,27 @@ from groklens.errors import BadInput
 from groklens.registry import Registry
 
 MODULAR_TASKS = ("add", "sub", "mul", "x2y2")  # tasks on the full Z_p x Z_p grid
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One number per checkpoint taken from a stored analysis (a column of `compare`), declared
+    by the analysis that stores it (`@analysis(..., measures=...)`)."""
+
+    key: str  # column name in CSV / JSON
+    analysis: str  # registry name of the analysis that stores it
+    value: str  # stored value name; '{site}' is filled with the last hidden-representation site
+    label: str  # column label in the table
+    reduce: str = "scalar"  # scalar | first (value[0]) | mean (mean over layers)
+
+
+# Which default sets an analysis is in (the one rule, `default_names`): a command asks for a tier
+# and gets every analysis at that tier or a cheaper one.
+#   default   analyze, report, demo and compare --analyze compute it unasked
+#   extended  compare --analyze too (the comparison's columns; minutes per run at most)
+#   named     only when named (--metric): never by any default (hyperparameters to calibrate
+#             per model, or no column of the comparison)
+TIERS = ("default", "extended", "named")
 
 
 @dataclass(frozen=True)
@@ -33,10 +54,7 @@ class Analysis:
     check: Callable[..., Any] | None = None
     needs_init: bool = False  # func takes init_params= (the step-0 checkpoint)
     needs_step: bool = False  # func takes step= (the checkpoint's step, e.g. to seed its probes)
-    in_default_set: bool = True  # in the default set (default_names()): what analyze, report and demo compute
-    # computed only when named (--metric), never by any default, compare --analyze's included:
-    # minutes per run, with hyperparameters to calibrate per model
-    only_when_named: bool = False
+    tier: str = "default"  # the default sets it is in (TIERS)
     tasks: tuple[str, ...] | None = None  # the tasks it applies to (None: all)
     # overrides of `defaults` for a cheap first look (`groklens demo`), where the default costs
     # much more than it tells there
@@ -47,6 +65,10 @@ class Analysis:
     # batch_func(models, data, **params) -> one result per model: the same values as func at each
     # checkpoint, computed together (the runner gives it the checkpoints it lacks, in chunks)
     batch_func: Callable[..., list[dict]] | None = None
+    measures: tuple[Measure, ...] = ()  # the comparison's columns read from its stored values
+    # the function's name in groklens.analyses (`from groklens.analyses import fourier_analysis`):
+    # the module's own name is the submodule's there
+    export: str | None = None
 
 
 # keyword arguments of an analysis function that are plumbing, not parameters of the measure
@@ -64,8 +86,46 @@ def signature_defaults(func: Callable[..., dict]) -> dict[str, Any]:
     return out
 
 
-ANALYSES: Registry[Analysis] = Registry("analysis")
+ENTRY_POINTS = "groklens.analyses"
+ANALYSES: Registry[Analysis] = Registry("analysis", entry_points=ENTRY_POINTS)
+
+# The modules that hold the built-in analyses, in the order of the comparison's columns (each
+# registers its own with @analysis); a package outside the tree adds its modules through the
+# entry-point group ENTRY_POINTS (docs/EXTENDING.md).
+BUILTIN_MODULES = ("fourier", "attention", "sharpness", "rank", "radial", "norms", "grokking", "ablation", "llc",
+                   "probing")
 _loaded = False
+
+
+def analysis(name: str, description: str, *, tier: str = "default", measures: Iterable[tuple] = (),
+             **options: Any) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Decorator registering a measure function as analysis `name`: its parameters are the
+    signature's (signature_defaults); `tier` the default sets it is in (TIERS); `measures`
+    (key, value, label[, reduce]) the comparison's columns read from its stored values; the
+    other options are Analysis fields (kind, check, needs_init, needs_step, tasks, cheap_params,
+    resolve, batch_func, export)."""
+    if tier not in TIERS:
+        raise ValueError(f"analysis {name!r}: tier {tier!r} is not one of {TIERS}")
+
+    def add(func: Callable[..., dict]) -> Callable[..., dict]:
+        cols = tuple(Measure(m[0], name, *m[1:]) for m in measures)
+        ANALYSES.register(name)(Analysis(name, func, signature_defaults(func), description, tier=tier,
+                                         measures=cols, **options))
+        return func
+
+    return add
+
+
+def batch_of(name: str) -> Callable[[Callable[..., list[dict]]], Callable[..., list[dict]]]:
+    """Decorator: the function computes analysis `name` at many checkpoints together (its
+    batch_func); it follows the analysis in its module."""
+
+    def add(func: Callable[..., list[dict]]) -> Callable[..., list[dict]]:
+        a = ANALYSES.get(name)
+        ANALYSES.replace(name, replace(a, batch_func=func))
+        return func
+
+    return add
 
 
 def _load_builtins() -> None:
@@ -75,54 +135,17 @@ def _load_builtins() -> None:
     _loaded = True
     import importlib
 
-    def mod(name):
-        return importlib.import_module(f"groklens.analyses.{name}")
+    for module in BUILTIN_MODULES:
+        importlib.import_module(f"groklens.analyses.{module}")
+    ANALYSES.load_plugins()
 
-    attention, fourier, grokking, norms = mod("attention"), mod("fourier"), mod("grokking"), mod("norms")
-    probing, radial, rank, sharpness = mod("probing"), mod("radial"), mod("rank"), mod("sharpness")
 
-    ANALYSES.register("fourier")(Analysis(
-        "fourier", fourier.fourier, signature_defaults(fourier.fourier),
-        "Fourier circuit: Nanda's key frequencies, neuron/embedding/least-squares FVE, restricted/excluded loss",
-        check=fourier.check, tasks=MODULAR_TASKS, resolve=fourier.resolve_params))
-    ANALYSES.register("attention")(Analysis(
-        "attention", attention.attention_mass, signature_defaults(attention.attention_mass),
-        "attention mass of the readout query on informative tokens, per layer and head",
-        check=attention.check))
-    ANALYSES.register("sharpness")(Analysis(
-        "sharpness", sharpness.sharpness, signature_defaults(sharpness.sharpness),
-        "top Hessian eigenvalues (eigsh LA) and Hutchinson trace of the float64 training loss",
-        check=sharpness.check, in_default_set=False, needs_step=True))
-    ANALYSES.register("rank")(Analysis(
-        "rank", rank.effective_rank, signature_defaults(rank.effective_rank),
-        "effective rank (Roy-Vetterli, RankMe, participation ratio) of hook sites and weights",
-        # an SVD of every weight matrix at every checkpoint: the demo's figures show the sites only
-        check=rank.check, cheap_params={"weights": []}))
-    ANALYSES.register("radial")(Analysis(
-        "radial", radial.radial, signature_defaults(radial.radial),
-        "activation radius ||h||/sqrt(d) and radial gradient energy rho vs the 1/d baseline",
-        check=radial.check))
-    ANALYSES.register("norms")(Analysis(
-        "norms", norms.norms, signature_defaults(norms.norms),
-        "global and per-parameter weight norms, distance from initialisation", needs_init=True))
-    ANALYSES.register("grokking")(Analysis(
-        "grokking", grokking.grokking_table, signature_defaults(grokking.grokking_table),
-        "memorization and grokking steps per accuracy threshold (test accuracy >= threshold), with censoring",
-        kind="run"))
-    ablation = mod("ablation")
-    ANALYSES.register("freq_ablation")(Analysis(
-        "freq_ablation", ablation.frequency_ablation, signature_defaults(ablation.frequency_ablation),
-        "loss and accuracy with Fourier frequencies removed from the embedding or a hook site (through a hook)",
-        check=ablation.check, tasks=MODULAR_TASKS, in_default_set=False))
-    llc = mod("llc")
-    ANALYSES.register("llc")(Analysis(
-        "llc", llc.llc, signature_defaults(llc.llc),
-        "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
-        check=llc.check, in_default_set=False, only_when_named=True, batch_func=llc.llc_many))
-    ANALYSES.register("probe")(Analysis(
-        "probe", probing.probe, signature_defaults(probing.probe),
-        "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",
-        check=probing.check, in_default_set=False))
+def _rank(a: Analysis) -> tuple[int, str]:
+    """Built-in analyses in BUILTIN_MODULES order, then the others (plugins) by module."""
+    module = a.func.__module__.rpartition(".")[2]
+    if a.func.__module__.startswith("groklens.analyses.") and module in BUILTIN_MODULES:
+        return BUILTIN_MODULES.index(module), ""
+    return len(BUILTIN_MODULES), a.func.__module__
 
 
 def get(name: str) -> Analysis:
@@ -135,18 +158,34 @@ def names() -> list[str]:
     return ANALYSES.names()
 
 
-def default_names(among: Iterable[str] | None = None) -> list[str]:
-    """The default analysis set (the one place it is decided: `in_default_set`), by name;
-    `among`: only those a caller can use (e.g. what the comparison and the report show)."""
+def in_order() -> list[Analysis]:
+    """Every analysis, built-in ones in BUILTIN_MODULES order (stable within a module)."""
     _load_builtins()
+    return sorted(ANALYSES.in_order(), key=_rank)
+
+
+def measures() -> tuple[Measure, ...]:
+    """Every analysis's measures, in column order (in_order)."""
+    return tuple(m for a in in_order() for m in a.measures)
+
+
+def default_names(among: Iterable[str] | None = None, tier: str = "default") -> list[str]:
+    """The default analysis set, by name (the one rule: every analysis whose tier is `tier` or
+    cheaper, TIERS); `among`: only those a caller can use (e.g. what the comparison shows)."""
+    _load_builtins()
+    if tier not in TIERS:
+        raise ValueError(f"tier {tier!r} is not one of {TIERS}")
     keep = None if among is None else set(among)
-    return [n for n in ANALYSES.names() if ANALYSES.get(n).in_default_set and (keep is None or n in keep)]
+    upto = TIERS.index(tier)
+    return [n for n in ANALYSES.names()
+            if TIERS.index(ANALYSES.get(n).tier) <= upto and (keep is None or n in keep)]
 
 
-def default_requests(among: Iterable[str] | None = None, *, cheap: bool = False) -> list[tuple[str, dict[str, Any]]]:
+def default_requests(among: Iterable[str] | None = None, *, cheap: bool = False,
+                     tier: str = "default") -> list[tuple[str, dict[str, Any]]]:
     """(name, parameters) of the default set (see default_names): the default parameters, or with
     `cheap` each analysis's cheap_params."""
-    return [(n, dict(get(n).cheap_params) if cheap else {}) for n in default_names(among)]
+    return [(n, dict(get(n).cheap_params) if cheap else {}) for n in default_names(among, tier)]
 
 
 def _plain(value: Any, where: str) -> Any:

@@ -28,6 +28,7 @@ from groklens import __version__
 from groklens.analyses.compare import ANALYSES_USED, Comparison, SPEEDUP_METHOD, compare
 from groklens.analyses.registry import default_names, get
 from groklens.analyses.report_figures import DPI, FigureSpec, make_figures  # noqa: F401 - DPI re-exported
+from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 from groklens.fileio import staged_outputs
 from groklens.analyses.report_figures import FIGURE_NAMES, MISSING_NAMES
@@ -221,7 +222,7 @@ def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | Non
 
 def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str = "png",
                  baseline: str | Path | None = None, group_by: str | Sequence[str] | None = "variant",
-                 threshold: float = 0.95, analyze: bool = False, metrics: Sequence[str] | None = None,
+                 threshold: float = GROK_THRESHOLD, analyze: bool = False, metrics: Sequence[str] | None = None,
                  every: int | None = None, steps: Sequence[int] | None = None, progress: bool = False,
                  comparison: Comparison | None = None, params: Sequence[str] = (), style: str = "screen",
                  style_opts: dict | None = None, figures: str | Sequence[str] | None = None) -> ReportResult:

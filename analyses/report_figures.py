@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,18 +18,31 @@ from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fm
 from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
 
 DPI = 110
-# every figure a report can make (fig_<name>.<format>), in page order
-FIGURE_NAMES = ("curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "progress_measures",
-                "attention", "attention_patterns", "hessian", "llc", "effective_rank", "radial")
-# the figures each "Missing figures" title stands for
-MISSING_NAMES = {
-    "Fourier-circuit FVE against step": ("fourier_fve",), "Embedding Fourier spectrum": ("fourier_spectrum",),
-    "Neuron-frequency clusters": ("neuron_clusters",),
-    "Progress measures (Nanda et al.): losses and weight norm against step": ("progress_measures",),
-    "Attention at the readout position": ("attention", "attention_patterns"),
-    "Hessian top eigenvalue and trace": ("hessian",), "Local learning coefficient over time": ("llc",),
-    "Effective rank over time": ("effective_rank",), "Radius and rho": ("radial",),
-}
+# the figures every report makes from the metrics (make_figures), before the analysis families
+BASE_FIGURES = ("curves", "grokking_times")
+
+
+@dataclass(frozen=True)
+class FigureFamily:
+    """Figures drawn from one stored analysis (registered with @figure, in page order)."""
+
+    make: Callable[[Any], None]  # make(f: _Figs): appends its FigureSpecs to f.figs, or (title, why) to f.missing
+    names: tuple[str, ...]  # the figures it can make (fig_<name>.<format>)
+    missing: dict[str, tuple[str, ...]]  # each "Missing figures" title it may list -> the figures it stands for
+
+
+FAMILIES: list[FigureFamily] = []
+
+
+def figure(*names: str, missing: dict[str, tuple[str, ...]] | None = None) -> Callable:
+    """Decorator registering a figure family (a function of _Figs) that makes the figures `names`;
+    `missing`: each title it lists when its data is missing -> the figures the title stands for."""
+
+    def add(func: Callable[[Any], None]) -> Callable[[Any], None]:
+        FAMILIES.append(FigureFamily(func, tuple(names), dict(missing or {})))
+        return func
+
+    return add
 
 
 @dataclass
@@ -301,9 +314,8 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
     acc = accuracy_lines(groups, colours)
     marks = [(m, c) for m, c in zip(means, colours) if m is not None]
     f = _Figs(groups, colours, thr, acc, marks, steps, figs, missing)
-    for family in (_fourier_figures, _progress_figures, _attention_figures, _hessian_figures, _llc_figures,
-                   _rank_figures, _radial_figures):
-        family(f)
+    for family in FAMILIES:
+        family.make(f)
     return figs, missing
 
 
@@ -340,6 +352,9 @@ class _Figs:
         return "first seed of each group" if any(g.n > 1 for g in self.groups) else "each run"
 
 
+@figure("fourier_fve", "fourier_spectrum", "neuron_clusters",
+        missing={"Fourier-circuit FVE against step": ("fourier_fve",), "Embedding Fourier spectrum": ("fourier_spectrum",),
+                 "Neuron-frequency clusters": ("neuron_clusters",)})
 def _fourier_figures(f: _Figs) -> None:
     """Fourier FVE over time, the spectrum and the neuron clusters at chosen checkpoints."""
     if f.lacks("fourier", "Fourier-circuit FVE against step", "Embedding Fourier spectrum",
@@ -380,6 +395,8 @@ def progress_panel(run: RunSummary) -> F.ProgressPanel | None:
                            c.excluded, phases, c.key_source)
 
 
+@figure("progress_measures",
+        missing={"Progress measures (Nanda et al.): losses and weight norm against step": ("progress_measures",)})
 def _progress_figures(f: _Figs) -> None:
     """Nanda's progress measures of the first run of each group that has them."""
     title = "Progress measures (Nanda et al.): losses and weight norm against step"
@@ -414,6 +431,7 @@ def _head_lines(f: _Figs) -> list[F.Line]:
     return heads
 
 
+@figure("attention", "attention_patterns", missing={"Attention at the readout position": ("attention", "attention_patterns")})
 def _attention_figures(f: _Figs) -> None:
     """Attention at the readout position over time and its patterns at chosen checkpoints."""
     if f.lacks("attention", "Attention at the readout position"):
@@ -438,6 +456,7 @@ def _attention_figures(f: _Figs) -> None:
             "nearest the start, memorization, grokking and the end.", grid))
 
 
+@figure("hessian", missing={"Hessian top eigenvalue and trace": ("hessian",)})
 def _hessian_figures(f: _Figs) -> None:
     """Hessian top eigenvalue and trace over time."""
     if f.lacks("sharpness", "Hessian top eigenvalue and trace"):
@@ -451,6 +470,7 @@ def _hessian_figures(f: _Figs) -> None:
          F.Panel("Hessian trace (Hutchinson)", tr, yscale=_yscale(tr))], "Sharpness")
 
 
+@figure("llc", missing={"Local learning coefficient over time": ("llc",)})
 def _llc_figures(f: _Figs) -> None:
     """The local learning coefficient over time, with its spread over SGLD chains."""
     if f.lacks("llc", "Local learning coefficient over time"):
@@ -465,6 +485,7 @@ def _llc_figures(f: _Figs) -> None:
         "Local learning coefficient")
 
 
+@figure("effective_rank", missing={"Effective rank over time": ("effective_rank",)})
 def _rank_figures(f: _Figs) -> None:
     """Effective rank over time."""
     if f.lacks("rank", "Effective rank over time"):
@@ -480,6 +501,7 @@ def _rank_figures(f: _Figs) -> None:
         "the readout position over all inputs.", panels, "Effective rank")
 
 
+@figure("radial", missing={"Radius and rho": ("radial",)})
 def _radial_figures(f: _Figs) -> None:
     """Radius and rho against the 1/d baseline over time."""
     if f.lacks("radial", "Radius and rho"):
@@ -500,3 +522,9 @@ def _radial_figures(f: _Figs) -> None:
         [F.Panel("activation radius\n||h|| / sqrt(d)", radius, yscale=_yscale(radius)),
          F.Panel("radial gradient\nenergy rho", rho, hlines=hl, yscale=_yscale(rho))],
         "Radial-angular decomposition")
+
+
+# every figure a report can make (fig_<name>.<format>), in page order, and the figures each
+# "Missing figures" title stands for
+FIGURE_NAMES = BASE_FIGURES + tuple(n for fam in FAMILIES for n in fam.names)
+MISSING_NAMES = {title: names for fam in FAMILIES for title, names in fam.missing.items()}

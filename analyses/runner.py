@@ -27,6 +27,7 @@ from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
 from groklens.analyses.store import Sidecar, identity_attrs, matches, variant_id
 from groklens.checkpoints import Trajectory
+from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.fileio import json_depth
@@ -335,7 +336,7 @@ def _compute_one(j: _Job, model, data, init, step: int, cfg) -> None:
 
 
 # ---------------------------------------------------------------------- several runs
-def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
+def choose_checkpoints(traj, spec: str, threshold: float = GROK_THRESHOLD) -> list[int]:
     """The checkpoints of `traj` that `spec` names: '+'-joined parts, each 'all', 'end' (the last
     checkpoint), 'phases' (those standing for memorization, grokking and the end, see
     analyses/phases.py), 'phases@T' (the same at accuracy threshold T, e.g. phases@0.99),
@@ -366,7 +367,7 @@ def choose_checkpoints(traj, spec: str, threshold: float = 0.95) -> list[int]:
 
 
 def analyze_runs(paths: Sequence[str | Path], requests: Sequence[tuple], *, checkpoints: str = "all",
-                 threshold: float = 0.95, workers: int = 1, skip_inapplicable: bool = True,
+                 threshold: float = GROK_THRESHOLD, workers: int = 1, skip_inapplicable: bool = True,
                  progress: bool = False) -> list[str]:
     """Analyses of several runs, each at chosen checkpoints, kept in each run's sidecar (what
     demo, reproduce, compare --analyze and report --analyze do); returns notes 'RUN.h5: ...'.

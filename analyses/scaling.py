@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses.grokking import grokking_times
+from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
 
@@ -86,7 +87,7 @@ def variable_value(var: str, cfg: dict, n_train: int | None = None) -> float:
     return float(value)
 
 
-def collect_runs(directory: str | Path, variables: Sequence[str], threshold: float = 0.95) -> Collected:
+def collect_runs(directory: str | Path, variables: Sequence[str], threshold: float = GROK_THRESHOLD) -> Collected:
     """Grokking times and variable values of every finished run (*.h5) in `directory`."""
     from groklens.checkpoints import Trajectory
     from groklens.checkpoints.constants import SIDECAR_SUFFIX
@@ -321,7 +322,7 @@ def predict_log_t(fit: dict[str, Any], values: dict[str, float]) -> float:
 
 
 # ---------------------------------------------------------------------- the whole analysis
-def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, *, threshold: float = 0.95,
+def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, *, threshold: float = GROK_THRESHOLD,
                 interactions: bool = False, censored: bool = False, phase: Sequence[str] | None = None,
                 write: bool = True) -> dict[str, Any]:
     """Collect, fit, and (write=True) write DIR/scaling-law.json and DIR/scaling-law.png."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from groklens.analyses.common import check_loss, eval_rows, task_loss
 from groklens.analyses.radial import EpsDependenceWarning, eps_note, free_scale_norms
+from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,6 +160,11 @@ def check(model, data: TaskData, params: dict) -> None:
         raise BadInput(f"top_k must be smaller than the number of parameters ({n})")
 
 
+@analysis("sharpness", "top Hessian eigenvalues (eigsh LA) and Hutchinson trace of the float64 training loss",
+          export="hessian_sharpness",
+          check=check, tier="extended", needs_step=True,
+          measures=[("hessian_top", "top_eigenvalues", "Hessian top eigenvalue", "first"),
+                    ("hessian_trace", "trace", "Hessian trace (Hutchinson)")])
 def sharpness(
     model,
     data: TaskData,

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from groklens import __version__
-from groklens.config import CHOICES, PRESETS, RunConfig, config_from, field_help
+from groklens.config import CHOICES, PHASE_THRESHOLDS, PRESETS, RunConfig, config_from, field_help
 from groklens.errors import BadInput, GroklensError
 from groklens.fileio import check_text_target, strict_json
 
@@ -133,8 +133,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
-    thr = run.config.grok_threshold  # the run's own threshold (--grok-threshold), beside 0.95 and 0.99
-    summary = run_summary(run, thresholds=tuple(sorted({0.95, 0.99, thr})))
+    thr = run.config.grok_threshold  # the run's own threshold (--grok-threshold), beside PHASE_THRESHOLDS
+    summary = run_summary(run, thresholds=tuple(sorted({*PHASE_THRESHOLDS, thr})))
     if as_json:
         click.echo(strict_json(summary))
     else:

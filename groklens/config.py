@@ -16,6 +16,12 @@ from typing import Any
 
 from groklens.errors import BadInput
 
+# The phase thresholds, the one place they are written: test (train) accuracy at which a run
+# counts as grokked (memorized) unless a run or command names another, and the thresholds the
+# grokking analysis, the trainer's phase events and the ledgers report.
+GROK_THRESHOLD = 0.95
+PHASE_THRESHOLDS = (GROK_THRESHOLD, 0.99)
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "model": ("transformer", "mlp"),
     "act_fn": ("relu", "gelu"),
@@ -39,6 +45,16 @@ STORED_LEGACY = {
     "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
 }
 ROUTING_MAX_COPIES = 64
+MODEL_ENTRY_POINTS = "groklens.models"  # the entry-point group of models added by installed packages
+
+
+def plugin_models() -> tuple[str, ...]:
+    """The model names installed packages add (entry-point group groklens.models, read from
+    their metadata without importing them; trainers/models registers them when built)."""
+    from importlib.metadata import entry_points
+
+    return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
+
 # options of model=transformer that another model accepts only at their defaults
 TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "init_scheme")
 
@@ -115,7 +131,7 @@ class RunConfig:
     eval_every: int = 100  # evaluate loss and accuracy on every input each this many steps
     checkpoint_every: int = 100  # store the weights each this many steps (and at every phase event)
     log_checkpoints: int = 0  # extra log-spaced checkpoints before the first regular one
-    grok_threshold: float = 0.95  # test accuracy that counts as grokked (and train accuracy as memorized)
+    grok_threshold: float = GROK_THRESHOLD  # test accuracy that counts as grokked (and train accuracy as memorized)
     stop_after_grok: int = 0  # >0: stop this many evaluations after test acc >= grok_threshold
     stop_test_loss: float = 0.0  # >0: the stop rule counts evaluations after test loss <= this instead
     stop_min_steps: int = 0  # the stop rule never ends a run before this step
@@ -157,6 +173,8 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         for name, allowed in CHOICES.items():
+            if name == "model" and self.model not in allowed:
+                allowed = allowed + plugin_models()
             if getattr(self, name) not in allowed:
                 raise BadInput(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         _check(0.0 < self.train_frac < 1.0, f"train_frac must be in (0, 1); got {self.train_frac}")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from groklens.config import PHASE_THRESHOLDS  # those the grokking analysis reports
 from groklens.errors import BadInput, RunFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,7 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 EVAL_CHUNK = 16_384  # inputs per forward pass during evaluation (bounds memory)
 METRIC_NAMES = ["train_loss", "test_loss", "train_acc", "test_acc", "weight_norm", "grad_norm", "lr"]
-PHASE_THRESHOLDS = (0.95, 0.99)  # those the grokking analysis reports (analyses/registry.py)
 
 
 @dataclass

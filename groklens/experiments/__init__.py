@@ -31,18 +31,25 @@ ratio of geometric means with the Welch interval on log times. Every value state
 """
 
 
+import importlib
+import pkgutil
+
 from groklens.errors import BadInput, GroklensError  # noqa: F401  (re-exported)
-from groklens.experiments import (  # noqa: F401  (each registers its experiments)
-    activation_norm, demo, geomdr, grokfast, llc_grokking, progress_measures, scaling_law, sphere_paper, stablemax,
-    structural_attention)
 from groklens.experiments.core import (  # noqa: F401
-    CPU_FLOPS, DEFAULT_SEEDS, EXPERIMENTS, LEDGER_DIR, RESULTS_MD, SCALES, SPEEDUP_DEFINITION, STEP_OVERHEAD_S,
-    Context, Experiment, Plan, Published, Result, Row, Scale, _fit_text)
+    DEFAULT_SEEDS, ENTRY_POINTS, EXPERIMENTS, LEDGER_DIR, RESULTS_MD, SCALES, SPEEDUP_DEFINITION, Context, Experiment,
+    Plan, Published, Result, Row, Scale, fit_text, register)
 from groklens.experiments.pipeline import (  # noqa: F401
-    command_text, estimate_seconds, format_listing, format_result, get_experiment, listing, reproduce,
-    result_lines, run_configs, step_flops, update_results_md)
-from groklens.experiments.scaling_law import SCALING_PUBLISHED  # noqa: F401
-from groklens.experiments.sphere_paper import ARCH, ARCH_LABEL, SPHERE_TABLE  # noqa: F401
+    CPU_FLOPS, STEP_OVERHEAD_S, command_text, estimate_seconds, format_listing, format_result, get_experiment,
+    listing, reproduce, result_lines, run_configs, step_flops, update_results_md)
+
+# every module of this package registers its experiments when imported (one file per paper: a
+# new experiment is one module here), then the modules named by installed packages' entry points
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+EXPERIMENTS.load_plugins()
+
+from groklens.experiments.scaling_law import SCALING_PUBLISHED  # noqa: E402, F401
+from groklens.experiments.sphere_paper import ARCH, ARCH_LABEL, SPHERE_TABLE  # noqa: E402, F401
 
 __all__ = ["EXPERIMENTS", "SCALES", "Experiment", "Published", "Result", "Row", "estimate_seconds", "format_listing",
            "format_result", "get_experiment", "listing", "reproduce", "run_configs", "update_results_md"]

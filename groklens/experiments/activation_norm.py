@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-
 from groklens.experiments.core import (
-    ACTNORM, Context, Experiment, Plan, Published, Row, Scale, _QUICK, _QUICK_NOTE, _SMOKE, _SMOKE_NOTE,
-    _an_actnorm, _an_none, _register, _scale, grok_row, speedup_row
-)
+    Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
+    no_analyses, register, speedup_row)
 from groklens.experiments.verdicts import (
     fmt_ci, generalized_arms, mean_flag, paired_interval, ratio_verdict, undetermined, welch_log_ratio)
+
+ACTNORM = "Activation-norm penalty ('radial inflation', 2026; REFERENCES.md)"
+
+
+def _an_actnorm(sc: Scale, scale: str):
+    small = scale == "smoke"
+    return [("radial", {}, "phases"),
+            ("sharpness", {"top_k": 1, "trace_samples": 2 if small else 10, "maxiter": 50 if small else None}, "end")]
 
 
 # ---------------------------------------------------------------------- activation-norm
@@ -96,22 +102,21 @@ def _read_nanogpt(ctx: Context) -> list[Row]:
     return rows
 
 
-
-_register(Experiment(
+register(Experiment(
     "activation-norm",
     "the sqrt(d) activation-norm penalty against the baseline, MLP and transformer: speed-up, radius and rho "
     "against 1/d, Hessian sharpness at the end",
     {
-        "smoke": _scale({**_SMOKE}, _SMOKE_NOTE, **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
-        "quick": _scale({**_QUICK, "steps": 6000, "stop_after_grok": 2},
-                        _QUICK_NOTE.replace("pre-LayerNorm", "no norm (Nanda's architecture)")
+        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE, **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
+        "quick": Scale.of({**QUICK, "steps": 6000, "stop_after_grok": 2},
+                        QUICK_NOTE.replace("pre-LayerNorm", "no norm (Nanda's architecture)")
                         + "; the transformer censored at 20,000 steps (without a norm it grokked after 12,700 steps or "
                         "not within 15,000 at lr 1e-3, not within 8,000 at lr 3e-3: docs/CLI.md); MLP: 2 hidden layers "
                         "of 256, embeddings 64 wide, lr 1e-2 (it grokked at step 1200 with it, at 5800 with 3e-3: one "
                         "seed), censored at 6000 steps",
                         **{"lambda": 1.0, "tf": {"steps": 20_000},
                            "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True, "norm": "none", "lr": 1e-2}}),
-        "paper": _scale(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=1000),
+        "paper": Scale.of(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=1000),
                         "Nanda's canonical p=113 setup; the MLP is preset `mlp` (widths ours: the paper's are not in "
                         "REFERENCES.md)",
                         **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "d_model": 128, "d_mlp": 256,
@@ -119,20 +124,20 @@ _register(Experiment(
     },
     _plan_actnorm, _read_actnorm, _an_actnorm))
 
-_register(Experiment(
+register(Experiment(
     "nanogpt-addition",
     "3-digit addition with the ~10M-parameter causal transformer, with and without the activation-norm penalty",
     {
-        "smoke": _scale({"task": "digits_add", "n_digits": 1, "norm": "ln",
+        "smoke": Scale.of({"task": "digits_add", "n_digits": 1, "norm": "ln",
                          "act_fn": "gelu", "causal": True, "mlp_bias": True, "n_layers": 1, "d_model": 16, "n_heads": 2,
                          "d_head": 8, "d_mlp": 32, "train_frac": 0.5, "lr": 3e-3, "batch_size": 0, "steps": 20,
                          "eval_every": 10, "checkpoint_every": 10, "warmup_steps": 5, "device": "cpu"},
-                        _SMOKE_NOTE + " (1-digit addition, 1 layer)", **{"lambda": 0.1}),
-        "quick": _scale({"preset": "nanogpt_tiny", "steps": 6000, "eval_every": 100, "checkpoint_every": 1000,
+                        SMOKE_NOTE + " (1-digit addition, 1 layer)", **{"lambda": 0.1}),
+        "quick": Scale.of({"preset": "nanogpt_tiny", "steps": 6000, "eval_every": 100, "checkpoint_every": 1000,
                          "stop_after_grok": 1, "device": "cpu"},
                         "preset nanogpt_tiny: 2-digit addition, 2 layers x 32 wide (the paper: 3 digits, ~10M "
                         "parameters); censored at 6000 steps", **{"lambda": 0.1}),
-        "paper": _scale({"preset": "nanogpt_10m", "stop_after_grok": 1, "device": "auto"},
+        "paper": Scale.of({"preset": "nanogpt_10m", "stop_after_grok": 1, "device": "auto"},
                         "preset nanogpt_10m (10.6M parameters; training setup ours: docs/VARIANTS.md)", **{"lambda": 0.1}),
     },
-    _plan_nanogpt, _read_nanogpt, _an_none))
+    _plan_nanogpt, _read_nanogpt, no_analyses))

@@ -1,5 +1,8 @@
-"""What every experiment shares: the scales, the published sources, the data types (Row, Context,
-Experiment, Result), the shared setups and the experiments registry (groklens.registry)."""
+"""What every experiment shares: the scales, the data types (Row, Context, Experiment, Result),
+the shared setups and the experiments registry (groklens.registry).
+
+The public API of an experiment module: everything here without a leading underscore; a
+paper's own data (its architectures, its table, its notes) lives in that paper's module."""
 
 from __future__ import annotations
 
@@ -23,30 +26,11 @@ LEDGER_DIR = REPO_DOCS / "results"
 RESULTS_BEGIN = "<!-- reproduce rows: written by `groklens reproduce`; a rerun of a command replaces its rows -->"
 RESULTS_END = "<!-- end of reproduce rows -->"
 
-YILDIRIM = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md table)"
-ACTNORM = "Activation-norm penalty ('radial inflation', 2026; REFERENCES.md)"
-GEOMDR = "GeomDR (2026; REFERENCES.md)"
-STRUCT = "Structural (Bayesian) attention account (2026; REFERENCES.md)"
-SCALING = "Grokking scaling law (2026; REFERENCES.md)"
-GROKFAST = "Lee et al. 2024, Grokfast (REFERENCES.md)"
-PRIETO = "Prieto et al. 2025, 'Grokking at the edge of numerical stability' (REFERENCES.md)"
-
-# Step-time model of the cost estimates (`--list`): seconds per training step =
-# STEP_OVERHEAD_S + FLOPs / CPU_FLOPS, evaluation forward passes included. Calibrated with
-# benchmarks/train_throughput.py and tiny runs on the 2-core development machine while it was
-# shared with other jobs (OMP_NUM_THREADS=1); estimates, not promises.
-# Measured 2026-11-30 with two training processes on the 2 cores (load average ~3): the
-# canonical p=113 step took 0.41 s (14.6 GFLOP by this model, which ignores that the trainer
-# computes the last block at the readout position only), a p=23 d_model-64 step (0.24 GFLOP)
-# ~25 ms in `reproduce bounded-sphere --scale quick`. With --workers W the wall time is about
-# the estimate / W.
-CPU_FLOPS = 3.0e10  # sustained float32 FLOP/s of one shared core
-STEP_OVERHEAD_S = 1.5e-2  # per-step overhead (Python, autograd, optimizer, time slicing) of a small model
-
-
 # ---------------------------------------------------------------------- data types
 @dataclass(frozen=True)
 class Published:
+    """A published number (or a claim without one) and where it is published."""
+
     value: float | None  # None: the source states the claim without a number
     text: str  # the claim or number as the source states it
     source: str
@@ -54,6 +38,8 @@ class Published:
 
 @dataclass
 class Row:
+    """One row of an experiment's result: a published value beside ours, their ratio or a verdict."""
+
     measure: str
     published: Published
     ours: float | None
@@ -84,9 +70,17 @@ class Row:
 
 @dataclass
 class Scale:
+    """An experiment at one scale (smoke, quick, paper): the shared config, what differs from the
+    published setup, and the experiment's own knobs."""
+
     base: dict[str, Any]  # config fields shared by every run of the experiment at this scale
     note: str  # what differs from the published setup at this scale
     extra: dict[str, Any] = field(default_factory=dict)  # experiment-specific knobs
+
+    @classmethod
+    def of(cls, base: dict[str, Any], note: str, **extra: Any) -> "Scale":
+        """Scale(base, note, extra) with the knobs as keywords."""
+        return cls(base, note, extra)
 
 
 @dataclass
@@ -100,6 +94,8 @@ class Plan:
 
 @dataclass
 class Arm:
+    """The runs of one variant (arm) of an experiment."""
+
     runs: list[Any]  # ledger.LedgerRun, by seed
 
 
@@ -213,6 +209,9 @@ class Context:
 
 @dataclass
 class Experiment:
+    """A published experiment: its scales, the runs it plans at a scale, the analyses it computes
+    on them and how it reads them into rows (register it with `register`)."""
+
     name: str
     summary: str
     scales: dict[str, Scale]
@@ -233,6 +232,8 @@ class Experiment:
 
 @dataclass
 class Result:
+    """What `reproduce` returns: the rows of one experiment at one scale and where its files are."""
+
     name: str
     scale: str
     seeds: int
@@ -257,41 +258,18 @@ class Result:
 
 
 # ---------------------------------------------------------------------- shared setups
-_SMOKE = dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, steps=30, eval_every=10,
-              checkpoint_every=10, device="cpu")
-# the sphere paper's training setup (preset `sphere`): bidirectional, MLP biases, betas (0.9, 0.999), no warm-up
-# and PyTorch's default init, as its code (init_scheme=torch)
-_SPHERE_TRAIN = dict(causal=False, mlp_bias=True, betas=[0.9, 0.999], warmup_steps=0, init_scheme="torch")
-_SPHERE_PAPER = dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512,
-                     eval_every=200, checkpoint_every=1000, device="auto", **_SPHERE_TRAIN)
+# The smoke scale of every experiment: a tiny pipeline check for the test suite (SMOKE_NOTE).
+SMOKE = dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, steps=30, eval_every=10,
+             checkpoint_every=10, device="cpu")
+SMOKE_NOTE = "smoke: a tiny pipeline check, not a reproduction (p=7, d_model 16, 30 steps)"
 # Quick scale: one small modular-addition transformer where a pre-LayerNorm model groks in ~2,000
 # steps at lr 3e-3 (measured: docs/VARIANTS.md, config B), so baselines grok within a few minutes
 # on a 2-core CPU. lr 3e-3 is 5x the sphere paper's 6e-4 (at 6e-4 the LayerNorm baseline needs
 # ~10k steps here): absolute grokking times are not comparable, speed-ups and claims are.
-_QUICK = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, norm="ln", lr=3e-3,
-              weight_decay=1.0, eval_every=50, checkpoint_every=250, device="cpu")
-_QUICK_NOTE = ("p=23, 50% of pairs, 1 layer, d_model 64, 2 heads, d_mlp 256, pre-LayerNorm, lr 3e-3 (Nanda: p=113, "
-               "30%, d_model 128, 4 heads, d_mlp 512, no norm, lr 1e-3)")
-_SPHERE_QUICK = {**_QUICK, **_SPHERE_TRAIN}
-_QUICK_SPHERE_NOTE = ("p=23, 50% of pairs, d_model 64, 2 heads, d_mlp 256 (the paper: p=113, 30%, d_model 128, "
-                      "4 heads, d_mlp 512); lr 3e-3 compared with the paper's lr 6e-4 row (5x larger: at 6e-4 "
-                      "these runs need ~10k steps); evaluation every 50 steps (paper: 200); post-norm "
-                      "LayerNorm/RMSNorm baselines and PyTorch's init, as the paper's code")
-ARCH: dict[str, dict[str, Any]] = {  # the architectures of the sphere paper's table (its baselines are post-norm)
-    "ln": {"norm": "ln", "norm_placement": "post", "weight_decay": 1.0},
-    "rms": {"norm": "rms", "norm_placement": "post", "weight_decay": 1.0},
-    "sphere_wd1": {"norm": "sphere", "unembed": "bounded", "weight_decay": 1.0},
-    "sphere_wd0": {"norm": "sphere", "unembed": "bounded", "weight_decay": 0.0},
-    "sphere_fourier_wd0": {"norm": "sphere", "unembed": "bounded", "init": "fourier", "weight_decay": 0.0},
-}
-ARCH_LABEL = {"ln": "LayerNorm", "rms": "RMSNorm", "sphere_wd1": "bounded sphere, wd 1.0",
-              "sphere_wd0": "bounded sphere, wd 0", "sphere_fourier_wd0": "bounded sphere + Fourier init, wd 0"}
-# Yildirim 2026 table: (lr, arch) -> mean grok epoch
-SPHERE_TABLE = {
-    (1e-4, "ln"): 54_160, (1e-4, "rms"): 51_240, (6e-4, "ln"): 7_800, (6e-4, "rms"): 7_300,
-    (1e-4, "sphere_wd1"): 2_400, (1e-4, "sphere_wd0"): 2_480, (1e-4, "sphere_fourier_wd0"): 2_100,
-    (6e-4, "sphere_wd1"): 1_560, (6e-4, "sphere_wd0"): 820, (6e-4, "sphere_fourier_wd0"): 711,
-}
+QUICK = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, norm="ln", lr=3e-3,
+             weight_decay=1.0, eval_every=50, checkpoint_every=250, device="cpu")
+QUICK_NOTE = ("p=23, 50% of pairs, 1 layer, d_model 64, 2 heads, d_mlp 256, pre-LayerNorm, lr 3e-3 (Nanda: p=113, "
+              "30%, d_model 128, 4 heads, d_mlp 512, no norm, lr 1e-3)")
 
 
 def grok_row(ctx: Context, measure: str, published: Published, variant: str, differs: str) -> Row:
@@ -308,68 +286,34 @@ def speedup_row(ctx: Context, measure: str, published: Published, base: str, var
                speedup_verdict(sp, collapsed=sp.get("collapsed", 0)) if verdict else "", sp.get("bound") or "")
 
 
-def _lr_tag(lr: float) -> str:
+def lr_tag(lr: float) -> str:
     """6e-4 -> '6e-4', 1.5e-3 -> '1.5e-3' (run names)."""
     mant, exp = f"{lr:e}".split("e")
     return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
 
 
-# ---------------------------------------------------------------------- analyses per experiment
-def _an_none(sc: Scale, scale: str):
+def no_analyses(sc: Scale, scale: str) -> list[tuple[str, dict[str, Any], str]]:
+    """Experiment.analyses of an experiment that reads only the grokking times (none to compute)."""
     return []
 
 
-def _an_actnorm(sc: Scale, scale: str):
-    small = scale == "smoke"
-    return [("radial", {}, "phases"),
-            ("sharpness", {"top_k": 1, "trace_samples": 2 if small else 10, "maxiter": 50 if small else None}, "end")]
-
-
-def _an_rank(sc: Scale, scale: str):
-    return [("rank", {"weights": []}, "every")]
-
-
-def _an_attention(sc: Scale, scale: str):
-    return [("attention", {}, "every")]
-
-
 # ---------------------------------------------------------------------- the registry
-def _scale(base: dict, note: str, **extra) -> Scale:
-    return Scale(base, note, extra)
+# Every experiment module of this package registers its experiments (`register`); the package
+# imports them all (groklens/experiments/__init__.py), and a package outside the tree adds its
+# modules through the entry-point group ENTRY_POINTS (docs/EXTENDING.md).
+ENTRY_POINTS = "groklens.experiments"
+EXPERIMENTS: Registry[Experiment] = Registry("experiment", entry_points=ENTRY_POINTS)
 
 
-_SMOKE_NOTE = "smoke: a tiny pipeline check, not a reproduction (p=7, d_model 16, 30 steps)"
-_PAPER_SPHERE_NOTE = "the published setup (post-norm baselines, PyTorch's default init as the paper's code)"
-
-EXPERIMENTS: Registry[Experiment] = Registry("experiment")
-
-
-def _register(e: Experiment) -> None:
-    EXPERIMENTS.register(e.name)(e)
+def register(e: Experiment) -> Experiment:
+    """Add experiment `e` to EXPERIMENTS under its name (a duplicate name is an error)."""
+    return EXPERIMENTS.register(e.name)(e)
 
 
-
-def _fit_exponent(ctx: Context, variants: list[str], var: str, delay: bool) -> tuple[float | None, str]:
-    """Exponent of log T (or log of the delay T - memorization) on log `var` over the runs of
-    `variants`: OLS on the runs that grokked and, when some are censored, the Tobit fit on all
-    (analyses.scaling); ours is Tobit's estimate then, OLS's otherwise."""
-    from groklens.analyses.scaling import GrokRecord
-
-    recs = []
-    for v in variants:
-        for r in ctx.group(v).runs:
-            t, last = r.grokking, r.last_step
-            if delay and r.memorization is not None:
-                t = None if t is None else max(t - r.memorization, 1)
-                last = max(last - r.memorization, 1)
-            elif delay:
-                continue  # never memorized: no delay
-            recs.append(GrokRecord(r.name, {var: float(r.config[var])}, t, last))
-    return _fit_text(recs, [var])[var]
-
-
-def _fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str]]:
-    """var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)')."""
+def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str]]:
+    """The fitted exponent of each variable of a scaling fit (analyses.scaling) with its text:
+    var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)'); Tobit's estimate when
+    some runs are censored."""
     from groklens.analyses.scaling import fit_scaling_law
 
     try:
@@ -399,14 +343,3 @@ def _fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | 
             ours = None
         out[v] = (ours, text)
     return out
-
-
-def _fmt_duration(s: float) -> str:
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.0f} min"
-    if s < 48 * 3600:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.0f} days"
-

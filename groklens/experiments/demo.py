@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from groklens.errors import BadInput
-from groklens.experiments.core import Context, Experiment, Plan, Published, Row, Scale, _register, grok_row, speedup_row
+from groklens.experiments.core import (
+    Context, Experiment, Plan, Published, QUICK, Row, SMOKE, Scale, grok_row, register, speedup_row)
 
 # The variants: each a switch of the one transformer (docs/VARIANTS.md). The baseline is a
 # standard pre-LayerNorm transformer; "uniform" and "act_norm" change only their one switch.
@@ -56,8 +57,7 @@ def demo_scale(base: dict[str, Any], note: str, analyze_every: int, sparse: list
 
 SCALES: dict[str, Scale] = {
     "quick": demo_scale(
-        dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, lr=3e-3, weight_decay=1.0,
-             steps=5000, eval_every=50, checkpoint_every=100, stop_after_grok=4, device="cpu"),
+        {**QUICK, "steps": 5000, "checkpoint_every": 100, "stop_after_grok": 4},
         "p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU", analyze_every=2,
         # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
         sparse=[("sharpness", {"top_k": 1, "trace_samples": 10})], sparse_every=10),
@@ -67,8 +67,7 @@ SCALES: dict[str, Scale] = {
         "the canonical p=113 setup (Nanda et al. 2023), meant for a GPU", analyze_every=2,
         sparse=[("sharpness", {"top_k": 3, "trace_samples": 30})], sparse_every=4),
     "smoke": demo_scale(
-        dict(task="add", p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, lr=3e-3, weight_decay=1.0,
-             steps=40, eval_every=10, checkpoint_every=20, device="cpu"),
+        {**SMOKE, "lr": 3e-3, "weight_decay": 1.0, "steps": 40, "checkpoint_every": 20},
         "smoke: a tiny pipeline check (p=7, d_model 16, 40 steps; does not grok)", analyze_every=1,
         sparse=[("sharpness", {"top_k": 1, "trace_samples": 4})], sparse_every=4),
 }
@@ -97,7 +96,7 @@ def _read(ctx: Context) -> list[Row]:
     return rows
 
 
-_register(Experiment(
+register(Experiment(
     "demo",
     "the demo: a standard, a bounded-sphere, a uniform-attention and an activation-norm transformer on one "
     "modular-addition task (no published numbers)",

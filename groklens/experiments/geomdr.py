@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from groklens.experiments.core import (
-    Context, Experiment, GEOMDR, Plan, Published, Row, Scale, _QUICK, _QUICK_NOTE, _SMOKE, _SMOKE_NOTE, _an_rank,
-    _register, _scale, speedup_row
-)
+    Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, register,
+    speedup_row)
 from groklens.experiments.verdicts import ratio_verdict
+
+GEOMDR = "GeomDR (2026; REFERENCES.md)"
+
+
+def _an_rank(sc: Scale, scale: str):
+    return [("rank", {"weights": []}, "every")]
 
 
 # ---------------------------------------------------------------------- geomdr
@@ -48,16 +53,15 @@ def _read_geomdr(ctx: Context) -> list[Row]:
     return rows
 
 
-
-_register(Experiment(
+register(Experiment(
     "geomdr",
     "GeomDR effective-rank regularizer: targets and schedules against AdamW; effective-rank collapse before "
     "grokking in the baseline",
     {
-        "smoke": _scale({**_SMOKE}, _SMOKE_NOTE, **{"lambda": 1.0, "targets": [4]}),
-        "quick": _scale({**_QUICK, "steps": 6000, "stop_after_grok": 2},
-                        _QUICK_NOTE + "; censored at 6000 steps", **{"lambda": 1.0, "targets": [4, 16]}),
-        "paper": _scale(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=500),
+        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE, **{"lambda": 1.0, "targets": [4]}),
+        "quick": Scale.of({**QUICK, "steps": 6000, "stop_after_grok": 2},
+                        QUICK_NOTE + "; censored at 6000 steps", **{"lambda": 1.0, "targets": [4, 16]}),
+        "paper": Scale.of(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=500),
                         "Nanda's canonical p=113 setup (the GeomDR paper's model is not in REFERENCES.md)",
                         **{"lambda": 1.0, "targets": [4, 8, 16, 32]}),
     },

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-
 from groklens.experiments.core import (
-    Context, Experiment, GROKFAST, Plan, Published, Row, Scale, _QUICK, _QUICK_NOTE, _SMOKE, _SMOKE_NOTE, _an_none,
-    _register, _scale, grok_row, speedup_row
-)
+    Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
+    no_analyses, register, speedup_row)
+
+GROKFAST = "Lee et al. 2024, Grokfast (REFERENCES.md)"
 
 
 # ---------------------------------------------------------------------- grokfast
@@ -26,16 +26,15 @@ def _read_grokfast(ctx: Context) -> list[Row]:
     return rows
 
 
-
-_register(Experiment(
+register(Experiment(
     "grokfast",
     "Grokfast-EMA (alpha 0.98, lambda 2) against the baseline on x*y mod p, 50% train",
     {
-        "smoke": _scale({**_SMOKE, "task": "mul"}, _SMOKE_NOTE + " (x*y mod 7)"),
-        "quick": _scale({**_QUICK, "task": "mul", "steps": 6000, "stop_after_grok": 1},
-                        "x*y mod 23 (the paper: mod 97), " + _QUICK_NOTE.split(", ", 2)[2] + "; censored at 6000 steps"),
-        "paper": _scale(dict(task="mul", p=97, train_frac=0.5, steps=60_000, eval_every=10, checkpoint_every=2000,
+        "smoke": Scale.of({**SMOKE, "task": "mul"}, SMOKE_NOTE + " (x*y mod 7)"),
+        "quick": Scale.of({**QUICK, "task": "mul", "steps": 6000, "stop_after_grok": 1},
+                        "x*y mod 23 (the paper: mod 97), " + QUICK_NOTE.split(", ", 2)[2] + "; censored at 6000 steps"),
+        "paper": Scale.of(dict(task="mul", p=97, train_frac=0.5, steps=60_000, eval_every=10, checkpoint_every=2000,
                              stop_after_grok=1),
                         "x*y mod 97, 50% train; evaluation every 10 steps"),
     },
-    _plan_grokfast, _read_grokfast, _an_none))
+    _plan_grokfast, _read_grokfast, no_analyses))

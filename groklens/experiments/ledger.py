@@ -32,13 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from groklens.analyses.compare import PhaseTimes
+from groklens.config import GROK_THRESHOLD, PHASE_THRESHOLDS
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
 
 LEDGER_FORMAT = 1
-THRESHOLDS = (0.5, 0.9, 0.95, 0.99)  # accuracy >= threshold (the sphere paper's rule is >; docs/RESULTS.md)
-GROK_THRESHOLD = 0.95  # the threshold the rows read
-GENERALIZED = 0.99  # the phase "generalized": first evaluation with test accuracy >= this
+# accuracy >= threshold (the sphere paper's rule is >; docs/RESULTS.md): the phase thresholds and two below
+THRESHOLDS = (0.5, 0.9, *PHASE_THRESHOLDS)
+# the rows read GROK_THRESHOLD (groklens.config); the phase "generalized": the first evaluation
+# with test accuracy >= GENERALIZED
+GENERALIZED = PHASE_THRESHOLDS[1]
 GENERALIZED_PHASE = "generalized"
 # Fields added after the first ledger entries, with the value that reproduces the behaviour from
 # before they existed. A field at this value is left out of the hash.

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from groklens.experiments.core import Context, Experiment, Plan, Published, Row, Scale, _register, _scale
+from groklens.experiments.core import Context, Experiment, Plan, Published, Row, Scale, register
 from groklens.experiments.verdicts import undetermined
 
 DEVINTERP = "devinterp examples/grokking.ipynb (timaeus-research/devinterp; REFERENCES.md)"
@@ -53,17 +53,17 @@ _NOTE = ("the notebook's task, MLP, Adam (L2 weight decay) and SGLD settings; di
          "notebook's two (their difference is flat), W_in ~ U(+-1/sqrt(24)) for its U(+-1/sqrt(12)), the split "
          "from data_seed 598 (1,123 pairs), groklens' sampler (every pair in every epoch, exact L_n(w*))")
 SCALES = {
-    "smoke": _scale(dict(task="add", p=7, train_frac=0.5, model="mlp", n_layers=1, d_model=4, d_mlp=8, act_fn="gelu",
+    "smoke": Scale.of(dict(task="add", p=7, train_frac=0.5, model="mlp", n_layers=1, d_model=4, d_mlp=8, act_fn="gelu",
                          mlp_bias=True, mlp_unembed_bias=False, optimizer="adam", lr=5e-3, weight_decay=2e-4,
                          betas=[0.9, 0.999], warmup_steps=0, batch_size=8, steps=40, eval_every=10,
                          checkpoint_every=10, device="cpu"),
                     "smoke: a tiny pipeline check, not a reproduction (p=7, d_model 4, d_mlp 8, 40 steps)",
                     sgld={**NOTEBOOK_SGLD, "draws": 6, "minibatch": 8}, ledger_curves=["llc"]),
     # the notebook's run with the LLC at every 4th of its checkpoints and 200 draws
-    "quick": _scale({**_MODEL, "steps": 25_000, "eval_every": 250, "checkpoint_every": 1000},
+    "quick": Scale.of({**_MODEL, "steps": 25_000, "eval_every": 250, "checkpoint_every": 1000},
                     _NOTE + "; the LLC every 1,000 steps with 200 draws (the notebook: every 250, 500 draws)",
                     sgld={**NOTEBOOK_SGLD, "draws": 200}, ledger_curves=["llc"]),
-    "paper": _scale({**_MODEL, "steps": 25_000, "eval_every": 250, "checkpoint_every": 250}, _NOTE,
+    "paper": Scale.of({**_MODEL, "steps": 25_000, "eval_every": 250, "checkpoint_every": 250}, _NOTE,
                     sgld=dict(NOTEBOOK_SGLD), ledger_curves=["llc"]),
 }
 
@@ -185,7 +185,7 @@ def _read(ctx: Context) -> list[Row]:
     ]
 
 
-_register(Experiment(
+register(Experiment(
     "llc-grokking",
     "devinterp's grokking notebook: the LLC of a p=53 MLP rises during memorization, falls through grokking, "
     "flattens after",

@@ -13,9 +13,29 @@ from typing import Any
 
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.core import (
-    CPU_FLOPS, Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END,
-    Result, SCALES, STEP_OVERHEAD_S, Scale, _fmt_duration
-)
+    Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
+
+# Step-time model of the cost estimates (`--list`): seconds per training step =
+# STEP_OVERHEAD_S + FLOPs / CPU_FLOPS, evaluation forward passes included. Calibrated with
+# benchmarks/train_throughput.py and tiny runs on the 2-core development machine while it was
+# shared with other jobs (OMP_NUM_THREADS=1); estimates, not promises.
+# Measured 2026-11-30 with two training processes on the 2 cores (load average ~3): the
+# canonical p=113 step took 0.41 s (14.6 GFLOP by this model, which ignores that the trainer
+# computes the last block at the readout position only), a p=23 d_model-64 step (0.24 GFLOP)
+# ~25 ms in `reproduce bounded-sphere --scale quick`. With --workers W the wall time is about
+# the estimate / W.
+CPU_FLOPS = 3.0e10  # sustained float32 FLOP/s of one shared core
+STEP_OVERHEAD_S = 1.5e-2  # per-step overhead (Python, autograd, optimizer, time slicing) of a small model
+
+
+def _fmt_duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.0f} days"
 
 
 # ---------------------------------------------------------------------- configs and cost
@@ -75,7 +95,6 @@ def estimate_seconds(cfgs: list[Any]) -> float:
         n_eval = cfg.steps // cfg.eval_every + 1
         total += cfg.steps * (STEP_OVERHEAD_S + train_f / CPU_FLOPS) + n_eval * (STEP_OVERHEAD_S + eval_f / CPU_FLOPS)
     return total
-
 
 
 FITS_RUN_S = 4 * 3600  # a scale fits this CPU when no run takes longer on one core ...

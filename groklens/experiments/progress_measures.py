@@ -16,7 +16,7 @@ from typing import Any
 
 from groklens.analyses.progress import CLEANUP_LOSS, PHASE_RULE
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, Row, Scale, _SMOKE, _SMOKE_NOTE, _register, _scale)
+    Context, Experiment, Plan, Published, Row, SMOKE, SMOKE_NOTE, Scale, register)
 from groklens.experiments.verdicts import fmt_ci, interval_verdict, mean_flag, paired_interval, undetermined
 
 NANDA = "Nanda et al. 2023, progress measures for grokking (REFERENCES.md)"
@@ -24,15 +24,15 @@ STOP_LOSS = 0.01  # the schedule trains 2 evaluations past test loss <= this (th
 
 _SCHEDULE = dict(eval_every=100, checkpoint_every=100, stop_after_grok=2, stop_test_loss=STOP_LOSS)
 SCALES = {
-    "smoke": _scale({**_SMOKE, "steps": 60, "stop_test_loss": 0.0}, _SMOKE_NOTE),
+    "smoke": Scale.of({**SMOKE, "steps": 60, "stop_test_loss": 0.0}, SMOKE_NOTE),
     # Nanda's model and optimizer on p=59 with half the pairs (1,740 of 3,481): the same phases, ~4x
     # cheaper a step. With his 30% (1,044 pairs) a p=59 run had not grokked by step 9,100; with 50%
     # seed 1 grokked at step 1,700 (memorized at 200)
-    "quick": _scale(dict(task="add", p=59, train_frac=0.5, steps=15_000, stop_min_steps=6_000, device="cpu",
+    "quick": Scale.of(dict(task="add", p=59, train_frac=0.5, steps=15_000, stop_min_steps=6_000, device="cpu",
                          **_SCHEDULE),
                     "p=59 and 50% of the pairs (Nanda: p=113, 30%), his model and optimizer otherwise; trained 2 "
                     "evaluations past test loss <= 0.01, not before step 6,000, censored at 15,000"),
-    "paper": _scale(dict(task="add", steps=40_000, stop_min_steps=20_000, device="auto", **_SCHEDULE),
+    "paper": Scale.of(dict(task="add", steps=40_000, stop_min_steps=20_000, device="auto", **_SCHEDULE),
                     "his setup (the default preset); seeds 1..N with his data split (data_seed 598); trained 2 "
                     "evaluations past test loss <= 0.01, not before step 20,000, censored at 40,000"),
 }
@@ -149,7 +149,7 @@ def _run_values(path: Path, sc: Scale) -> dict[str, Any]:
     return progress_summary(path)
 
 
-_register(Experiment(
+register(Experiment(
     "progress-measures",
     "Nanda et al.'s canonical run: memorization, circuit formation and cleanup from restricted/excluded loss, "
     "key frequencies and the weight norm",

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 from groklens.errors import BadInput
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, Row, SCALING, Scale, _SMOKE, _SMOKE_NOTE, _an_none, _fit_text, _lr_tag,
-    _register, _scale
-)
+    Context, Experiment, Plan, Published, Row, SMOKE, SMOKE_NOTE, Scale, fit_text, lr_tag, no_analyses, register)
+
+SCALING = "Grokking scaling law (2026; REFERENCES.md)"
 
 
 # ---------------------------------------------------------------------- scaling-law
@@ -20,7 +19,7 @@ def _plan_scaling(sc: Scale, scale: str) -> Plan:
     ax = sc.extra["axes"]
     variants = {}
     for h, d, lr, wd in itertools.product(ax["d_mlp"], ax["train_frac"], ax["lr"], ax["weight_decay"]):
-        variants[f"h{h}_d{d:g}_lr{_lr_tag(lr)}_wd{wd:g}"] = {"d_mlp": h, "train_frac": d, "lr": lr, "weight_decay": wd}
+        variants[f"h{h}_d{d:g}_lr{lr_tag(lr)}_wd{wd:g}"] = {"d_mlp": h, "train_frac": d, "lr": lr, "weight_decay": wd}
     return Plan(variants, None, sc.base)
 
 
@@ -30,7 +29,7 @@ def _read_scaling(ctx: Context) -> list[Row]:
     diff = ctx.sc.note + "; D = train_frac (the paper's D is the training data size: the same exponent when p is fixed)"
     recs = [GrokRecord(r.name, {v: variable_value(v, r.config) for v in DEFAULT_VARS}, r.grokking, r.last_step)
             for v in ctx.plan.variants for r in ctx.group(v).runs]
-    fits = _fit_text(recs, list(DEFAULT_VARS))
+    fits = fit_text(recs, list(DEFAULT_VARS))
     names = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)", "weight_decay": "lambda (weight decay)"}
     rows = []
     for v in DEFAULT_VARS:
@@ -46,23 +45,22 @@ def _read_scaling(ctx: Context) -> list[Row]:
     return rows
 
 
-
-_register(Experiment(
+register(Experiment(
     "scaling-law",
     "two-hidden-layer MLP grid over width, data, learning rate and weight decay; fitted power-law exponents",
     {
-        "smoke": _scale({**_SMOKE, "model": "mlp", "n_layers": 2, "mlp_bias": True, "steps": 20}, _SMOKE_NOTE + " (MLP grid 2x2x2x1)",
+        "smoke": Scale.of({**SMOKE, "model": "mlp", "n_layers": 2, "mlp_bias": True, "steps": 20}, SMOKE_NOTE + " (MLP grid 2x2x2x1)",
                         axes={"d_mlp": [16, 32], "train_frac": [0.4, 0.6], "lr": [1e-3, 3e-3], "weight_decay": [1.0]}),
-        "quick": _scale(dict(task="add", p=23, model="mlp", n_layers=2, d_model=64, mlp_bias=True, steps=6000,
+        "quick": Scale.of(dict(task="add", p=23, model="mlp", n_layers=2, d_model=64, mlp_bias=True, steps=6000,
                              eval_every=50, checkpoint_every=1000, stop_after_grok=1, device="cpu"),
                         "MLP grid of 16 (2 values per axis: width 128, 256; train_frac 0.5, 0.7; lr 5e-3, 1e-2; wd 1, 3), "
                         "p=23, embeddings 64 wide; censored at 6000 steps (the paper: 384 configurations)",
                         axes={"d_mlp": [128, 256], "train_frac": [0.5, 0.7], "lr": [5e-3, 1e-2], "weight_decay": [1.0, 3.0]}),
-        "paper": _scale(dict(task="add", p=97, model="mlp", n_layers=2, d_model=128, mlp_bias=True, steps=100_000,
+        "paper": Scale.of(dict(task="add", p=97, model="mlp", n_layers=2, d_model=128, mlp_bias=True, steps=100_000,
                              eval_every=100, checkpoint_every=5000, stop_after_grok=1, device="auto"),
                         "384 configurations (4 widths x 4 data x 4 lr x 6 wd), p=97 (the paper's p and grid values "
                         "are not in REFERENCES.md: ours)",
                         axes={"d_mlp": [64, 128, 256, 512], "train_frac": [0.3, 0.4, 0.5, 0.6],
                               "lr": [3e-4, 1e-3, 3e-3, 1e-2], "weight_decay": [0.1, 0.3, 0.5, 1.0, 2.0, 3.0]}),
     },
-    _plan_scaling, _read_scaling, _an_none))
+    _plan_scaling, _read_scaling, no_analyses))

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 from groklens.experiments.core import (
-    ARCH, ARCH_LABEL, Context, Experiment, Plan, Published, Row, SPHERE_TABLE, Scale, YILDIRIM, _PAPER_SPHERE_NOTE,
-    _QUICK_SPHERE_NOTE, _SMOKE, _SMOKE_NOTE, _SPHERE_PAPER, _SPHERE_QUICK, _SPHERE_TRAIN, _an_none,
-    _lr_tag, _register, _scale, grok_row, speedup_row
-)
+    Context, Experiment, Plan, Published, QUICK, Row, SMOKE, SMOKE_NOTE, Scale, grok_row, lr_tag, no_analyses,
+    register, speedup_row)
 from groklens.experiments.verdicts import fmt_ci, interval_verdict, speedup_verdict, undetermined, welch_log_ratio
+
+YILDIRIM = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md table)"
+
+# the sphere paper's training setup (preset `sphere`): bidirectional, MLP biases, betas (0.9, 0.999), no warm-up
+# and PyTorch's default init, as its code (init_scheme=torch)
+_SPHERE_TRAIN = dict(causal=False, mlp_bias=True, betas=[0.9, 0.999], warmup_steps=0, init_scheme="torch")
+_SPHERE_PAPER = dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512,
+                     eval_every=200, checkpoint_every=1000, device="auto", **_SPHERE_TRAIN)
+_SPHERE_QUICK = {**QUICK, **_SPHERE_TRAIN}
+_QUICK_SPHERE_NOTE = ("p=23, 50% of pairs, d_model 64, 2 heads, d_mlp 256 (the paper: p=113, 30%, d_model 128, "
+                      "4 heads, d_mlp 512); lr 3e-3 compared with the paper's lr 6e-4 row (5x larger: at 6e-4 "
+                      "these runs need ~10k steps); evaluation every 50 steps (paper: 200); post-norm "
+                      "LayerNorm/RMSNorm baselines and PyTorch's init, as the paper's code")
+ARCH: dict[str, dict[str, Any]] = {  # the architectures of the sphere paper's table (its baselines are post-norm)
+    "ln": {"norm": "ln", "norm_placement": "post", "weight_decay": 1.0},
+    "rms": {"norm": "rms", "norm_placement": "post", "weight_decay": 1.0},
+    "sphere_wd1": {"norm": "sphere", "unembed": "bounded", "weight_decay": 1.0},
+    "sphere_wd0": {"norm": "sphere", "unembed": "bounded", "weight_decay": 0.0},
+    "sphere_fourier_wd0": {"norm": "sphere", "unembed": "bounded", "init": "fourier", "weight_decay": 0.0},
+}
+ARCH_LABEL = {"ln": "LayerNorm", "rms": "RMSNorm", "sphere_wd1": "bounded sphere, wd 1.0",
+              "sphere_wd0": "bounded sphere, wd 0", "sphere_fourier_wd0": "bounded sphere + Fourier init, wd 0"}
+# Yildirim 2026 table: (lr, arch) -> mean grok epoch
+SPHERE_TABLE = {
+    (1e-4, "ln"): 54_160, (1e-4, "rms"): 51_240, (6e-4, "ln"): 7_800, (6e-4, "rms"): 7_300,
+    (1e-4, "sphere_wd1"): 2_400, (1e-4, "sphere_wd0"): 2_480, (1e-4, "sphere_fourier_wd0"): 2_100,
+    (6e-4, "sphere_wd1"): 1_560, (6e-4, "sphere_wd0"): 820, (6e-4, "sphere_fourier_wd0"): 711,
+}
+_PAPER_SPHERE_NOTE = "the published setup (post-norm baselines, PyTorch's default init as the paper's code)"
 
 
 # ---------------------------------------------------------------------- bounded-sphere
@@ -19,17 +48,17 @@ SPHERE_OURS = {"sphere_wd0_tlinit": ({**ARCH["sphere_wd0"], "init_scheme": "tl"}
 
 
 def _plan_sphere(sc: Scale, scale: str) -> Plan:
-    variants = {f"{a}_lr{_lr_tag(lr)}": {**ARCH[a], "lr": lr} for lr in sc.extra["lrs"] for a in ARCH}
+    variants = {f"{a}_lr{lr_tag(lr)}": {**ARCH[a], "lr": lr} for lr in sc.extra["lrs"] for a in ARCH}
     for a in sc.extra.get("ours", ()):  # after the paper's arms: their run names never change
-        variants.update({f"{a}_lr{_lr_tag(lr)}": {**SPHERE_OURS[a][0], "lr": lr} for lr in sc.extra["lrs"]})
-    return Plan(variants, f"ln_lr{_lr_tag(sc.extra['lrs'][0])}", sc.base)
+        variants.update({f"{a}_lr{lr_tag(lr)}": {**SPHERE_OURS[a][0], "lr": lr} for lr in sc.extra["lrs"]})
+    return Plan(variants, f"ln_lr{lr_tag(sc.extra['lrs'][0])}", sc.base)
 
 
 def _read_sphere(ctx: Context) -> list[Row]:
     rows = []
     lrs = ctx.sc.extra["lrs"]
     for lr, pub_lr in zip(lrs, ctx.sc.extra.get("published_lrs", lrs)):  # quick: our lr != the paper's
-        tag = _lr_tag(lr)
+        tag = lr_tag(lr)
         at = f"lr {lr:g}" if lr == pub_lr else f"lr {lr:g} (published: lr {pub_lr:g})"
         for a in ARCH:
             pub = SPHERE_TABLE[(pub_lr, a)]
@@ -110,7 +139,7 @@ def _fve_arms(sc: Scale) -> dict[str, str]:
     """fully_bounded / bounded / standard -> variant name. At paper scale the arms are
     bounded-sphere's own runs (same names and configs: one set of runs gives both experiments' rows)."""
     if sc.extra.get("shared_with_sphere"):
-        tag = _lr_tag(sc.extra["lr"])
+        tag = lr_tag(sc.extra["lr"])
         return {k: f"{a}_lr{tag}" for k, (a, _, _) in FVE_ARMS.items()}
     return {k: k for k in FVE_ARMS}
 
@@ -164,53 +193,53 @@ def _an_fve_phases(sc: Scale, scale: str):
     return [("fourier", {}, "phases+phases@0.99")]
 
 
-_register(Experiment(
+register(Experiment(
     "bounded-sphere",
     "LayerNorm vs RMSNorm vs bounded sphere (wd 1, wd 0) vs sphere + Fourier init, modular addition: grok epochs",
     {
-        "smoke": _scale({**_SMOKE, **_SPHERE_TRAIN, "fourier_freqs": "1 2 3"}, _SMOKE_NOTE, lrs=[6e-4]),
-        "quick": _scale({**_SPHERE_QUICK, "steps": 6000, "stop_after_grok": 2, "fourier_freqs": "1 2 3 4 5"},
+        "smoke": Scale.of({**SMOKE, **_SPHERE_TRAIN, "fourier_freqs": "1 2 3"}, SMOKE_NOTE, lrs=[6e-4]),
+        "quick": Scale.of({**_SPHERE_QUICK, "steps": 6000, "stop_after_grok": 2, "fourier_freqs": "1 2 3 4 5"},
                         _QUICK_SPHERE_NOTE + "; Fourier init frequencies 1-5 (our choice for p=23); runs stop 2 "
                         "evaluations after grokking, censored at 6000 steps", lrs=[3e-3], published_lrs=[6e-4]),
-        "paper": _scale({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE
+        "paper": Scale.of({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE
                         + "; lr 6e-4 only (1e-4 does not fit a CPU); the data split is the same for every seed "
                         "(data_seed 598; the paper draws it from the seed)", lrs=[6e-4], ours=["sphere_wd0_tlinit"]),
     },
-    _plan_sphere, _read_sphere, _an_none))
+    _plan_sphere, _read_sphere, no_analyses))
 
-_register(Experiment(
+register(Experiment(
     "uniform-attention",
     "each norm (LayerNorm, RMSNorm, bounded sphere) with uniform attention against learned attention",
     {
-        "smoke": _scale({**_SMOKE, **_SPHERE_TRAIN}, _SMOKE_NOTE, lr=6e-4),
-        "quick": _scale({**_SPHERE_QUICK, "steps": 6000, "stop_after_grok": 2},
+        "smoke": Scale.of({**SMOKE, **_SPHERE_TRAIN}, SMOKE_NOTE, lr=6e-4),
+        "quick": Scale.of({**_SPHERE_QUICK, "steps": 6000, "stop_after_grok": 2},
                         _QUICK_SPHERE_NOTE + "; censored at 6000 steps", lr=3e-3),
-        "paper": _scale({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE, lr=6e-4),
+        "paper": Scale.of({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE, lr=6e-4),
     },
-    _plan_uniform, _read_uniform, _an_none))
+    _plan_uniform, _read_uniform, no_analyses))
 
-_register(Experiment(
+register(Experiment(
     "s5-control",
     "the same variants on S5 composition (negative control): the sphere must not help",
     {
-        "smoke": _scale({**_SMOKE, **_SPHERE_TRAIN, "task": "s5", "train_frac": 0.3, "steps": 10}, _SMOKE_NOTE + " (S5, 10 steps)"),
-        "quick": _scale({**_SPHERE_QUICK, "task": "s5", "train_frac": 0.3, "batch_size": 512, "steps": 6000,
+        "smoke": Scale.of({**SMOKE, **_SPHERE_TRAIN, "task": "s5", "train_frac": 0.3, "steps": 10}, SMOKE_NOTE + " (S5, 10 steps)"),
+        "quick": Scale.of({**_SPHERE_QUICK, "task": "s5", "train_frac": 0.3, "batch_size": 512, "steps": 6000,
                          "stop_after_grok": 2, "eval_every": 100, "checkpoint_every": 500},
                         "S5 (14,400 pairs, 30%), d_model 64, 2 heads, d_mlp 256, lr 3e-3, mini-batches of 512 (the "
                         "paper: d_model 128, lr 1e-3, full batch, up to 100k epochs); censored at 6000 steps", lr=3e-3),
-        "paper": _scale({**_SPHERE_PAPER, "task": "s5", "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE),
+        "paper": Scale.of({**_SPHERE_PAPER, "task": "s5", "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE),
     },
-    _plan_s5, _read_s5, _an_none))
+    _plan_s5, _read_s5, no_analyses))
 
-_register(Experiment(
+register(Experiment(
     "fourier-fve",
     "the sphere paper's Fourier FVE (top-5 frequencies of W_L, at the first evaluation with test accuracy >= 0.99) of "
     "the fully bounded sphere (wd 0), the bounded sphere (wd 1) and post-norm LayerNorm",
     {
-        "smoke": _scale({**_SMOKE, **_SPHERE_TRAIN}, _SMOKE_NOTE, lr=6e-4),
-        "quick": _scale({**_SPHERE_QUICK, "steps": 6000, "stop_after_grok": 10},
+        "smoke": Scale.of({**SMOKE, **_SPHERE_TRAIN}, SMOKE_NOTE, lr=6e-4),
+        "quick": Scale.of({**_SPHERE_QUICK, "steps": 6000, "stop_after_grok": 10},
                         _QUICK_SPHERE_NOTE + "; trained 10 evaluations past grokking (or 6000 steps)", lr=3e-3),
-        "paper": _scale({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE
+        "paper": Scale.of({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE
                         + "; the bounded-sphere experiment's own paper runs (ln, sphere_wd1, sphere_wd0 at lr 6e-4), "
                         "read at the first evaluation with test accuracy >= 0.99 (the notebook's checkpoint)",
                         lr=6e-4, shared_with_sphere=True),

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 from groklens.experiments.core import (
-    Context, Experiment, PRIETO, Plan, Published, Row, Scale, _QUICK, _QUICK_NOTE, _SMOKE, _SMOKE_NOTE, _an_none,
-    _register, _scale, grok_row, speedup_row
-)
+    Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
+    no_analyses, register, speedup_row)
 from groklens.experiments.verdicts import groks_verdict
+
+PRIETO = "Prieto et al. 2025, 'Grokking at the edge of numerical stability' (REFERENCES.md)"
 
 
 # ---------------------------------------------------------------------- stablemax
@@ -42,14 +43,13 @@ def _read_stablemax(ctx: Context) -> list[Row]:
     return rows
 
 
-
-_register(Experiment(
+register(Experiment(
     "stablemax",
     "StableMax and the perpendicular gradient (Prieto et al.) with and without weight decay on modular addition",
     {
-        "smoke": _scale({**_SMOKE}, _SMOKE_NOTE),
-        "quick": _scale({**_QUICK, "steps": 6000, "stop_after_grok": 1}, _QUICK_NOTE + "; censored at 6000 steps"),
-        "paper": _scale(dict(task="add", steps=40_000, eval_every=100, checkpoint_every=2000, stop_after_grok=1),
+        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE),
+        "quick": Scale.of({**QUICK, "steps": 6000, "stop_after_grok": 1}, QUICK_NOTE + "; censored at 6000 steps"),
+        "paper": Scale.of(dict(task="add", steps=40_000, eval_every=100, checkpoint_every=2000, stop_after_grok=1),
                         "Nanda's canonical p=113 setup (Prieto et al.'s own setups are not in REFERENCES.md)"),
     },
-    _plan_stablemax, _read_stablemax, _an_none))
+    _plan_stablemax, _read_stablemax, no_analyses))

@@ -38,11 +38,12 @@ def test_every_analysis_runs_on_a_run_of_every_loss(tmp_path, loss):
     path = tmp_path / "run.h5"
     train_tiny(path, loss=loss, steps=40, eval_every=10, checkpoint_every=20)
     traj = Trajectory(path)
-    assert set(names()) == set(HEADLINE)  # a new analysis must be added here
+    assert set(HEADLINE) <= set(names())
     for name in names():
         res = compute(traj, name, store=False, **CHEAP.get(name, {}))
         assert res.values, f"{name} returned nothing on a {loss} run"
-        for key in HEADLINE[name]:
+        # a new analysis without headline values here: every value it returns must be finite
+        for key in HEADLINE.get(name, list(res.values)):
             assert np.isfinite(np.asarray(res[key], dtype=np.float64)).all(), f"{name}.{key} on a {loss} run"
     # the loss-aware analyses measured the run's own loss: sharpness reports its value
     model, data = traj.model(traj.steps[-1]), traj.dataset()

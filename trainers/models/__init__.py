@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from groklens._tl import defer_package_inits
+from groklens.config import MODEL_ENTRY_POINTS
 from groklens.errors import BadInput
 from groklens.registry import Registry
 
@@ -18,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.config import RunConfig
     from groklens.tasks import TaskData
 
-MODELS: Registry[Callable[["RunConfig", "TaskData"], "nn.Module"]] = Registry("model")
+# installed packages add models through the entry-point group MODEL_ENTRY_POINTS (docs/EXTENDING.md)
+MODELS: Registry[Callable[["RunConfig", "TaskData"], "nn.Module"]] = Registry("model", entry_points=MODEL_ENTRY_POINTS)
 
 
 def _attach_task(model, cfg: "RunConfig", data: "TaskData"):

@@ -1,0 +1,143 @@
+"""docs/EXTENDING.md's three recipes, run as written: its code blocks installed as a package of
+entry points in a temporary directory (the `pyproject.toml` block's entry points, each Python
+block as the module the entry point of its recipe names), then the model variant trains, the
+analysis runs through `groklens analyze` (checked against an independent computation) and the
+experiment shows in `groklens reproduce --list` and runs at smoke scale."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import groklens
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "EXTENDING.md"
+TINY = ["--p", "7", "--train-frac", "0.5", "--d-model", "16", "--n-heads", "2", "--d-head", "8", "--d-mlp", "32",
+        "--steps", "20", "--eval-every", "10", "--checkpoint-every", "10", "--device", "cpu"]
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, re.S | re.M)
+
+
+def entry_points(toml: str) -> list[tuple[str, str, str]]:
+    """(group, name, module) of each entry point of the pyproject block, in order."""
+    out, group = [], None
+    for line in toml.splitlines():
+        if m := re.fullmatch(r'\[project\.entry-points\."([\w.]+)"\]', line.strip()):
+            group = m.group(1)
+        elif m := re.fullmatch(r'([\w.-]+) = "([\w.]+)"', line.strip()):
+            out.append((group, m.group(1), m.group(2)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> dict[str, str]:
+    """The doc's package on a path of its own; the environment that finds it."""
+    text = DOC.read_text()
+    code, (toml,) = blocks(text, "python"), blocks(text, "toml")
+    eps = entry_points(toml)
+    assert [g for g, _, _ in eps] == ["groklens.models", "groklens.analyses", "groklens.experiments"]
+    assert len(code) == len(eps) == 3  # one module per recipe, in the page's order
+    site = tmp_path_factory.mktemp("site")
+    for (_, _, module), source in zip(eps, code):
+        path = site.joinpath(*module.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(source)
+    info = site / "groklens_recipes-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: groklens-recipes\nVersion: 0.0\n")
+    groups: dict[str, list[str]] = {}
+    for group, name, module in eps:
+        groups.setdefault(group, []).append(f"{name} = {module}")
+    (info / "entry_points.txt").write_text("".join(f"[{g}]\n" + "\n".join(lines) + "\n\n" for g, lines in groups.items()))
+    return {"PYTHONPATH": str(site)}
+
+
+def python(env: dict[str, str], source: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def run(plugin, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("run") / "x3.h5"
+    groklens("train", "--model", "transformer_x3", *TINY, "-o", str(path), check=True, env=plugin)
+    return path
+
+
+def test_the_model_variant_trains_with_three_times_the_standard_init(plugin, run):
+    # independent of the recipe's code: the standard transformer of the same config and seed
+    out = python(plugin, f"""
+import torch
+from groklens.checkpoints import Trajectory
+from groklens.tasks import TASKS
+from groklens.trainers.models import build_model
+traj = Trajectory({str(run)!r})
+cfg = traj.config
+assert cfg.model == "transformer_x3" and traj.steps[-1] == 20, (cfg.model, traj.steps)
+standard = cfg.replace(model="transformer")
+ref = dict(build_model(standard, TASKS.get(cfg.task).build(standard)).named_parameters())
+got = dict(traj.model(0).named_parameters())
+assert set(got) == set(ref)
+for k in ref:
+    torch.testing.assert_close(got[k], 3.0 * ref[k])
+print(len(ref))
+""")
+    assert int(out) > 5
+
+
+def test_the_analysis_runs_through_analyze(plugin, run):
+    res = json.loads(groklens("analyze", str(run), "--metric", "margin", "--json", "-q", check=True, env=plugin).stdout)
+    steps, margins = res["margin"]["steps"], res["margin"]["margin"]
+    assert steps == [0, 10, 20]
+    # the margin recomputed with numpy from the logits at each checkpoint
+    ref = json.loads(python(plugin, f"""
+import json, numpy as np, torch
+from groklens.checkpoints import Trajectory
+traj = Trajectory({str(run)!r})
+data = traj.dataset()
+out = []
+for s in traj.steps:
+    with torch.no_grad():
+        z = traj.model(s)(data.inputs[data.test_idx])[:, data.readout_pos].double().numpy()
+    y = data.labels[data.test_idx].numpy()
+    right = z[np.arange(len(y)), y]
+    z[np.arange(len(y)), y] = -np.inf
+    out.append(float(np.mean(right - z.max(axis=1))))
+print(json.dumps(out))
+"""))
+    assert margins == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    # a parameter from the signature; an unknown one is a one-line error
+    train = json.loads(groklens("analyze", str(run), "--metric", "margin", "--param", "margin.split=train",
+                                "--checkpoints", "20", "--json", "-q", check=True, env=plugin).stdout)
+    assert train["margin"]["steps"] == [20] and train["margin"]["margin"][0] != margins[-1]
+    bad = groklens("analyze", str(run), "--metric", "margin", "--param", "margin.nope=1", env=plugin)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nope" in bad.stderr
+
+
+def test_the_experiment_is_listed_and_runs_at_smoke_scale(plugin, tmp_path):
+    listed = groklens("reproduce", "--list", check=True, env=plugin).stdout
+    assert "wd-delay" in listed
+    out = tmp_path / "out"
+    groklens("reproduce", "wd-delay", "--scale", "smoke", "-o", str(out), check=True, env=plugin, timeout=600)
+    result = json.loads((out / "results.json").read_text())
+    assert result["experiment"] == "wd-delay" and result["scale"] == "smoke"
+    rows = {r["measure"]: r for r in result["rows"]}
+    assert set(rows) == {"grok step, weight decay 0.3", "speed-up of weight decay 1 over 0.3"}
+    assert rows["speed-up of weight decay 1 over 0.3"]["published"]["value"] == pytest.approx(1 / 0.3)
+    assert sorted(p.name for p in (out / "runs").glob("*.h5") if not p.name.endswith(".analyses.h5")) == [
+        "wd0.3_s1.h5", "wd1_s1.h5"]
+
+
+def test_without_the_package_the_names_are_unknown(run):
+    proc = groklens("analyze", str(run), "--metric", "norms", "-q")
+    assert proc.returncode == 2 and "transformer_x3" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
