@@ -159,13 +159,13 @@ def test_trajectories_match_the_golden_ones(tmp_path):
 def test_a_changed_warmup_is_caught(tmp_path, monkeypatch):
     """The tolerance still sees a real change: the warm-up one step longer (a bug of the
     schedule, not a changed config) moves the trajectories far beyond RTOL."""
-    from groklens.trainers import engine, single
+    from groklens.trainers import engine, optim
 
     def longer(cfg, step):
         return min(step / (cfg.warmup_steps + 1), 1.0) if cfg.warmup_steps else 1.0
 
     monkeypatch.setattr(engine, "warmup_factor", longer)
-    monkeypatch.setattr(single, "warmup_factor", longer)
+    monkeypatch.setattr(optim, "warmup_factor", longer)  # the update reads it (trainers/optim.py)
     from groklens.trainers.train import train
 
     train(tiny_config(**SINGLE), tmp_path / "single.h5", progress=False)
