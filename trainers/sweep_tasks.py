@@ -36,6 +36,7 @@ def check_buildable(runs: Sequence[RunSpec]) -> None:
     from groklens.errors import BadInput
     from groklens.tasks import TASKS
     from groklens.trainers.models import build_model
+    from groklens.trainers.optim import stack_of_one
     from groklens.trainers.regularizers import build_regularizers
 
     seen: set[str] = set()
@@ -49,7 +50,8 @@ def check_buildable(runs: Sequence[RunSpec]) -> None:
             check_resources(cfg)
             data = TASKS.get(cfg.task).build(cfg)
             with torch.device("meta"):
-                build_regularizers(cfg, build_model(cfg, data), data)
+                model = build_model(cfg, data)
+                build_regularizers([cfg], model, data, stack_of_one(dict(model.named_parameters())))
         except BadInput as exc:
             raise BadInput(f"run {r.name}: {exc}") from None
 

@@ -189,13 +189,14 @@ class Attention(nn.Module):
         self.register_buffer("causal_mask", torch.tril(torch.ones(n, n, dtype=torch.bool)), persistent=False)
 
     def forward(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor,
-                query: slice | None = None, fast: str | None = None) -> torch.Tensor:
+                query: slice | None = None, fast: str | None = None, xq: torch.Tensor | None = None) -> torch.Tensor:
         """Attention output [b, p, d]; with `query`, only for those query positions [b, |query|, d].
-        Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in)."""
+        Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in).
+        `xq`: the lean path's q_in[:, query] when the caller has it (one slice, one backward)."""
         if fast == "sdpa" and not self.folded:
             return self._fast(q_in, query)
         if fast == "lean" and not self.folded:
-            return self._lean(q_in, query)
+            return self._lean(q_in, query, xq)
         xq = q_in if query is None else q_in[:, query]
         eq = "bphd,hde->bphe" if q_in.ndim == 4 else "bpd,hde->bphe"
         q, k, v = torch.einsum(eq, xq, self.W_Q), torch.einsum(eq, k_in, self.W_K), torch.einsum(eq, v_in, self.W_V)
@@ -233,7 +234,7 @@ class Attention(nn.Module):
         """[r, d] @ W [h, d, e] -> [r, h e], one matmul."""
         return flat @ w.permute(1, 0, 2).reshape(w.shape[1], -1)
 
-    def _lean(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
+    def _lean(self, x: torch.Tensor, query: slice | None, xq: torch.Tensor | None = None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside, as few large products: K and
         V each in one matmul [b*p, d] @ [d, h e], Q in one (at the query positions only), the output
         projection in one [b*q, h e] @ [h e, d]; a short sequence's scores and mixing (p <= 8 keys)
@@ -241,7 +242,8 @@ class Attention(nn.Module):
         cfg = self.cfg
         b, n, d = x.shape
         h, e = cfg.n_heads, cfg.d_head
-        xq = x if query is None else x[:, query]
+        if xq is None:
+            xq = x if query is None else x[:, query]
         nq = xq.shape[1]
         flat = x.reshape(b * n, d)
         if cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
@@ -378,9 +380,12 @@ class TransformerBlock(nn.Module):
         is attached (Transformer.forward)."""
         lean = fast == "lean"
         x = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attn(*self.attn_inputs(x, lean), query=query, fast=fast))
+        inputs = self.attn_inputs(x, lean)
+        rows = x[:, query] if query is not None else None  # the residual at the query positions
+        xq = rows if lean and self.post and rows is not None else None  # after a sum-norm, also the queries' input
+        attn_out = self.hook_attn_out(self.attn(*inputs, query=query, fast=fast, xq=xq))
         if query is not None:
-            x = x[:, query]
+            x = rows
         mlp = self.mlp.lean if lean else self.mlp
         if self.post:  # resid_mid = ln1(resid_pre + attn(resid_pre)), resid_post = ln2(resid_mid + mlp(resid_mid))
             x = self.hook_resid_mid(norm_of(self.ln1, x + attn_out, lean))
@@ -481,7 +486,8 @@ class Transformer(TransformerLensWeights, HookedModel):
         plain = not (cfg.use_attn_result or cfg.use_split_qkv_input or cfg.use_attn_in or self.hooks_attached())
         fast = None if not plain else "sdpa" if fused else "lean" if self.lean_path else None
         lean = fast == "lean"
-        x = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(tokens))
+        embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
+        x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
         x = norm_of(self.ln_embed if is_post_ln(cfg) else self.norm_embed, x, lean)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
