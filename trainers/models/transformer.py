@@ -469,7 +469,7 @@ class Transformer(TransformerLensWeights, HookedModel):
     fused_attention: bool | None = None
     # Where the fused attention is off (CPU by default) and no hook is attached: the lean path
     # (Attention._lean, fused norms, MLP.lean): the explicit path's numbers to float32 rounding
-    # (tests/trainers/test_fast_path.py), at about 0.6x its step time at paper scale
+    # (tests/trainers/test_fast_path.py), at 0.66-0.84x its step time at paper scale
     # (benchmarks/flop_bound.py). False: the explicit path, bit-identical to earlier versions.
     lean_path: bool = True
 
