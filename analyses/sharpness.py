@@ -48,6 +48,7 @@ class HessianOperator:
 
         self.model = copy.deepcopy(model).to(torch.float64).eval()
         self.model.fused_attention = False  # fused attention kernels have no double backward
+        self.model.lean_path = False  # the explicit path: the Hessian's numbers as before the lean path
         for p in self.model.parameters():
             p.grad = None  # never mix stale first-order gradients into a double backward
         self.params = [p for p in self.model.parameters() if p.requires_grad]

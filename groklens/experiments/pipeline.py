@@ -231,14 +231,15 @@ def _plan_runs(exp: Experiment, scale: str, seeds: int, runs_dir: Path, led) -> 
     return held, ready, todo
 
 
-def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool) -> None:
+def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1) -> None:
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
 
     if not todo:
         return
     specs = [RunSpec(r.name, r.cfg) for r in todo]
     executor = InlineExecutor() if workers == 1 else "local"
-    rep = run_sweep(specs, runs_dir, executor=executor, workers=workers, ensemble=True, progress=progress)
+    rep = run_sweep(specs, runs_dir, executor=executor, workers=workers, ensemble=True, progress=progress,
+                    threads=threads)
     if rep.counts["failed"]:
         first = next(iter(rep.failed.items()))
         raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
@@ -289,7 +290,15 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     # 1. train what neither the ledger nor OUT/runs holds (interrupted runs resumed)
     skipped = [] if train else todo
     if train:
-        _train(todo, runs_dir, name, n_workers, progress)
+        train_workers, threads = n_workers, 1
+        if todo and workers is None and scale != "smoke":  # one run per core, or one run on all cores
+            from groklens.experiments.layout import plan_layout
+            from groklens.threads import available_cores
+
+            layout = plan_layout([r.cfg for r in todo], available_cores())
+            train_workers, threads = layout.workers, layout.threads
+            echo(f"training layout: {layout.why}")
+        _train(todo, runs_dir, name, train_workers, progress, threads)
     else:
         todo = []
     t_train = time.perf_counter() - t0

@@ -1,5 +1,6 @@
-"""The training fast path (no hook attached: fused projections, scaled_dot_product_attention, the
-readout-only last block) gives the loss and gradients of the explicit full forward pass (a hook
+"""The training fast paths (no hook attached: fused projections and scaled_dot_product_attention,
+the CUDA default; or the lean path, the CPU default: few large matmuls, broadcast attention over
+the short sequence, fused norms and MLP biases; both with the readout-only last block) gives the loss and gradients of the explicit full forward pass (a hook
 attached: every HookPoint fires, all positions), for every variant."""
 
 import pytest
@@ -40,12 +41,13 @@ def _loss_and_grads(model, x, y, sl, hooked: bool):
     return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("path", ["sdpa", "lean"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fast_path_equals_full_forward(variant):
+def test_fast_path_equals_full_forward(variant, path):
     cfg = tiny_config(n_layers=2, **VARIANTS[variant])
     data = TASKS.get(cfg.task).build(cfg)
     model = build_model(cfg, data)
-    model.fused_attention = True  # the CUDA default, forced on the CPU
+    model.fused_attention = path == "sdpa"  # the CUDA default, forced on the CPU; else the lean path
     pos = data.readout_positions
     sl = slice(pos[0], pos[-1] + 1)
     x, y = data.inputs[data.train_idx][:64], data.labels[data.train_idx][:64]
@@ -69,12 +71,15 @@ def test_hooks_see_the_explicit_path():
     assert not model.hooks_attached()  # and nothing is left behind
 
 
-def test_the_cpu_default_is_the_explicit_path():
-    """On CPU the fused path is off by default: a run's numbers do not depend on whether a hook
-    was attached."""
+def test_the_cpu_default_is_the_lean_path():
+    """On CPU the fused attention is off by default and the lean path runs when no hook is
+    attached: to rounding the numbers of the explicit path (what a hook sees); with
+    `lean_path = False` the explicit path itself, bit for bit."""
     cfg = tiny_config(n_layers=2, norm="ln")
     data = TASKS.get(cfg.task).build(cfg)
     model = build_model(cfg, data)
     x = data.inputs[:16]
     logits, _ = model.run_with_cache(x)
+    assert torch.allclose(model(x), logits, atol=ATOL, rtol=RTOL)
+    model.lean_path = False
     assert torch.equal(model(x), logits)

@@ -84,6 +84,19 @@ class Norm(nn.Module):
         x = self.hook_normalized(x / scale)
         return x * self.w + self.b if self.kind == "ln" else x * self.w
 
+    def lean(self, x: torch.Tensor) -> torch.Tensor:
+        """The same norm by torch's fused kernel (no hook inside; equal to rounding). The scale and
+        bias stay apart: under torch.func.vmap (the ensemble) the fused kernel's weight gradient
+        rounds differently from the single run's, the separate product and sum do not."""
+        if self.kind == "ln":
+            return F.layer_norm(x, x.shape[-1:], None, None, self.eps) * self.w + self.b
+        return F.rms_norm(x, x.shape[-1:], None, self.eps) * self.w
+
+
+def norm_of(module: nn.Module, x: torch.Tensor, lean: bool) -> torch.Tensor:
+    """module(x), or its fused `lean` form on the lean path (LayerNorm, RMSNorm)."""
+    return module.lean(x) if lean and isinstance(module, (Norm, SphereNorm)) else module(x)
+
 
 class SphereNorm(nn.Module):
     """Projection onto the sphere of radius r: N(x) = r x / ||x|| (no parameters)."""
@@ -97,6 +110,11 @@ class SphereNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.hook_scale(x.norm(dim=-1, keepdim=True).clamp_min(self.eps) / self.radius)
         return self.hook_normalized(x / scale)
+
+    def lean(self, x: torch.Tensor) -> torch.Tensor:
+        """The same projection without a division or masked norm backward over the whole stream:
+        x * (r / max(||x||, eps)) from the squared norm (equal to rounding)."""
+        return x * (x.square().sum(-1, keepdim=True).clamp_min(self.eps**2).rsqrt() * self.radius)
 
 
 def is_post_ln(cfg: ModelConfig) -> bool:
@@ -172,11 +190,14 @@ class Attention(nn.Module):
         self.register_buffer("causal_mask", torch.tril(torch.ones(n, n, dtype=torch.bool)), persistent=False)
 
     def forward(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor,
-                query: slice | None = None, fast: bool = False) -> torch.Tensor:
+                query: slice | None = None, fast: str | None = None, xq: torch.Tensor | None = None) -> torch.Tensor:
         """Attention output [b, p, d]; with `query`, only for those query positions [b, |query|, d].
-        Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in)."""
-        if fast and not self.folded:
+        Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in).
+        `xq`: the lean path's q_in[:, query] when the caller has it (one slice, one backward)."""
+        if fast == "sdpa" and not self.folded:
             return self._fast(q_in, query)
+        if fast == "lean" and not self.folded:
+            return self._lean(q_in, query, xq)
         xq = q_in if query is None else q_in[:, query]
         eq = "bphd,hde->bphe" if q_in.ndim == 4 else "bpd,hde->bphe"
         q, k, v = torch.einsum(eq, xq, self.W_Q), torch.einsum(eq, k_in, self.W_K), torch.einsum(eq, v_in, self.W_V)
@@ -208,6 +229,47 @@ class Attention(nn.Module):
     def _bias(self, which: str) -> torch.Tensor:
         b = self._buffers.get("folded_b_" + which)
         return b if b is not None else self.W_Q.new_zeros(self.cfg.n_heads, self.cfg.d_head)
+
+    @staticmethod
+    def _project(flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """[r, d] @ W [h, d, e] -> [r, h e], one matmul."""
+        return flat @ w.permute(1, 0, 2).reshape(w.shape[1], -1)
+
+    def _lean(self, x: torch.Tensor, query: slice | None, xq: torch.Tensor | None = None) -> torch.Tensor:
+        """The same output from [b, p, d] inputs, with no hook inside, as few large products: K and
+        V each in one matmul [b*p, d] @ [d, h e], Q in one (at the query positions only), the output
+        projection in one [b*q, h e] @ [h e, d]; a short sequence's scores and mixing (p <= 8 keys)
+        as broadcast products instead of many tiny batched matmuls. Device-agnostic."""
+        cfg = self.cfg
+        b, n, d = x.shape
+        h, e = cfg.n_heads, cfg.d_head
+        if xq is None:
+            xq = x if query is None else x[:, query]
+        nq = xq.shape[1]
+        flat = x.reshape(b * n, d)
+        if cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
+            v = self._project(flat, self.W_V).view(b, n, h, e)
+            mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
+            allowed = mask.to(x.dtype) if cfg.causal else torch.ones(mask.shape, dtype=x.dtype, device=x.device)
+            pattern = (allowed / allowed.sum(-1, keepdim=True))[None, :, :, None]  # [1, q, k, 1]
+        else:
+            # K and V apart: contiguous, the broadcast products below run ~1.4x faster than on views of one [d, 2he] product
+            k, v = (self._project(flat, w).view(b, n, h, e) for w in (self.W_K, self.W_V))
+            q = self._project(xq.reshape(b * nq, d), self.W_Q).view(b, nq, h, e)
+            if n <= 8:
+                scores = (q[:, :, None] * k[:, None]).sum(-1)  # [b, q, k, h]
+            else:
+                scores = torch.einsum("bqhe,bkhe->bqkh", q, k)
+            scores = scores / math.sqrt(e)
+            if cfg.causal and not (query is not None and query.start == n - 1):  # the last query sees every key
+                mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
+                scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
+            pattern = scores.softmax(dim=2)
+        if n <= 8:
+            z = (pattern[..., None] * v[:, None]).sum(2)  # [b, q, h, e]
+        else:
+            z = torch.einsum("bqkh,bkhe->bqhe", pattern.expand(b, -1, -1, h), v)
+        return (z.reshape(b * nq, h * e) @ self.W_O.reshape(h * e, d)).view(b, nq, d)
 
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside. The projections are the
@@ -243,6 +305,14 @@ class MLP(nn.Module):
         self.hook_pre = HookPoint()  # [b, p, m]
         self.hook_post = HookPoint()  # [b, p, m]
 
+    def lean(self, x: torch.Tensor) -> torch.Tensor:
+        """The same output with no hook inside: the biases added by the matmuls (addmm), ReLU in place."""
+        flat = x.reshape(-1, x.shape[-1])
+        pre = flat @ self.W_in if self.b_in is None else torch.addmm(self.b_in, flat, self.W_in)
+        act = F.relu(pre, inplace=True) if self.act is F.relu else self.act(pre)
+        out = act @ self.W_out if self.b_out is None else torch.addmm(self.b_out, act, self.W_out)
+        return out.view(*x.shape[:-1], -1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre = x @ self.W_in
         if self.b_in is not None:
@@ -275,13 +345,13 @@ class TransformerBlock(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def attn_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def attn_inputs(self, x: torch.Tensor, lean: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The attention's query, key and value inputs: ln1(resid_pre) (pre-norm; resid_pre itself
         after a sum-norm), or TL's per-head copies when use_attn_in / use_split_qkv_input are set."""
         cfg = self.cfg
         pre = nn.Identity() if self.post else self.ln1
         if not (cfg.use_attn_in or cfg.use_split_qkv_input):
-            a = pre(x)
+            a = norm_of(pre, x, lean)
             return a, a, a
         def per_head() -> torch.Tensor:  # noqa: E306 — a copy, so patching may write into it
             return x.unsqueeze(2).repeat(1, 1, cfg.n_heads, 1)
@@ -305,20 +375,26 @@ class TransformerBlock(nn.Module):
                                 "patch hook_z or hook_resid_* with run_with_hooks instead")
         raise AttributeError("submodules")
 
-    def forward(self, x: torch.Tensor, query: slice | None = None, fast: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, query: slice | None = None, fast: str | None = None) -> torch.Tensor:
         """With `query`, the block's output only at those positions (keys and values still see
-        every position): what the last block needs for the loss. `fast`: no hook is attached."""
+        every position): what the last block needs for the loss. `fast` ("sdpa" | "lean"): no hook
+        is attached (Transformer.forward)."""
+        lean = fast == "lean"
         x = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attn(*self.attn_inputs(x), query=query, fast=fast))
+        inputs = self.attn_inputs(x, lean)
+        rows = x[:, query] if query is not None else None  # the residual at the query positions
+        xq = rows if lean and self.post and rows is not None else None  # after a sum-norm, also the queries' input
+        attn_out = self.hook_attn_out(self.attn(*inputs, query=query, fast=fast, xq=xq))
         if query is not None:
-            x = x[:, query]
+            x = rows
+        mlp = self.mlp.lean if lean else self.mlp
         if self.post:  # resid_mid = ln1(resid_pre + attn(resid_pre)), resid_post = ln2(resid_mid + mlp(resid_mid))
-            x = self.hook_resid_mid(self.ln1(x + attn_out))
+            x = self.hook_resid_mid(norm_of(self.ln1, x + attn_out, lean))
             mlp_in = self.hook_mlp_in(x.clone()) if self.cfg.use_hook_mlp_in else x
-            return self.hook_resid_post(self.ln2(x + self.hook_mlp_out(self.mlp(mlp_in))))
+            return self.hook_resid_post(norm_of(self.ln2, x + self.hook_mlp_out(mlp(mlp_in)), lean))
         x = self.hook_resid_mid(self.norm_mid(x + attn_out))
         mlp_in = self.hook_mlp_in(x.clone()) if self.cfg.use_hook_mlp_in else x
-        x = self.hook_resid_post(self.norm_post(x + self.hook_mlp_out(self.mlp(self.ln2(mlp_in)))))
+        x = self.hook_resid_post(self.norm_post(x + self.hook_mlp_out(mlp(norm_of(self.ln2, mlp_in, lean)))))
         return x
 
 
@@ -392,6 +468,11 @@ class Transformer(TransformerLensWeights, HookedModel):
     # explicit path, a per-member loop under vmap (no batching rule for CPU SDPA) and double
     # backward (CPU flash attention has none). True / False force it either way.
     fused_attention: bool | None = None
+    # Where the fused attention is off (CPU by default) and no hook is attached: the lean path
+    # (Attention._lean, fused norms, MLP.lean): the explicit path's numbers to float32 rounding
+    # (tests/trainers/test_fast_path.py), at 0.66-0.84x its step time at paper scale
+    # (benchmarks/flop_bound.py). False: the explicit path, bit-identical to earlier versions.
+    lean_path: bool = True
 
     def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
                 loss_per_token: bool = False, readout: slice | None = None):
@@ -403,14 +484,16 @@ class Transformer(TransformerLensWeights, HookedModel):
         tokens = self._as_tokens(tokens)
         cfg = self.cfg
         fused = tokens.is_cuda if self.fused_attention is None else self.fused_attention
-        fast = fused and not (cfg.use_attn_result or cfg.use_split_qkv_input or cfg.use_attn_in
-                              or self.hooks_attached())
-        x = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(tokens))
-        x = self.ln_embed(x) if is_post_ln(cfg) else self.norm_embed(x)
+        plain = not (cfg.use_attn_result or cfg.use_split_qkv_input or cfg.use_attn_in or self.hooks_attached())
+        fast = None if not plain else "sdpa" if fused else "lean" if self.lean_path else None
+        lean = fast == "lean"
+        embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
+        x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
+        x = norm_of(self.ln_embed if is_post_ln(cfg) else self.norm_embed, x, lean)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block(x, readout if i == last else None, fast)
-        logits = self.unembed(self.ln_final(x))
+        logits = self.unembed(norm_of(self.ln_final, x, lean))
         if readout is not None and return_type != "logits":
             raise TLUnsupported("readout= gives logits at the readout positions only; use return_type='logits'")
         return self.output(logits, tokens, return_type, loss_per_token)

@@ -1,0 +1,189 @@
+"""The paper-scale training step against the FLOP bound of the core it runs on (issue 31).
+
+Run by hand (not by the test suite):
+    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/flop_bound.py [--threads 1 2] [--json OUT]
+
+For three paper-scale models, the sphere paper's post-norm LayerNorm baseline (`reproduce
+bounded-sphere` paper scale, arm `ln`: p=113, 30% of pairs, d_model 128, 4 heads, d_mlp 512,
+full batch), its bounded sphere (arm `sphere_wd0`) and Nanda et al.'s no-norm model
+(`reproduce progress-measures` paper scale), on each thread count, it prints:
+
+  step_ms     the median over `--repeats` blocks of `--block` steady-state calls of
+              `SingleRun.train_step` (after `--warmup` steps), per step;
+  gflop       the FLOPs a readout-only forward + backward cannot avoid, counted from the shapes
+              (`readout_flops`): every matrix product with 2 FLOPs per multiply-add, forward
+              once and backward twice (the gradient of the input and of the weight);
+  gemm_gflops the measured rate of a 2048 x 2048 float32 matmul on those threads, best of 5,
+              in the same process;
+  bound_ms    gflop / gemm_gflops: the step time if every FLOP ran at the GEMM rate;
+  ratio       bound_ms / step_ms (1 = the step runs at the machine's matmul rate).
+Each is given by wall time and by the process's CPU time per thread (`time.process_time()`
+divided by the threads): on a loaded machine the wall time includes the time slices other
+processes took, the CPU time not, so the CPU-time ratio is the one that says how close the
+step comes to the core's rate (both numbers measured the same way).
+
+`--variant` also times the same step with the lean path switched off (`Transformer.lean_path
+= False`: the explicit path, the CPU step before issue 31), alternating blocks in one process, so the
+before/after ratio is measured under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+MODELS = {"ln": ("bounded-sphere", "ln_lr6e-4"), "sphere_wd0": ("bounded-sphere", "sphere_wd0_lr6e-4"),
+          "nanda": ("progress-measures", None)}
+
+
+def paper_config(name: str):
+    """The RunConfig of a paper-scale model (seed 1), on the CPU."""
+    from groklens.experiments import EXPERIMENTS
+    from groklens.experiments.pipeline import run_configs
+
+    exp_name, variant = MODELS[name]
+    runs = run_configs(EXPERIMENTS.get(exp_name), "paper", 1)
+    return next(c for v, _, c in runs if variant is None or v == variant).replace(device="cpu")
+
+
+def readout_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int, n_layers: int = 1) -> dict[str, float]:
+    """FLOPs of a readout-only forward + backward of a one-layer model over n rows of ctx tokens:
+    K and V at every position, Q, attention, O, MLP and unembedding at the readout position.
+    A product [r, a] @ [a, c] costs 2 r a c forward and 4 r a c backward (input and weight
+    gradients; the embedding's input gradient is needed, its parameters are trained)."""
+    if n_layers != 1:
+        raise ValueError("readout_flops counts one-layer models")
+    he = h * e
+    fwd = {
+        "k_v": 2 * (2 * n * ctx * d * he),
+        "q": 2 * n * d * he,
+        "scores_z": 2 * (2 * n * h * ctx * e),  # q.k over ctx keys and pattern @ v, per head
+        "o": 2 * n * he * d,
+        "mlp": 2 * (2 * n * d * m),
+        "unembed": 2 * n * d * v,
+    }
+    return {k: 3.0 * f for k, f in fwd.items()}
+
+
+def model_flops(cfg, run) -> float:
+    t = run.t
+    n, ctx = t.train_x.shape
+    v = run.model.unembed.W_U.shape[1]
+    batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n else n
+    return sum(readout_flops(batch, ctx, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, v, cfg.n_layers).values())
+
+
+def gemm_rate(size: int = 2048, tries: int = 5) -> tuple[float, float]:
+    """FLOP/s of a size x size float32 matmul, best of `tries`: by wall time, and by the
+    process's CPU time (per thread: what the core gave while it ran, robust to time slicing)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    wall = cpu = float("inf")
+    for _ in range(tries):
+        t0, c0 = time.perf_counter(), time.process_time()
+        a @ b
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, (time.process_time() - c0) / torch.get_num_threads())
+    return 2.0 * size**3 / wall, 2.0 * size**3 / cpu
+
+
+def build(cfg):
+    from groklens.tasks import TASKS
+    from groklens.trainers.single import SingleRun
+
+    class NoWriter:
+        path = "unused.h5"
+
+    return SingleRun(cfg, TASKS.get(cfg.task).build(cfg), lambda _s: NoWriter(), progress=False)
+
+
+class Stepper:
+    """A run and its step counter; `block(n)` times n train_step calls, seconds per step."""
+
+    def __init__(self, cfg, setup=None):
+        self.run, self.step, self.setup = build(cfg), 0, setup or (lambda: None)
+
+    def block(self, n: int) -> tuple[float, float]:
+        """(wall seconds, CPU seconds per thread) per step."""
+        self.setup()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            failed = self.run.train_step(self.step)
+            self.step += 1
+            if failed:
+                raise RuntimeError(f"the benchmark run stopped: {failed[0][1]}")
+        return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n / torch.get_num_threads()
+
+
+def measure(name: str, threads: int, args) -> dict:
+    torch.set_num_threads(threads)
+    cfg = paper_config(name)
+    arms = {"step": Stepper(cfg, lambda: _fast(True))}
+    if args.variant:
+        arms["step.before"] = Stepper(cfg, lambda: _fast(False))
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in arms}
+    gemm = gemm_rate()
+    for arm in arms.values():
+        arm.block(args.warmup)
+    for _ in range(args.repeats):
+        for k, arm in arms.items():
+            times[k].append(arm.block(args.block))
+    _fast(True)
+    gemm = [max(a, b) for a, b in zip(gemm, gemm_rate())]  # before and after the steps: the best of 10
+    flops = model_flops(cfg, arms["step"].run)
+    out = {"model": name, "threads": threads, "gflop": flops / 1e9, "gemm_gflops": gemm[0] / 1e9,
+           "bound_ms": 1e3 * flops / gemm[0], "gemm_gflops_cpu": gemm[1] / 1e9, "bound_ms_cpu": 1e3 * flops / gemm[1]}
+    for k, ts in times.items():
+        ms, cpu_ms = (1e3 * statistics.median(t[i] for t in ts) for i in (0, 1))
+        out.update({f"{k}_ms": ms, f"{k}_ratio": out["bound_ms"] / ms,
+                    f"{k}_cpu_ms": cpu_ms, f"{k}_cpu_ratio": out["bound_ms_cpu"] / cpu_ms})
+    return out
+
+
+def _fast(on: bool) -> None:
+    from groklens.trainers.models.transformer import Transformer
+
+    if hasattr(Transformer, "lean_path"):  # issue 31's lean path; absent before
+        Transformer.lean_path = on
+
+
+def _line(row: dict, variant: bool) -> str:
+    out = (f"{row['model']:11s} threads {row['threads']}: {row['gflop']:.2f} GFLOP | wall: step {row['step_ms']:.1f} ms, "
+           f"GEMM {row['gemm_gflops']:.1f} GFLOP/s, bound {row['bound_ms']:.1f} ms, ratio {row['step_ratio']:.2f}"
+           f" | CPU time: step {row['step_cpu_ms']:.1f} ms, GEMM {row['gemm_gflops_cpu']:.1f} GFLOP/s, "
+           f"ratio {row['step_cpu_ratio']:.2f}")
+    if variant:
+        out += (f" | before: wall {row['step.before_ms']:.1f} ms (ratio {row['step.before_ratio']:.2f}), "
+                f"CPU {row['step.before_cpu_ms']:.1f} ms (ratio {row['step.before_cpu_ratio']:.2f}), "
+                f"after/before {row['step_cpu_ms'] / row['step.before_cpu_ms']:.2f}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--variant", action="store_true", help="also time the step before issue 31 (alternating)")
+    ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON to OUT")
+    args = ap.parse_args(argv)
+    rows = []
+    for threads in args.threads:
+        for name in args.models:
+            row = measure(name, threads, args)
+            rows.append(row)
+            print(_line(row, args.variant), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load_avg": list(__import__("os").getloadavg()), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
