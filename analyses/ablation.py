@@ -132,7 +132,10 @@ def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | No
     freqs = sorted({int(k) for k in frequencies})
     device = next(model.parameters()).device
     with torch.no_grad():
-        clean = model(data.inputs.to(device)).cpu()
+        # the clean pass through the same hook (an identity): a model without hooks may take a faster
+        # path whose float32 rounding differs, which would enter the ablation's effect
+        with scoped_hooks(model, fwd_hooks=[(site, lambda t, hook: t)]):
+            clean = model(data.inputs.to(device)).cpu()
         with scoped_hooks(model, fwd_hooks=[(site, _projector(model, data, freqs, site, along, pos))]):
             ablated = model(data.inputs.to(device)).cpu()
     return {**_losses(clean, data, int(data.readout_pos), ""), **_losses(ablated, data, int(data.readout_pos), "ablated_"),

@@ -90,6 +90,8 @@ def _free_scale(model, data: TaskData, sites: Sequence[str], norms: bool, n_inpu
     import torch
 
     m = copy.deepcopy(model).to(torch.float64).eval()
+    if hasattr(m, "lean_path"):
+        m.lean_path = False  # the explicit path calls the norm modules, which the pre-hooks below watch
     for mod in m.modules():
         if isinstance(getattr(mod, "eps", None), float):
             mod.eps = 0.0

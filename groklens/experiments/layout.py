@@ -8,10 +8,15 @@ number of steps, one run per worker at a time; an ensemble of runs shares a work
 whatever the layout). More threads per run pay only when the step scales well enough and there
 are too few runs to fill the cores; on a loaded machine the threads of one run wait for each
 other's time slices, which the measurement sees, so the choice falls back to one run per core.
+
+`step_flops` is the step-cost model both the layout (which run is costliest) and `reproduce
+--list`'s estimates read.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -79,13 +84,42 @@ def measure_step_seconds(cfg: Any, threads: int, steps: int = MEASURE_STEPS) -> 
         torch.set_num_threads(before)
 
 
+@functools.lru_cache(maxsize=512)
+def _task_shape(cfg_json: str) -> tuple[int, int, int]:
+    """(all inputs, sequence length, output vocabulary) of a config's task, from the task registry
+    (the task's own grid and vocabulary: no task sizes are hard-coded here)."""
+    from groklens.config import RunConfig
+    from groklens.tasks import TASKS
+
+    cfg = RunConfig.from_dict(json.loads(cfg_json))
+    task = TASKS.get(cfg.task)
+    inputs, labels, *_ = task.grid(cfg)
+    return int(len(labels)), int(inputs.shape[1]), int(task.vocab(cfg)[1])
+
+
+def step_flops(cfg) -> tuple[float, float]:
+    """(FLOPs of one training step, FLOPs of one evaluation) of cfg: 6 x (multiply-add weights
+    per token) x tokens for training (forward + backward), 2 x for the evaluation forward pass."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "lr", "weight_decay", "steps")}
+    n_all, ctx, vocab_out = _task_shape(json.dumps(data, sort_keys=True))
+    n_train = max(1, round(cfg.train_frac * n_all))
+    batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n_train else n_train
+    if cfg.model == "mlp":
+        d_in = (ctx - 1) * cfg.d_model
+        per = d_in * cfg.d_mlp + (cfg.n_layers - 1) * cfg.d_mlp ** 2 + cfg.d_mlp * vocab_out
+        tokens_train, tokens_eval = batch, n_all
+    else:
+        h = cfg.n_heads * cfg.d_head
+        per = cfg.n_layers * (4 * cfg.d_model * h + 2 * cfg.d_model * cfg.d_mlp + 2 * ctx * h) + cfg.d_model * vocab_out
+        tokens_train, tokens_eval = batch * ctx, n_all * ctx
+    return 6.0 * per * tokens_train, 2.0 * per * tokens_eval
+
+
 def plan_layout(cfgs: Sequence[Any], cores: int,
                 measure: Callable[[Any, int], float] = measure_step_seconds) -> Layout:
     """The layout of `choose_layout` for training `cfgs`, from steps of the costliest config
     (by the step-time model's FLOPs) measured on each candidate thread count. One core, or
     runs on a GPU: one worker per run up to the cores, one thread, nothing measured."""
-    from groklens.experiments.pipeline import step_flops
-
     n = len(cfgs)
     if n == 0:
         return Layout(1, 1, "nothing to train")

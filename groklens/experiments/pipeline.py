@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import time
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from groklens.errors import BadInput, GroklensError
+from groklens.experiments.layout import plan_layout, step_flops
 from groklens.experiments.core import (
     Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
 
@@ -53,37 +53,6 @@ def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str,
             cfg = config_from(preset_name, overrides={**base, **over, "seed": seed})
             out.append((variant, f"{variant}_s{seed}", cfg))
     return out
-
-
-@functools.lru_cache(maxsize=512)
-def _task_shape(cfg_json: str) -> tuple[int, int, int]:
-    """(all inputs, sequence length, output vocabulary) of a config's task, from the task registry
-    (the task's own grid and vocabulary: no task sizes are hard-coded here)."""
-    from groklens.config import RunConfig
-    from groklens.tasks import TASKS
-
-    cfg = RunConfig.from_dict(json.loads(cfg_json))
-    task = TASKS.get(cfg.task)
-    inputs, labels, *_ = task.grid(cfg)
-    return int(len(labels)), int(inputs.shape[1]), int(task.vocab(cfg)[1])
-
-
-def step_flops(cfg) -> tuple[float, float]:
-    """(FLOPs of one training step, FLOPs of one evaluation) of cfg: 6 x (multiply-add weights
-    per token) x tokens for training (forward + backward), 2 x for the evaluation forward pass."""
-    data = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "lr", "weight_decay", "steps")}
-    n_all, ctx, vocab_out = _task_shape(json.dumps(data, sort_keys=True))
-    n_train = max(1, round(cfg.train_frac * n_all))
-    batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n_train else n_train
-    if cfg.model == "mlp":
-        d_in = (ctx - 1) * cfg.d_model
-        per = d_in * cfg.d_mlp + (cfg.n_layers - 1) * cfg.d_mlp ** 2 + cfg.d_mlp * vocab_out
-        tokens_train, tokens_eval = batch, n_all
-    else:
-        h = cfg.n_heads * cfg.d_head
-        per = cfg.n_layers * (4 * cfg.d_model * h + 2 * cfg.d_model * cfg.d_mlp + 2 * ctx * h) + cfg.d_model * vocab_out
-        tokens_train, tokens_eval = batch * ctx, n_all * ctx
-    return 6.0 * per * tokens_train, 2.0 * per * tokens_eval
 
 
 def estimate_seconds(cfgs: list[Any]) -> float:
@@ -292,7 +261,6 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     if train:
         train_workers, threads = n_workers, 1
         if todo and workers is None and scale != "smoke":  # one run per core, or one run on all cores
-            from groklens.experiments.layout import plan_layout
             from groklens.threads import available_cores
 
             layout = plan_layout([r.cfg for r in todo], available_cores())

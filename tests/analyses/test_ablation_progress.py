@@ -57,7 +57,8 @@ def test_embedding_ablation_equals_editing_the_embedding_weights(run):
         clean = model(data.inputs)
     assert out["ablated_loss_all"] == pytest.approx(_loss(logits, data), rel=1e-5)
     assert out["ablated_loss_test"] == pytest.approx(_loss(logits, data, data.test_idx), rel=1e-5)
-    assert out["loss_all"] == pytest.approx(_loss(clean, data), rel=1e-9)
+    # float32 rounding: the analysis runs the hooked (explicit) path, a bare forward may take the lean one
+    assert out["loss_all"] == pytest.approx(_loss(clean, data), rel=1e-6)
     assert out["frequencies"].tolist() == [1, 3]
     assert not model.blocks[0].hook_resid_pre._forward_hooks  # nothing left behind
     none = frequency_ablation(model, data, frequencies=[])
