@@ -79,25 +79,31 @@ def test_each_member_of_a_stack_steps_as_torch_adamw_alone():
             assert torch.equal(stacked[n][i], p.detach()), (i, n)
 
 
-def test_a_single_run_step_is_the_task_loss_step_of_torch_adamw():
-    """SingleRun.train_step against a twin model stepped by torch.optim.AdamW on the same loss,
-    with warm-up, weight decay, and parameters without a gradient (uniform attention's W_Q, W_K)."""
-    cfg = tiny_config(attention="uniform", norm="ln", weight_decay=1.0, warmup_steps=5)
+def _beside_torch(cfg, optimizer, steps: int):
+    """A SingleRun of cfg and a twin model (the same seeded init) stepped by the torch optimizer
+    class on the same task loss with the same warm-up, `steps` updates each."""
     data = TASKS.get(cfg.task).build(cfg)
     run = SingleRun(cfg, data)
-    twin = build_model(cfg, data)  # the same initialisation (seeded)
-    ref = torch.optim.AdamW(twin.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    x, y = run.train_x, run.train_y
+    twin = build_model(cfg, data)
+    ref = optimizer(twin.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     readout = slice(data.readout_pos, data.readout_pos + 1)
-    for step in range(30):
+    for step in range(steps):
         assert run.train_step(step) == []
         for group in ref.param_groups:
             group["lr"] = cfg.lr * warmup_factor(cfg, step)
         ref.zero_grad(set_to_none=True)
-        task_loss(twin(x, readout=readout)[:, 0], y).backward()
+        task_loss(twin(run.train_x, readout=readout)[:, 0], run.train_y).backward()
         ref.step()
     for (name, a), (_, b) in zip(run.model.named_parameters(), twin.named_parameters()):
         assert torch.equal(a, b), name
+    return run, data
+
+
+def test_a_single_run_step_is_the_task_loss_step_of_torch_adamw():
+    """SingleRun.train_step against a twin model stepped by torch.optim.AdamW on the same loss,
+    with warm-up, weight decay, and parameters without a gradient (uniform attention's W_Q, W_K)."""
+    cfg = tiny_config(attention="uniform", norm="ln", weight_decay=1.0, warmup_steps=5)
+    run, data = _beside_torch(cfg, torch.optim.AdamW, 30)
     assert not torch.equal(run.model.embed.W_E, build_model(cfg, data).embed.W_E)  # it trained
 
 
@@ -120,20 +126,7 @@ def test_optimizer_adam_is_torch_adam_with_its_l2_term():
     """optimizer=adam: weight decay enters the gradient (g + wd w) before Adam's moments (coupled),
     unlike AdamW's decoupled w *= 1 - lr wd; a single run steps as torch.optim.Adam on the same loss."""
     cfg = tiny_config(optimizer="adam", weight_decay=0.05, lr=5e-3, betas=[0.9, 0.999], warmup_steps=5)
-    data = TASKS.get(cfg.task).build(cfg)
-    run = SingleRun(cfg, data)
-    twin = build_model(cfg, data)
-    ref = torch.optim.Adam(twin.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    readout = slice(data.readout_pos, data.readout_pos + 1)
-    for step in range(25):
-        assert run.train_step(step) == []
-        for group in ref.param_groups:
-            group["lr"] = cfg.lr * warmup_factor(cfg, step)
-        ref.zero_grad(set_to_none=True)
-        task_loss(twin(run.train_x, readout=readout)[:, 0], run.train_y).backward()
-        ref.step()
-    for (name, a), (_, b) in zip(run.model.named_parameters(), twin.named_parameters()):
-        assert torch.equal(a, b), name
+    run, data = _beside_torch(cfg, torch.optim.Adam, 25)
     adamw = SingleRun(tiny_config(weight_decay=0.05, lr=5e-3, betas=[0.9, 0.999], warmup_steps=5), data)
     for step in range(25):
         adamw.train_step(step)
