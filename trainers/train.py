@@ -152,7 +152,13 @@ def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int]
                        f"memory?), so there is nothing to resume; `groklens train --out {path} ...` starts it "
                        "again (the file is replaced)")
     strategy = strategy_class(cfg)(cfg, traj.dataset(), None, progress=progress, path=path)
-    loaded = load_stored(strategy, traj, int(steps[-1])) if len(steps) else None
+    try:
+        loaded = load_stored(strategy, traj, int(steps[-1])) if len(steps) else None
+    except BadInput:
+        if writer_alive(path):  # another resume started since the check: it is mid-commit, not broken
+            raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
+                           "stop it before resuming") from None
+        raise
     last = recover(path)
     traj = Trajectory(path)
     if last != loaded:  # the file moved on between the two reads: load what recovery kept
