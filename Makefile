@@ -23,6 +23,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python -m tests.test_imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_cost.py

@@ -144,3 +144,12 @@ def test_imports_inside_functions_defer_a_heavy_package():
             if module is not None and not heavy(module) - heavy(name):
                 unjustified.append(f"{modules[name].relative_to(REPO)}:{line} imports {module}")
     assert not unjustified, "move to the top of the module:\n" + "\n".join(unjustified)
+
+
+if __name__ == "__main__":  # `make lint`: the contracts on the installed layout (a bare lint-imports in
+    import tempfile         # the checkout cannot see the package-dir mapping: "module does not exist")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = lint(lay_out(Path(tmp) / "site"), Path(tmp))
+        print(proc.stdout + proc.stderr)
+        sys.exit(proc.returncode)
