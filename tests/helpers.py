@@ -95,3 +95,18 @@ def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def snapshot(root: Path) -> dict:
+    """Every path under root with its bytes (a file) or its target (a link): what a refused
+    command must leave as it was."""
+    return {p: (p.read_bytes() if p.is_file() and not p.is_symlink() else os.readlink(p) if p.is_symlink() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+def one_line_exit(out: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The stderr of a command that exited `code` with one clean line (no traceback, no --debug hint)."""
+    err = out.stderr.strip()
+    assert out.returncode == code, f"exit {out.returncode}: {err[-600:]}"
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "--debug" not in err, err
+    return err

@@ -20,21 +20,9 @@ import numpy as np
 import pytest
 
 from groklens.checkpoints import Trajectory
-from tests.helpers import config_flags, dead_pid, groklens, readonly_groklens, tiny_config, train_interrupted, train_tiny
+from tests.helpers import one_line_exit, snapshot, config_flags, dead_pid, groklens, readonly_groklens, tiny_config, train_interrupted, train_tiny
 
 INFO, ANALYZE, RESUME = ("info",), ("analyze", "--metric", "norms", "-q"), ("train", "-q", "--resume")
-
-
-def _snapshot(root):
-    return {p: (p.read_bytes() if p.is_file() and not p.is_symlink() else os.readlink(p) if p.is_symlink() else None)
-            for p in sorted(root.rglob("*"))}
-
-
-def _one_line_exit(out, code=2):
-    err = out.stderr.strip()
-    assert out.returncode == code, f"exit {out.returncode}: {err[-600:]}"
-    assert len(err.splitlines()) == 1 and "Traceback" not in err and "--debug" not in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +133,12 @@ def test_crafted_run_file_is_refused(runs, tmp_path, name, edit, needle, command
     _, _, part = runs
     shutil.copy(part, tmp_path / "other.h5")
     path = _craft(tmp_path, part, edit)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     for command in commands:
         # a crafted size is refused from its shape, at once (timeout: the old code read it for minutes)
-        err = _one_line_exit(groklens(*command, str(path), cwd=tmp_path, timeout=60))
+        err = one_line_exit(groklens(*command, str(path), cwd=tmp_path, timeout=60))
         assert needle in err and str(path) in err, err
-        assert _snapshot(tmp_path) == before, command
+        assert snapshot(tmp_path) == before, command
 
 
 def test_a_legacy_file_without_checksum_is_still_read(runs, tmp_path):
@@ -232,10 +220,10 @@ def _optim_shape(f, slot):
 ], ids=["raw-resume-rng-garbage", "raw-resume-rng-pickle", "raw-resume-optimizer-shape"])
 def test_resume_of_edited_state_is_refused_before_anything_is_written(runs, tmp_path, name, edit, needle):
     path = _craft(tmp_path, runs[2], _state(edit))
-    before = _snapshot(tmp_path)
-    err = _one_line_exit(groklens("train", "-q", "--resume", str(path)))
+    before = snapshot(tmp_path)
+    err = one_line_exit(groklens("train", "-q", "--resume", str(path)))
     assert needle in err, err
-    assert _snapshot(tmp_path) == before  # the file is not rewritten by a recovery first
+    assert snapshot(tmp_path) == before  # the file is not rewritten by a recovery first
 
 
 def test_left_resume_of_a_symlink_keeps_the_link(runs, tmp_path):
@@ -243,26 +231,26 @@ def test_left_resume_of_a_symlink_keeps_the_link(runs, tmp_path):
     shutil.copy(runs[2], real)
     link = tmp_path / "link.h5"
     link.symlink_to(real)
-    before = _snapshot(tmp_path)
-    err = _one_line_exit(groklens("train", "-q", "--resume", str(link)))
+    before = snapshot(tmp_path)
+    err = one_line_exit(groklens("train", "-q", "--resume", str(link)))
     assert "symbolic link" in err
-    assert link.is_symlink() and _snapshot(tmp_path) == before
+    assert link.is_symlink() and snapshot(tmp_path) == before
 
 
 def test_left_resume_in_a_read_only_place_says_so(runs, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     shutil.copy(runs[2], ro / "part.h5")
-    before = _snapshot(tmp_path)
-    err = _one_line_exit(readonly_groklens(ro, "train", "-q", "--resume", str(ro / "part.h5")))
+    before = snapshot(tmp_path)
+    err = one_line_exit(readonly_groklens(ro, "train", "-q", "--resume", str(ro / "part.h5")))
     assert "read-only" in err and "live process" not in err, err
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_raw_train_into_a_read_only_directory(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
-    err = _one_line_exit(readonly_groklens(ro, "train", "-q", "--out", str(ro / "new.h5"),
+    err = one_line_exit(readonly_groklens(ro, "train", "-q", "--out", str(ro / "new.h5"),
                                            *config_flags(tiny_config())))
     assert "read-only" in err and not any(ro.iterdir())
 
@@ -278,7 +266,7 @@ def _device_or_fifo(path):
 def test_loss_force_never_replaces_a_device_node(tmp_path):
     node = tmp_path / "node"
     _device_or_fifo(node)
-    err = _one_line_exit(groklens("train", "-q", "--force", "--out", str(node), *config_flags(tiny_config()),
+    err = one_line_exit(groklens("train", "-q", "--force", "--out", str(node), *config_flags(tiny_config()),
                                   timeout=120))
     assert "not a regular file" in err
     assert not node.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["node"]
@@ -295,9 +283,9 @@ def test_force_replaces_only_a_groklens_run(runs, tmp_path, kind):
     else:
         shutil.copy(runs[1], tmp_path / "real.h5")
         target.symlink_to(tmp_path / "real.h5")
-    before = _snapshot(tmp_path)
-    _one_line_exit(groklens("train", "-q", "--force", "--out", str(target), *config_flags(tiny_config())))
-    assert _snapshot(tmp_path) == before
+    before = snapshot(tmp_path)
+    one_line_exit(groklens("train", "-q", "--force", "--out", str(target), *config_flags(tiny_config())))
+    assert snapshot(tmp_path) == before
 
 
 def test_raw_force_on_an_immutable_run(runs, tmp_path):
@@ -306,7 +294,7 @@ def test_raw_force_on_an_immutable_run(runs, tmp_path):
     if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(target)]).returncode != 0:
         pytest.skip("chattr +i is not available here")
     try:
-        err = _one_line_exit(groklens("train", "-q", "--force", "--out", str(target), *config_flags(tiny_config())))
+        err = one_line_exit(groklens("train", "-q", "--force", "--out", str(target), *config_flags(tiny_config())))
         assert "immutable" in err or "permission" in err, err
     finally:
         subprocess.run(["chattr", "-i", str(target)])

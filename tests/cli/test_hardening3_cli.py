@@ -14,21 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.helpers import dead_pid, groklens, readonly_groklens, tiny_config, train_tiny
+from tests.helpers import one_line_exit, snapshot, dead_pid, groklens, readonly_groklens, tiny_config, train_tiny
 
 EXP = ["bounded-sphere", "--scale", "smoke"]
-
-
-def _snapshot(root):
-    return {p: (p.read_bytes() if p.is_file() and not p.is_symlink() else os.readlink(p) if p.is_symlink() else None)
-            for p in sorted(root.rglob("*"))}
-
-
-def _one_line_exit(out, code=2):
-    err = out.stderr.strip()
-    assert out.returncode == code, f"exit {out.returncode}: {err[-600:]}"
-    assert len(err.splitlines()) == 1 and "Traceback" not in err and "--debug" not in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +27,10 @@ def run(tmp_path_factory):
 
 
 def _refused(root, args, needle="", **kw):
-    before = _snapshot(root)
-    err = _one_line_exit(groklens(*args, cwd=root, timeout=kw.pop("timeout", 120), **kw))
+    before = snapshot(root)
+    err = one_line_exit(groklens(*args, cwd=root, timeout=kw.pop("timeout", 120), **kw))
     assert needle in err, err
-    assert _snapshot(root) == before
+    assert snapshot(root) == before
     return err
 
 
@@ -251,10 +239,10 @@ def test_read_only_place_is_one_line_exit_2(run, tmp_path, command):
     else:
         shutil.copy(run, ro / "r.h5")
     (tmp_path / "grid.yaml").write_text(GRID)
-    before = _snapshot(tmp_path)
-    err = _one_line_exit(readonly_groklens(ro, *RO_COMMANDS[command](ro / "r.h5", ro)))
+    before = snapshot(tmp_path)
+    err = one_line_exit(readonly_groklens(ro, *RO_COMMANDS[command](ro / "r.h5", ro)))
     assert "read-only" in err, err
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 # ---------------------------------------------------------------------- names, YAML, parameters, bombs
