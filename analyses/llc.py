@@ -60,8 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover
 TRACE_BINS = 20
 SEED_STRIDE = 1_000_003  # > any number of chains (analyses/sgld.py uses the same)
 BACKENDS = ("vmap", "devinterp")
-# from `groklens llc-calibrate` on the README's p=23 run (docs/ANALYSES.md, "llc"); devinterp 2.x has no default
-DEFAULT_LR = 5e-7
+# the recommendation of `groklens llc-calibrate` (its default grid) on the README's p=23 run at steps
+# 800 and 3,000 (docs/ANALYSES.md, "llc", "Calibrating"); devinterp 2.x has no default
+DEFAULT_LR = 3e-7
 DEFAULT_LOCALIZATION = 1e5
 
 

@@ -5,7 +5,8 @@ checks and a stated rule (docs/ANALYSES.md, "llc", "Calibrating").
 The sweep: every setting (lr, nbeta, localization) of a grid runs `chains` chains of burnin +
 draws steps at each chosen checkpoint, all settings at once (analyses/sgld.py, the same chain
 noise in every setting). devinterp's ranges: lr over decades 3e-5 .. 3e-1 (the grokking notebook's
-EpsilonBetaAnalyzer), nbeta over decades of the default n / log n (the analyzer's 0.01 .. 1000 x
+EpsilonBetaAnalyzer; continued down to 3e-7, where chains on a transformer first stay local),
+nbeta over decades of the default n / log n (the analyzer's 0.01 .. 1000 x
 its default; above 10 x every lr of the grid diverges on these models), localization 1, 10, 100
 (the calibration notebook's gamma grid; 5 in the grokking notebook) continued by decades to 1e5.
 
@@ -47,7 +48,9 @@ from groklens.analyses.common import check_loss, eval_rows
 from groklens.analyses.phases import run_phases
 from groklens.fileio import write_text_atomic
 
-DEFAULT_LRS = (3e-5, 3e-4, 3e-3, 3e-2, 3e-1)
+# devinterp's decades 3e-5 .. 3e-1, continued two decades down: on the README's p=23 transformer no
+# chain at lr >= 3e-6 stays local (the sampled loss reaches chance level within 300 steps)
+DEFAULT_LRS = (3e-7, 3e-6, 3e-5, 3e-4, 3e-3, 3e-2, 3e-1)
 NBETA_MULTIPLES = (0.01, 0.1, 1.0, 10.0)  # x n / log n
 DEFAULT_LOCALIZATIONS = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
 DRIFT_MAX = 0.2

@@ -248,7 +248,7 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy)
 @click.option("--checkpoints", "steps", multiple=True, metavar="S",
               help="Checkpoint step(s) to calibrate at (repeatable or comma-separated; default: the memorization "
                    "checkpoint and the last one).")
-@click.option("--lr", "lrs", multiple=True, metavar="X", help="SGLD step sizes (default 3e-5,3e-4,3e-3,3e-2,3e-1).")
+@click.option("--lr", "lrs", multiple=True, metavar="X", help="SGLD step sizes (default 3e-7,3e-6,...,3e-1 by decades).")
 @click.option("--nbeta", "nbetas", multiple=True, metavar="X",
               help="Inverse temperatures n*beta (default 0.01,0.1,1,10 x n/log n).")
 @click.option("--localization", "localizations", multiple=True, metavar="X",
