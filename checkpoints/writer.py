@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -155,6 +158,14 @@ class TrajectoryWriter:
         n = self.n_checkpoints
         self._check_room(step, sum(a.nbytes for p in (params, *copies) for a in p.values())
                          + sum(a.nbytes for a in state.values()))
+        with _interrupt_deferred():
+            self._write_checkpoint(n, step, params, state, copies)
+        if self.replaces is not None:
+            self._take_place()
+        if self.on_commit is not None:
+            self.on_commit(step)
+
+    def _write_checkpoint(self, n: int, step: int, params, state, copies) -> None:
         try:
             groups = [self.f[C.PARAMS]] + [self.f[C.COPIES][str(m)] for m in range(1, len(copies) + 1)]
             for g, values in zip(groups, (params, *copies)):
@@ -178,10 +189,6 @@ class TrajectoryWriter:
             hdf5_write_failed()
             raise _room_or(exc, f"writing checkpoint at step {step} failed: {_first_line(exc)}", self.path) from None
         self.n_checkpoints = n + 1
-        if self.replaces is not None:
-            self._take_place()
-        if self.on_commit is not None:
-            self.on_commit(step)
 
     def _take_place(self) -> None:
         """The staged run has a checkpoint: it replaces the old run now (train --force)."""
@@ -197,9 +204,13 @@ class TrajectoryWriter:
     def write_eval(self, row: Mapping[str, float]) -> None:
         """Append one evaluation row; `row` holds 'step' and every metric name given at creation."""
         m = self.n_evals
-        g = self.f[C.METRICS]
         # a new chunk of every series at worst: room reserved first, as for a checkpoint
         self._check_room(int(row["step"]), (len(self.metric_names) + 1) * METRIC_CHUNK * 8, "evaluation")
+        with _interrupt_deferred():
+            self._write_eval(m, row)
+
+    def _write_eval(self, m: int, row: Mapping[str, float]) -> None:
+        g = self.f[C.METRICS]
         try:
             for name in self.metric_names:
                 ds = g[name]
@@ -263,6 +274,25 @@ class TrajectoryWriter:
                 self.path.unlink(missing_ok=True)
             except OSError:
                 pass
+
+
+@contextmanager
+def _interrupt_deferred():
+    """Hold Ctrl-C back while a commit writes. Python raises KeyboardInterrupt between any two
+    bytecodes, so one landing between a series' resize and its value left a row of fill values
+    that close() then flushed: /metrics/step "not strictly increasing", an unreadable run. The
+    interrupt is raised once the commit (or its bookkeeping) is complete."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt
 
 
 def _create_params(g: h5py.Group, params: Mapping[str, np.ndarray]) -> None:
