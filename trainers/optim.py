@@ -63,33 +63,47 @@ class AdamW:
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: torch.Tensor,
              wd: torch.Tensor) -> None:
-        """Update every tensor in `grads`; lr, wd: float64 [M]."""
-        b1, b2 = self.betas
-        device = next(iter(params.values())).device
-        decay = (1 - lr * wd).to(torch.float32).to(device)  # [M]; as `1 - lr*wd` cast to float32
-        if self.coupled_decay:
-            same_wd = bool((wd == wd[0]).all())
-            wd32 = wd.to(torch.float32).to(device)
-        per_t: dict[int, tuple[torch.Tensor, float]] = {}  # step count -> (neg_step [M], bias_correction2_sqrt)
-        for n, g in grads.items():
+        """Update every tensor in `grads`; lr, wd: float64 [M] on the host."""
+        groups: dict[int, list[str]] = {}  # step count -> its tensors (usually one count for all)
+        for n in grads:
             self.steps[n] += 1
-            t = self.steps[n]
-            if t not in per_t:  # usually one count for every tensor: computed once per step
-                per_t[t] = ((-(lr / (1 - b1**t))).to(torch.float32).to(device), (1 - b2**t) ** 0.5)
-            neg_step, bias_correction2_sqrt = per_t[t]
-            p = params[n]
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            if not self.coupled_decay:
-                p.mul_(decay.view(shape))
-            elif same_wd:  # torch.optim.Adam: grad.add(param, alpha=weight_decay)
-                g = g.add(p, alpha=float(wd[0]))
-            else:
-                g = g + wd32.view(shape) * p
-            m, v = self.exp_avg[n], self.exp_avg_sq[n]
-            m.lerp_(g, 1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
-            p.add_(m * neg_step.view(shape) / denom)  # = addcdiv_(m, denom, value=-step_size)
+            groups.setdefault(self.steps[n], []).append(n)
+        for t, names in groups.items():
+            self._step(t, [params[n] for n in names], [grads[n] for n in names], names, lr, wd)
+
+    def _step(self, t: int, ps: list[torch.Tensor], gs: list[torch.Tensor], names: list[str], lr: torch.Tensor,
+              wd: torch.Tensor) -> None:
+        """torch's single-tensor update of the tensors at step count t as `_foreach_*` ops (on CPU
+        the same kernel per tensor, in the same order: the same bits), one Python call per
+        operation rather than per operation and tensor, and with one rate for every member (a
+        single run) torch's own `addcdiv_`: 0.75-0.79x the per-tensor update's time at paper scale."""
+        b1, b2 = self.betas
+        device = ps[0].device
+
+        def per_member(c: torch.Tensor) -> list[torch.Tensor]:  # [M] -> a view per tensor, broadcast over its rows
+            c = c.to(torch.float32).to(device)
+            return [c.view((-1,) + (1,) * (p.dim() - 1)) for p in ps]
+
+        if not self.coupled_decay:
+            torch._foreach_mul_(ps, per_member(1 - lr * wd))  # as `1 - lr*wd` cast to float32
+        elif bool((wd == wd[0]).all()):  # torch.optim.Adam: grad.add(param, alpha=weight_decay)
+            gs = torch._foreach_add(gs, ps, alpha=float(wd[0]))
+        else:
+            gs = torch._foreach_add(gs, torch._foreach_mul(ps, per_member(wd)))
+        ms, vs = [self.exp_avg[n] for n in names], [self.exp_avg_sq[n] for n in names]
+        torch._foreach_lerp_(ms, gs, 1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, value=1 - b2)
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, (1 - b2**t) ** 0.5)
+        torch._foreach_add_(denom, ADAM_EPS)
+        neg_step = -(lr / (1 - b1**t))  # [M], -step_size
+        if bool((neg_step == neg_step[0]).all()):
+            torch._foreach_addcdiv_(ps, ms, denom, value=float(neg_step[0].to(torch.float32)))
+        else:  # addcdiv_'s numbers, (value * m) / denom added, with a value per member
+            update = torch._foreach_mul(ms, per_member(neg_step))
+            torch._foreach_div_(update, denom)
+            torch._foreach_add_(ps, update)
 
     def state(self, i: int) -> dict[str, np.ndarray]:
         """Member i's optimizer state under the checkpoint's keys (zeros before its first update)."""
