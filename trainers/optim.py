@@ -12,6 +12,11 @@ gives torch's float32 numbers to the bit (tests/trainers/test_optim.py). torch.o
 cannot take a learning rate per row of one tensor, and its first call imports torch._dynamo
 (about the cost of `import torch`, paid before a run's first step); this one does neither.
 A parameter the loss does not reach (no gradient) is not stepped, not even decayed, as in torch.
+The update runs tensor by tensor, every operation while the tensor is in cache: `_foreach_*`
+ops (one call per operation over all tensors) measured no faster inside the paper-scale step
+(0.99-1.11x: each sweeps all ~0.9 MB of parameters, beyond L2). With one rate for every member
+(a single run) the last operation is torch's own `addcdiv_`, one pass instead of three
+(benchmarks/optim_update.py: the update 0.87-0.98x in the step, ~1% of it; docs/PERFORMANCE.md).
 
 With `optimizer=adam` (config) the same class runs torch.optim.Adam's update instead: weight
 decay is the coupled L2 term `g + wd*w` added to the gradient before the moments (rescaled by
@@ -64,46 +69,37 @@ class AdamW:
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: torch.Tensor,
              wd: torch.Tensor) -> None:
         """Update every tensor in `grads`; lr, wd: float64 [M] on the host."""
-        groups: dict[int, list[str]] = {}  # step count -> its tensors (usually one count for all)
-        for n in grads:
-            self.steps[n] += 1
-            groups.setdefault(self.steps[n], []).append(n)
-        for t, names in groups.items():
-            self._step(t, [params[n] for n in names], [grads[n] for n in names], names, lr, wd)
-
-    def _step(self, t: int, ps: list[torch.Tensor], gs: list[torch.Tensor], names: list[str], lr: torch.Tensor,
-              wd: torch.Tensor) -> None:
-        """torch's single-tensor update of the tensors at step count t as `_foreach_*` ops (on CPU
-        the same kernel per tensor, in the same order: the same bits), one Python call per
-        operation rather than per operation and tensor, and with one rate for every member (a
-        single run) torch's own `addcdiv_`: 0.75-0.79x the per-tensor update's time at paper scale."""
         b1, b2 = self.betas
-        device = ps[0].device
-
-        def per_member(c: torch.Tensor) -> list[torch.Tensor]:  # [M] -> a view per tensor, broadcast over its rows
-            c = c.to(torch.float32).to(device)
-            return [c.view((-1,) + (1,) * (p.dim() - 1)) for p in ps]
-
-        if not self.coupled_decay:
-            torch._foreach_mul_(ps, per_member(1 - lr * wd))  # as `1 - lr*wd` cast to float32
-        elif bool((wd == wd[0]).all()):  # torch.optim.Adam: grad.add(param, alpha=weight_decay)
-            gs = torch._foreach_add(gs, ps, alpha=float(wd[0]))
-        else:
-            gs = torch._foreach_add(gs, torch._foreach_mul(ps, per_member(wd)))
-        ms, vs = [self.exp_avg[n] for n in names], [self.exp_avg_sq[n] for n in names]
-        torch._foreach_lerp_(ms, gs, 1 - b1)
-        torch._foreach_mul_(vs, b2)
-        torch._foreach_addcmul_(vs, gs, gs, value=1 - b2)
-        denom = torch._foreach_sqrt(vs)
-        torch._foreach_div_(denom, (1 - b2**t) ** 0.5)
-        torch._foreach_add_(denom, ADAM_EPS)
-        neg_step = -(lr / (1 - b1**t))  # [M], -step_size
-        if bool((neg_step == neg_step[0]).all()):
-            torch._foreach_addcdiv_(ps, ms, denom, value=float(neg_step[0].to(torch.float32)))
-        else:  # addcdiv_'s numbers, (value * m) / denom added, with a value per member
-            update = torch._foreach_mul(ms, per_member(neg_step))
-            torch._foreach_div_(update, denom)
-            torch._foreach_add_(ps, update)
+        device = next(iter(params.values())).device
+        decay = (1 - lr * wd).to(torch.float32).to(device)  # [M]; as `1 - lr*wd` cast to float32
+        if self.coupled_decay:
+            same_wd = bool((wd == wd[0]).all())
+            wd32 = wd.to(torch.float32).to(device)
+        one_rate = bool((lr == lr[0]).all())  # a single run, or members of one lr: torch's own addcdiv_
+        per_t: dict[int, tuple[torch.Tensor, float, float]] = {}  # step count -> (neg_step [M], its value, bc2_sqrt)
+        for n, g in grads.items():
+            self.steps[n] += 1
+            t = self.steps[n]
+            if t not in per_t:  # usually one count for every tensor: computed once per step
+                neg = (-(lr / (1 - b1**t))).to(torch.float32)
+                per_t[t] = (neg.to(device), float(neg[0]), (1 - b2**t) ** 0.5)
+            neg_step, step_value, bias_correction2_sqrt = per_t[t]
+            p = params[n]
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            if not self.coupled_decay:
+                p.mul_(decay.view(shape))
+            elif same_wd:  # torch.optim.Adam: grad.add(param, alpha=weight_decay)
+                g = g.add(p, alpha=float(wd[0]))
+            else:
+                g = g + wd32.view(shape) * p
+            m, v = self.exp_avg[n], self.exp_avg_sq[n]
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
+            if one_rate:
+                p.addcdiv_(m, denom, value=step_value)
+            else:  # a rate per member: addcdiv_'s numbers, (value * m) / denom added, in three passes
+                p.add_(m * neg_step.view(shape) / denom)
 
     def state(self, i: int) -> dict[str, np.ndarray]:
         """Member i's optimizer state under the checkpoint's keys (zeros before its first update)."""
