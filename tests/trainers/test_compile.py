@@ -30,7 +30,7 @@ def compile_works() -> bool:
         return False
 
 
-@pytest.mark.slow  # 10-45 s of compiling on a cold inductor cache
+@pytest.mark.slow  # ~35 s of compiling on a cold inductor cache
 def test_a_compiled_run_follows_the_eager_trajectory(tmp_path):
     if not compile_works():
         pytest.skip("torch.compile cannot build CPU kernels here")
