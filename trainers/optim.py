@@ -14,9 +14,9 @@ cannot take a learning rate per row of one tensor, and its first call imports to
 A parameter the loss does not reach (no gradient) is not stepped, not even decayed, as in torch.
 The update runs tensor by tensor, every operation while the tensor is in cache: `_foreach_*`
 ops (one call per operation over all tensors) measured no faster inside the paper-scale step
-(0.99-1.11x: each sweeps all ~0.9 MB of parameters, beyond L2). With one rate for every member
-(a single run) the last operation is torch's own `addcdiv_`, one pass instead of three
-(benchmarks/optim_update.py: the update 0.87-0.98x in the step, ~1% of it; docs/PERFORMANCE.md).
+(0.99-1.11x: each sweeps all ~0.9 MB of parameters, likely beyond L2). With one rate for every
+member (a single run) the last operation is torch's own `addcdiv_`, one pass instead of three
+(benchmarks/optim_update.py: the update 0.83-1.04x in the step, where it is ~1%; docs/PERFORMANCE.md).
 
 With `optimizer=adam` (config) the same class runs torch.optim.Adam's update instead: weight
 decay is the coupled L2 term `g + wd*w` added to the gradient before the moments (rescaled by

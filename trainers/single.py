@@ -6,7 +6,8 @@ hooks, in a scope, only when a regularizer term reads activations) -> objective 
 (`loss`: ce | stablemax, float64, mean over the batch and its readout positions) + the active
 regularizer terms -> backward -> the update (trainers/optim.py: the gradient transforms, then
 AdamW, or Adam with an L2 weight-decay term with `optimizer=adam`), here on the module's parameters viewed as stacks of one. On CPU a run is deterministic
-for a given (seed, data_seed).
+for a given (seed, data_seed). With `compile=true` a single run's training forward (and its
+backward) is the model under torch.compile (`Lane.train_logits`); evaluation stays eager.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Lane:
         self.compiled = compiled(self.model) if cfg.compile else None
         if self.compiled is not None and self.capture_hooks:
             raise BadInput("compile=true compiles the hook-free training step; regularizer terms read activations "
-                           "through hooks (act_norm_lambda, geomdr_lambda, kl_attn_beta): train them without compile")
+                           f"through hooks ({', '.join(r.weight_field for r in self.terms)}): train them without compile")
 
     # ------------------------------------------------------------------ the step
     def _capture(self, tensor: torch.Tensor, hook) -> None:
