@@ -7,21 +7,22 @@ import time
 
 
 class Timed:
-    """Accumulate wall time and calls of a method, patched on its class for the duration of a run."""
+    """Accumulate wall time (or another `clock`'s) and calls of a method, patched on its class for
+    the duration of a run."""
 
-    def __init__(self, cls, name):
-        self.cls, self.name, self.orig = cls, name, getattr(cls, name)
+    def __init__(self, cls, name, clock=time.perf_counter):
+        self.cls, self.name, self.orig, self.clock = cls, name, getattr(cls, name), clock
         self.total, self.calls = 0.0, 0
 
     def __enter__(self):
         orig = self.orig
 
         def wrapper(*args, **kwargs):
-            t = time.perf_counter()
+            t = self.clock()
             try:
                 return orig(*args, **kwargs)
             finally:
-                self.total += time.perf_counter() - t
+                self.total += self.clock() - t
                 self.calls += 1
 
         setattr(self.cls, self.name, wrapper)

@@ -24,13 +24,17 @@ step comes to the core's rate (both numbers measured the same way).
 
 `--variant` also times the same step with the lean path switched off (`Transformer.lean_path
 = False`: the explicit path, the CPU step before issue 31), alternating blocks in one process, so the
-before/after ratio is measured under the same load.
+before/after ratio is measured under the same load. `--compile` likewise times the step of the
+same config with `compile=true` (torch.compile) against the eager one, and prints the compile
+time: the wall time of the compiled run's first step (inductor caches its kernels in
+TORCHINDUCTOR_CACHE_DIR, by default under /tmp: point it at an empty folder for a cold compile).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -106,6 +110,7 @@ class Stepper:
 
     def __init__(self, cfg, setup=None):
         self.run, self.step, self.setup = build(cfg), 0, setup or (lambda: None)
+        self.first_s = None  # wall seconds of the first step (a compiled run compiles in it)
 
     def block(self, n: int) -> tuple[float, float]:
         """(wall seconds, CPU seconds per thread) per step."""
@@ -116,6 +121,8 @@ class Stepper:
             self.step += 1
             if failed:
                 raise RuntimeError(f"the benchmark run stopped: {failed[0][1]}")
+            if self.first_s is None:
+                self.first_s = time.perf_counter() - t0
         return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n / torch.get_num_threads()
 
 
@@ -125,6 +132,8 @@ def measure(name: str, threads: int, args) -> dict:
     arms = {"step": Stepper(cfg, lambda: _fast(True))}
     if args.variant:
         arms["step.before"] = Stepper(cfg, lambda: _fast(False))
+    if args.compile:
+        arms["step.compiled"] = Stepper(cfg.replace(compile=True), lambda: _fast(True))
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in arms}
     gemm = gemm_rate()
     for arm in arms.values():
@@ -135,8 +144,10 @@ def measure(name: str, threads: int, args) -> dict:
     _fast(True)
     gemm = [max(a, b) for a, b in zip(gemm, gemm_rate())]  # before and after the steps: the best of 10
     flops = model_flops(cfg, arms["step"].run)
-    out = {"model": name, "threads": threads, "gflop": flops / 1e9, "gemm_gflops": gemm[0] / 1e9,
+    out = {"model": name, "threads": threads, "load_avg_1min": os.getloadavg()[0], "gflop": flops / 1e9, "gemm_gflops": gemm[0] / 1e9,
            "bound_ms": 1e3 * flops / gemm[0], "gemm_gflops_cpu": gemm[1] / 1e9, "bound_ms_cpu": 1e3 * flops / gemm[1]}
+    if args.compile:
+        out.update(compile_s=arms["step.compiled"].first_s, eager_first_s=arms["step"].first_s)
     for k, ts in times.items():
         ms, cpu_ms = (1e3 * statistics.median(t[i] for t in ts) for i in (0, 1))
         out.update({f"{k}_ms": ms, f"{k}_ratio": out["bound_ms"] / ms,
@@ -151,8 +162,8 @@ def _fast(on: bool) -> None:
         Transformer.lean_path = on
 
 
-def _line(row: dict, variant: bool) -> str:
-    out = (f"{row['model']:11s} threads {row['threads']}: {row['gflop']:.2f} GFLOP | wall: step {row['step_ms']:.1f} ms, "
+def _line(row: dict, variant: bool, compiled: bool) -> str:
+    out = (f"{row['model']:11s} threads {row['threads']} (load {row['load_avg_1min']:.1f}): {row['gflop']:.2f} GFLOP | wall: step {row['step_ms']:.1f} ms, "
            f"GEMM {row['gemm_gflops']:.1f} GFLOP/s, bound {row['bound_ms']:.1f} ms, ratio {row['step_ratio']:.2f}"
            f" | CPU time: step {row['step_cpu_ms']:.1f} ms, GEMM {row['gemm_gflops_cpu']:.1f} GFLOP/s, "
            f"ratio {row['step_cpu_ratio']:.2f}")
@@ -160,6 +171,11 @@ def _line(row: dict, variant: bool) -> str:
         out += (f" | before: wall {row['step.before_ms']:.1f} ms (ratio {row['step.before_ratio']:.2f}), "
                 f"CPU {row['step.before_cpu_ms']:.1f} ms (ratio {row['step.before_cpu_ratio']:.2f}), "
                 f"after/before {row['step_cpu_ms'] / row['step.before_cpu_ms']:.2f}")
+    if compiled:
+        out += (f" | compiled: first step {row['compile_s']:.1f} s (eager {row['eager_first_s']:.2f} s), "
+                f"wall {row['step.compiled_ms']:.1f} ms, CPU {row['step.compiled_cpu_ms']:.1f} ms "
+                f"(ratio {row['step.compiled_cpu_ratio']:.2f}), compiled/eager "
+                f"{row['step.compiled_cpu_ms'] / row['step_cpu_ms']:.2f}")
     return out
 
 
@@ -171,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variant", action="store_true", help="also time the step before issue 31 (alternating)")
+    ap.add_argument("--compile", action="store_true", help="also time the step with compile=true (alternating)")
     ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON to OUT")
     args = ap.parse_args(argv)
     rows = []
@@ -178,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             row = measure(name, threads, args)
             rows.append(row)
-            print(_line(row, args.variant), flush=True)
+            print(_line(row, args.variant, args.compile), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"load_avg": list(__import__("os").getloadavg()), "rows": rows}, f, indent=1)
+            json.dump({"load_avg": list(os.getloadavg()), "rows": rows}, f, indent=1)
     return 0
 
 

@@ -12,6 +12,11 @@ gives torch's float32 numbers to the bit (tests/trainers/test_optim.py). torch.o
 cannot take a learning rate per row of one tensor, and its first call imports torch._dynamo
 (about the cost of `import torch`, paid before a run's first step); this one does neither.
 A parameter the loss does not reach (no gradient) is not stepped, not even decayed, as in torch.
+The update runs tensor by tensor, every operation while the tensor is in cache: `_foreach_*`
+ops (one call per operation over all tensors) measured no faster inside the paper-scale step
+(0.99-1.11x: each sweeps all ~0.9 MB of parameters, likely beyond L2). With one rate for every
+member (a single run) the last operation is torch's own `addcdiv_`, one pass instead of three
+(benchmarks/optim_update.py: the update 0.83-1.04x in the step, where it is ~1%; docs/PERFORMANCE.md).
 
 With `optimizer=adam` (config) the same class runs torch.optim.Adam's update instead: weight
 decay is the coupled L2 term `g + wd*w` added to the gradient before the moments (rescaled by
@@ -63,20 +68,22 @@ class AdamW:
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: torch.Tensor,
              wd: torch.Tensor) -> None:
-        """Update every tensor in `grads`; lr, wd: float64 [M]."""
+        """Update every tensor in `grads`; lr, wd: float64 [M] on the host."""
         b1, b2 = self.betas
         device = next(iter(params.values())).device
         decay = (1 - lr * wd).to(torch.float32).to(device)  # [M]; as `1 - lr*wd` cast to float32
         if self.coupled_decay:
             same_wd = bool((wd == wd[0]).all())
             wd32 = wd.to(torch.float32).to(device)
-        per_t: dict[int, tuple[torch.Tensor, float]] = {}  # step count -> (neg_step [M], bias_correction2_sqrt)
+        one_rate = bool((lr == lr[0]).all())  # a single run, or members of one lr: torch's own addcdiv_
+        per_t: dict[int, tuple[torch.Tensor, float, float]] = {}  # step count -> (neg_step [M], its value, bc2_sqrt)
         for n, g in grads.items():
             self.steps[n] += 1
             t = self.steps[n]
             if t not in per_t:  # usually one count for every tensor: computed once per step
-                per_t[t] = ((-(lr / (1 - b1**t))).to(torch.float32).to(device), (1 - b2**t) ** 0.5)
-            neg_step, bias_correction2_sqrt = per_t[t]
+                neg = (-(lr / (1 - b1**t))).to(torch.float32)
+                per_t[t] = (neg.to(device), float(neg[0]), (1 - b2**t) ** 0.5)
+            neg_step, step_value, bias_correction2_sqrt = per_t[t]
             p = params[n]
             shape = (-1,) + (1,) * (p.dim() - 1)
             if not self.coupled_decay:
@@ -89,7 +96,10 @@ class AdamW:
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
             denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
-            p.add_(m * neg_step.view(shape) / denom)  # = addcdiv_(m, denom, value=-step_size)
+            if one_rate:
+                p.addcdiv_(m, denom, value=step_value)
+            else:  # a rate per member: addcdiv_'s numbers, (value * m) / denom added, in three passes
+                p.add_(m * neg_step.view(shape) / denom)
 
     def state(self, i: int) -> dict[str, np.ndarray]:
         """Member i's optimizer state under the checkpoint's keys (zeros before its first update)."""

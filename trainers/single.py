@@ -6,7 +6,8 @@ hooks, in a scope, only when a regularizer term reads activations) -> objective 
 (`loss`: ce | stablemax, float64, mean over the batch and its readout positions) + the active
 regularizer terms -> backward -> the update (trainers/optim.py: the gradient transforms, then
 AdamW, or Adam with an L2 weight-decay term with `optimizer=adam`), here on the module's parameters viewed as stacks of one. On CPU a run is deterministic
-for a given (seed, data_seed).
+for a given (seed, data_seed). With `compile=true` a single run's training forward (and its
+backward) is the model under torch.compile (`Lane.train_logits`); evaluation stays eager.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from groklens.config import RunConfig
+from groklens.errors import BadInput
 from groklens.tasks import TaskData
 from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device
 from groklens.trainers.losses import task_loss
@@ -26,6 +28,15 @@ from groklens.trainers.models import build_model
 from groklens.trainers.optim import Update, grad_norms, stack_of_one
 from groklens.trainers.regularizers import Batch, build_regularizers
 from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits
+
+
+def compiled(model: torch.nn.Module):
+    """compile=true: `model` under torch.compile, which compiles its forward and (AOTAutograd) its
+    backward at the first call; fixed shapes (the step's batch never changes)."""
+    try:
+        return torch.compile(model, dynamic=False)
+    except RuntimeError as exc:  # a Python or platform torch.compile does not support
+        raise BadInput(f"compile=true: torch.compile is unavailable here ({exc})") from None
 
 
 class Lane:
@@ -43,6 +54,10 @@ class Lane:
         self.capture_hooks = [(name, self._capture) for name in sorted({n for r in self.terms for n in r.hook_names})]
         self.batch_gen = torch.Generator().manual_seed(seed + 1)  # mini-batch order only
         self.grad_norm = math.nan
+        self.compiled = compiled(self.model) if cfg.compile else None
+        if self.compiled is not None and self.capture_hooks:
+            raise BadInput("compile=true compiles the hook-free training step; regularizer terms read activations "
+                           f"through hooks ({', '.join(r.weight_field for r in self.terms)}): train them without compile")
 
     # ------------------------------------------------------------------ the step
     def _capture(self, tensor: torch.Tensor, hook) -> None:
@@ -64,6 +79,13 @@ class Lane:
             with self.model.hooks(fwd_hooks=self.capture_hooks):
                 return readout_logits(call, x, self.t.readout_slice, True, supports)
         return readout_logits(call, x, self.t.readout_slice, False, supports)
+
+    def train_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The training step's logits at the readout positions: `forward`'s, by the compiled model
+        with compile=true (evaluation stays eager: other shapes, no gradient)."""
+        if self.compiled is None:
+            return self.forward(x)
+        return readout_logits(self.compiled, x, self.t.readout_slice, False, getattr(self.model, "supports_readout", False))
 
     def objective(self, logits: torch.Tensor, y: torch.Tensor, batch: Batch, step: int):
         """(task loss, objective = task loss + the terms on the activations just captured)."""
@@ -173,7 +195,7 @@ class SingleRun(Strategy):
     def train_step(self, step: int) -> list[tuple[Member, str]]:
         lane, member = self.lane, self.members[0]
         x, y, mask = self.t.batch(self.cfg.batch_size, lane.batch_gen)
-        loss, total = lane.objective(self.t.readout(lane.forward(x)), y, Batch(x, mask, self.t.positions), step)
+        loss, total = lane.objective(self.t.readout(lane.train_logits(x)), y, Batch(x, mask, self.t.positions), step)
         lane.zero_grad()
         total.backward()
         grads = lane.grads()
