@@ -34,9 +34,13 @@ def compiled(model: torch.nn.Module):
     """compile=true: `model` under torch.compile, which compiles its forward and (AOTAutograd) its
     backward at the first call; fixed shapes (the step's batch never changes)."""
     try:
+        if next(model.parameters()).device.type == "cpu":
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()  # CPU kernels are C++: refused here, before any file, not at the first step
         return torch.compile(model, dynamic=False)
-    except RuntimeError as exc:  # a Python or platform torch.compile does not support
-        raise BadInput(f"compile=true: torch.compile is unavailable here ({exc})") from None
+    except RuntimeError as exc:  # no C++ compiler, or a Python or platform torch.compile does not support
+        raise BadInput(f"compile=true: torch.compile is unavailable here ({str(exc).splitlines()[0]})") from None
 
 
 class Lane:

@@ -68,3 +68,14 @@ def test_a_compiled_config_trains_alone_with_its_step_compiled():
     assert ensemble_key(cfg) is None and "compile=True" in unsupported_reason(cfg)
     assert SingleRun(cfg, TASKS.get(cfg.task).build(cfg)).lane.compiled is not None  # compiled at its first call
     assert SingleRun(tiny_config(), TASKS.get(cfg.task).build(cfg)).lane.compiled is None
+
+
+def test_no_cpp_compiler_is_a_one_line_refusal_before_any_file(tmp_path):
+    from tests.helpers import config_flags, groklens
+
+    out = tmp_path / "c.h5"
+    proc = groklens("train", "-q", "--out", str(out), *config_flags(tiny_config(compile=True)),
+                    env={"CXX": "/nonexistent"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "C++ compiler" in proc.stderr
+    assert not out.exists()
