@@ -58,10 +58,10 @@ class Lane:
         self.capture_hooks = [(name, self._capture) for name in sorted({n for r in self.terms for n in r.hook_names})]
         self.batch_gen = torch.Generator().manual_seed(seed + 1)  # mini-batch order only
         self.grad_norm = math.nan
-        self.compiled = compiled(self.model) if cfg.compile else None
-        if self.compiled is not None and self.capture_hooks:
+        if cfg.compile and self.capture_hooks:  # refused before inductor is imported or anything compiled
             raise BadInput("compile=true compiles the hook-free training step; regularizer terms read activations "
                            f"through hooks ({', '.join(r.weight_field for r in self.terms)}): train them without compile")
+        self.compiled = compiled(self.model) if cfg.compile else None
 
     # ------------------------------------------------------------------ the step
     def _capture(self, tensor: torch.Tensor, hook) -> None:
