@@ -30,8 +30,13 @@ def test_ctrl_c_between_a_resize_and_its_value_leaves_a_valid_file(tmp_path, mon
                 os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: before the value is set
 
     monkeypatch.setattr(h5py.Dataset, "resize", resize_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_config(steps=200, eval_every=5, checkpoint_every=10), path)
+    # Ctrl-C as a terminal delivers it: pytest-xdist's workers ignore SIGINT
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny_config(steps=200, eval_every=5, checkpoint_every=10), path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     run = Trajectory(path)  # validates the file: it raised InvalidTrajectory before the fix
     steps = run.metrics["step"] if series == "/metrics/step" else run.steps
