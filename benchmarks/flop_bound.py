@@ -10,9 +10,10 @@ full batch), its bounded sphere (arm `sphere_wd0`) and Nanda et al.'s no-norm mo
 
   step_ms     the median over `--repeats` blocks of `--block` steady-state calls of
               `SingleRun.train_step` (after `--warmup` steps), per step;
-  gflop       the FLOPs a readout-only forward + backward cannot avoid, counted from the shapes
-              (`readout_flops`): every matrix product with 2 FLOPs per multiply-add, forward
-              once and backward twice (the gradient of the input and of the weight);
+  gflop       the reference count of issue 31: the FLOPs of a readout-only forward + backward on
+              the batch's rows, counted from the shapes (`readout_flops`): every matrix product
+              with 2 FLOPs per multiply-add, forward once and backward twice (the gradient of
+              the input and of the weight);
   gemm_gflops the measured rate of a 2048 x 2048 float32 matmul on those threads, best of 5,
               in the same process;
   bound_ms    gflop / gemm_gflops: the step time if every FLOP ran at the GEMM rate;
@@ -22,9 +23,16 @@ divided by the threads): on a loaded machine the wall time includes the time sli
 processes took, the CPU time not, so the CPU-time ratio is the one that says how close the
 step comes to the core's rate (both numbers measured the same way).
 
-`--variant` also times the same step with the lean path switched off (`Transformer.lean_path
-= False`: the explicit path, the CPU step before issue 31), alternating blocks in one process, so the
-before/after ratio is measured under the same load. `--compile` likewise times the step of the
+It also counts the FLOPs the step itself does where the first block runs from its table of
+every (position, token) pair (`table_flops`, the default where it pays: K, V, Q and the scores
+on the table's rows, not the batch's; fewer than `readout_flops` counts as unavoidable), and the
+ratio of that bound to the step: how close the step's own work comes to the GEMM rate.
+
+`--variant` also times the same step, alternating blocks in one process so the ratios are
+measured under the same load, with the first block on the batch's rows (`rows`:
+`Transformer.embedding_table = False`, the lean step before the table) and with the lean path
+switched off (`before`: `Transformer.lean_path = False`, the explicit path, the CPU step before
+issue 31). `--compile` likewise times the step of the
 same config with `compile=true` (torch.compile) against the eager one, and prints the compile
 time: the wall time of the compiled run's first step (inductor caches its kernels in
 TORCHINDUCTOR_CACHE_DIR, by default under /tmp: point it at an empty folder for a cold compile).
@@ -74,12 +82,37 @@ def readout_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int, n_la
     return {k: 3.0 * f for k, f in fwd.items()}
 
 
-def model_flops(cfg, run) -> float:
+def table_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int, vocab: int, n_layers: int = 1) -> dict[str, float]:
+    """FLOPs of the same step as the first block computes it from its table of every (position,
+    token) pair (TransformerBlock.from_table, the default where it pays): K and V on ctx * vocab
+    table rows, Q on the readout's vocab rows, the scores of every query row against every key
+    row as one [h, vocab, ctx vocab] product, then per input only the mixing with the pattern,
+    O, the MLP and the unembedding. Counted as `readout_flops` (forward once, backward twice)."""
+    if n_layers != 1:
+        raise ValueError("table_flops counts one-layer models")
+    he = h * e
+    fwd = {
+        "k_v_table": 2 * (2 * ctx * vocab * d * he),
+        "q_table": 2 * vocab * d * he,
+        "score_table": 2 * h * vocab * ctx * vocab * e,
+        "mix": 2 * n * h * ctx * e,
+        "o": 2 * n * he * d,
+        "mlp": 2 * (2 * n * d * m),
+        "unembed": 2 * n * d * v,
+    }
+    return {k: 3.0 * f for k, f in fwd.items()}
+
+
+def model_flops(cfg, run, table: bool = False) -> float:
+    """The step's FLOPs by `readout_flops` (the issue's reference count), or by `table_flops`."""
     t = run.t
     n, ctx = t.train_x.shape
     v = run.model.unembed.W_U.shape[1]
     batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n else n
-    return sum(readout_flops(batch, ctx, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, v, cfg.n_layers).values())
+    dims = (batch, ctx, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, v)
+    if table:
+        return sum(table_flops(*dims, run.model.cfg.d_vocab, cfg.n_layers).values())
+    return sum(readout_flops(*dims, cfg.n_layers).values())
 
 
 def gemm_rate(size: int = 2048, tries: int = 5) -> tuple[float, float]:
@@ -129,11 +162,12 @@ class Stepper:
 def measure(name: str, threads: int, args) -> dict:
     torch.set_num_threads(threads)
     cfg = paper_config(name)
-    arms = {"step": Stepper(cfg, lambda: _fast(True))}
+    arms = {"step": Stepper(cfg, lambda: _paths(lean=True, table=True))}
     if args.variant:
-        arms["step.before"] = Stepper(cfg, lambda: _fast(False))
+        arms["step.rows"] = Stepper(cfg, lambda: _paths(lean=True, table=False))
+        arms["step.before"] = Stepper(cfg, lambda: _paths(lean=False, table=False))
     if args.compile:
-        arms["step.compiled"] = Stepper(cfg.replace(compile=True), lambda: _fast(True))
+        arms["step.compiled"] = Stepper(cfg.replace(compile=True), lambda: _paths(lean=True, table=True))
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in arms}
     gemm = gemm_rate()
     for arm in arms.values():
@@ -141,11 +175,12 @@ def measure(name: str, threads: int, args) -> dict:
     for _ in range(args.repeats):
         for k, arm in arms.items():
             times[k].append(arm.block(args.block))
-    _fast(True)
+    _paths(lean=True, table=True)
     gemm = [max(a, b) for a, b in zip(gemm, gemm_rate())]  # before and after the steps: the best of 10
-    flops = model_flops(cfg, arms["step"].run)
+    flops, done = model_flops(cfg, arms["step"].run), model_flops(cfg, arms["step"].run, table=True)
     out = {"model": name, "threads": threads, "load_avg_1min": os.getloadavg()[0], "gflop": flops / 1e9, "gemm_gflops": gemm[0] / 1e9,
-           "bound_ms": 1e3 * flops / gemm[0], "gemm_gflops_cpu": gemm[1] / 1e9, "bound_ms_cpu": 1e3 * flops / gemm[1]}
+           "bound_ms": 1e3 * flops / gemm[0], "gemm_gflops_cpu": gemm[1] / 1e9, "bound_ms_cpu": 1e3 * flops / gemm[1],
+           "table_gflop": done / 1e9, "table_bound_ms_cpu": 1e3 * done / gemm[1]}
     if args.compile:
         out.update(compile_s=arms["step.compiled"].first_s, eager_first_s=arms["step"].first_s)
     for k, ts in times.items():
@@ -155,11 +190,12 @@ def measure(name: str, threads: int, args) -> dict:
     return out
 
 
-def _fast(on: bool) -> None:
+def _paths(lean: bool, table: bool) -> None:
+    """Which CPU forward path the next steps take: the lean one (else the explicit one, the step
+    before issue 31), and on it the first block from its table (else on the batch's rows)."""
     from groklens.trainers.models.transformer import Transformer
 
-    if hasattr(Transformer, "lean_path"):  # issue 31's lean path; absent before
-        Transformer.lean_path = on
+    Transformer.lean_path, Transformer.embedding_table = lean, table
 
 
 def _line(row: dict, variant: bool, compiled: bool) -> str:
@@ -167,10 +203,13 @@ def _line(row: dict, variant: bool, compiled: bool) -> str:
            f"GEMM {row['gemm_gflops']:.1f} GFLOP/s, bound {row['bound_ms']:.1f} ms, ratio {row['step_ratio']:.2f}"
            f" | CPU time: step {row['step_cpu_ms']:.1f} ms, GEMM {row['gemm_gflops_cpu']:.1f} GFLOP/s, "
            f"ratio {row['step_cpu_ratio']:.2f}")
+    out += (f" | the table step's own {row['table_gflop']:.2f} GFLOP: bound {row['table_bound_ms_cpu']:.1f} ms, "
+            f"ratio {row['table_bound_ms_cpu'] / row['step_cpu_ms']:.2f}")
     if variant:
-        out += (f" | before: wall {row['step.before_ms']:.1f} ms (ratio {row['step.before_ratio']:.2f}), "
-                f"CPU {row['step.before_cpu_ms']:.1f} ms (ratio {row['step.before_cpu_ratio']:.2f}), "
-                f"after/before {row['step_cpu_ms'] / row['step.before_cpu_ms']:.2f}")
+        for arm, what in (("step.rows", "rows"), ("step.before", "before")):
+            out += (f" | {what}: wall {row[arm + '_ms']:.1f} ms (ratio {row[arm + '_ratio']:.2f}), "
+                    f"CPU {row[arm + '_cpu_ms']:.1f} ms (ratio {row[arm + '_cpu_ratio']:.2f}), "
+                    f"step/{what} {row['step_cpu_ms'] / row[arm + '_cpu_ms']:.2f}")
     if compiled:
         out += (f" | compiled: first step {row['compile_s']:.1f} s (eager {row['eager_first_s']:.2f} s), "
                 f"wall {row['step.compiled_ms']:.1f} ms, CPU {row['step.compiled_cpu_ms']:.1f} ms "
@@ -186,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variant", action="store_true", help="also time the step before issue 31 (alternating)")
+    ap.add_argument("--variant", action="store_true", help="also time the step on the batch's rows and the step before issue 31 (alternating)")
     ap.add_argument("--compile", action="store_true", help="also time the step with compile=true (alternating)")
     ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON to OUT")
     args = ap.parse_args(argv)

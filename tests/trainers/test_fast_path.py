@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from groklens.trainers.models import build_model
+from groklens.trainers.models.transformer import TransformerBlock
 from groklens.trainers.losses import LOSSES
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config
@@ -41,17 +42,39 @@ def _loss_and_grads(model, x, y, sl, hooked: bool):
     return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("path", ["sdpa", "lean"])
+class TableCalls:
+    """Counts the first block's table forwards (TransformerBlock.from_table)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        original = TransformerBlock.from_table
+
+        def counted(block, *args, **kwargs):
+            self.n += 1
+            return original(block, *args, **kwargs)
+        monkeypatch.setattr(TransformerBlock, "from_table", counted)
+
+
+# sdpa: the CUDA default, forced on the CPU; lean: the CPU default with the first block on the
+# batch's rows; table: the CPU default where the batch is large against the vocabulary (the first
+# block from the table of every (position, token)); both layer counts: a one-layer model's first
+# block is also its readout block (query positions only), a two-layer model's is not
+@pytest.mark.parametrize("n_layers", [1, 2])
+@pytest.mark.parametrize("path", ["sdpa", "lean", "table"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fast_path_equals_full_forward(variant, path):
-    cfg = tiny_config(n_layers=2, **VARIANTS[variant])
+def test_fast_path_equals_full_forward(variant, path, n_layers, monkeypatch):
+    cfg = tiny_config(n_layers=n_layers, **VARIANTS[variant])
     data = TASKS.get(cfg.task).build(cfg)
     model = build_model(cfg, data)
-    model.fused_attention = path == "sdpa"  # the CUDA default, forced on the CPU; else the lean path
+    model.fused_attention = path == "sdpa"
+    model.embedding_table = path == "table"
     pos = data.readout_positions
     sl = slice(pos[0], pos[-1] + 1)
     x, y = data.inputs[data.train_idx][:64], data.labels[data.train_idx][:64]
+    assert model._table_pays(x, sl) or variant == "digits", "the tiny batch should take the table path"
+    calls = TableCalls(monkeypatch)
     fast_loss, fast = _loss_and_grads(model, x, y, sl, hooked=False)
+    assert calls.n == (path == "table" and model._table_pays(x, sl))
     full_loss, full = _loss_and_grads(model, x, y, sl, hooked=True)
     assert torch.allclose(fast_loss, full_loss, atol=ATOL, rtol=RTOL)
     for name in full:
@@ -83,3 +106,22 @@ def test_the_cpu_default_is_the_lean_path():
     assert torch.allclose(model(x), logits, atol=ATOL, rtol=RTOL)
     model.lean_path = False
     assert torch.equal(model(x), logits)
+
+
+def test_table_path_only_where_it_pays(monkeypatch):
+    """A batch small against the vocabulary runs the first block on its own rows (the table's
+    n V rows would be more work), with the same numbers."""
+    cfg = tiny_config(n_layers=1, norm="ln", norm_placement="post")
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    v = model.cfg.d_vocab
+    sl = slice(data.readout_positions[0], data.readout_positions[-1] + 1)
+    small, large = data.inputs[: 4 * v - 1], data.inputs[: 4 * v]
+    assert not model._table_pays(small, sl) and model._table_pays(large, sl)
+    calls = TableCalls(monkeypatch)
+    table_logits = model(large, readout=sl)
+    assert calls.n == 1
+    model(small, readout=sl)
+    assert calls.n == 1
+    model.embedding_table = False
+    assert torch.allclose(model(large, readout=sl), table_logits, atol=ATOL, rtol=RTOL)

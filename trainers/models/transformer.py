@@ -249,9 +249,7 @@ class Attention(nn.Module):
         flat = x.reshape(b * n, d)
         if cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
             v = self._project(flat, self.W_V).view(b, n, h, e)
-            mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
-            allowed = mask.to(x.dtype) if cfg.causal else torch.ones(mask.shape, dtype=x.dtype, device=x.device)
-            pattern = (allowed / allowed.sum(-1, keepdim=True))[None, :, :, None]  # [1, q, k, 1]
+            pattern = self._uniform_pattern(n, query, x)
         else:
             # K and V apart: contiguous, the broadcast products below run ~1.4x faster than on views of one [d, 2he] product
             k, v = (self._project(flat, w).view(b, n, h, e) for w in (self.W_K, self.W_V))
@@ -260,16 +258,56 @@ class Attention(nn.Module):
                 scores = (q[:, :, None] * k[:, None]).sum(-1)  # [b, q, k, h]
             else:
                 scores = torch.einsum("bqhe,bkhe->bqkh", q, k)
-            scores = scores / math.sqrt(e)
-            if cfg.causal and not (query is not None and query.start == n - 1):  # the last query sees every key
-                mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
-                scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
+            scores = self._mask_scores(scores / math.sqrt(e), n, query)
             pattern = scores.softmax(dim=2)
+        return self._mix(pattern, v)
+
+    def _uniform_pattern(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
+        """attention=uniform: 1 / (allowed keys) for every query, [1, q, k, 1]."""
+        mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
+        allowed = mask.to(like.dtype) if self.cfg.causal else torch.ones(mask.shape, dtype=like.dtype, device=like.device)
+        return (allowed / allowed.sum(-1, keepdim=True))[None, :, :, None]
+
+    def _mask_scores(self, scores: torch.Tensor, n: int, query: slice | None) -> torch.Tensor:
+        """Causal mask on scores [b, q, k, h] (none needed when the only query is the last position)."""
+        if self.cfg.causal and not (query is not None and query.start == n - 1):  # the last query sees every key
+            mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
+            scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
+        return scores
+
+    def _mix(self, pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """pattern [b|1, q, k, h|1] times v [b, k, h, e], then the output projection: [b, q, d]."""
+        b, n, h, e = v.shape
+        nq = pattern.shape[1]
         if n <= 8:
             z = (pattern[..., None] * v[:, None]).sum(2)  # [b, q, h, e]
         else:
             z = torch.einsum("bqkh,bkhe->bqhe", pattern.expand(b, -1, -1, h), v)
-        return (z.reshape(b * nq, h * e) @ self.W_O.reshape(h * e, d)).view(b, nq, d)
+        return (z.reshape(b * nq, h * e) @ self.W_O.reshape(h * e, -1)).view(b, nq, -1)
+
+    def table(self, x_tab: torch.Tensor, ids: torch.Tensor, query: slice | None) -> torch.Tensor:
+        """The lean output where the input is a function of (position, token), as in the first
+        block: x_tab [n, V, d] is the attention input of every position and token, ids [b, n]
+        each input's row in x_tab.view(n V, d). K, V and Q are projected on the table's n V rows
+        instead of the batch's b n, and the scores of every query row against every key row are
+        one [h, nq V, n V] product, from which each input gathers its own; only the mixing with
+        the pattern and the output projection run per input. The same numbers as `_lean` to float32
+        rounding (the sums of the gathered gradients run in another order)."""
+        n, V, d = x_tab.shape
+        h, e = self.cfg.n_heads, self.cfg.d_head
+        flat = x_tab.reshape(n * V, d)
+        v = F.embedding(ids, self._project(flat, self.W_V)).view(*ids.shape, h, e)
+        if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
+            return self._mix(self._uniform_pattern(n, query, x_tab), v)
+        start = 0 if query is None else query.start
+        q_rows = flat if query is None else x_tab[query].reshape(-1, d)  # [nq V, d]
+        q_tab = self._project(q_rows, self.W_Q).view(-1, h, e).transpose(0, 1)  # [h, nq V, e]
+        k_tab = self._project(flat, self.W_K).view(-1, h, e).permute(1, 2, 0)  # [h, e, n V]
+        s_tab = ((q_tab @ k_tab) / math.sqrt(e)).permute(1, 2, 0).reshape(-1, h)  # [(nq V) (n V), h]
+        q_ids = ids if query is None else ids[:, query]
+        pairs = (q_ids - start * V)[:, :, None] * (n * V) + ids[:, None, :]  # [b, q, k]: each score's row
+        scores = self._mask_scores(F.embedding(pairs, s_tab), n, query)  # [b, q, k, h]
+        return self._mix(scores.softmax(dim=2), v)
 
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside. The projections are the
@@ -387,6 +425,22 @@ class TransformerBlock(nn.Module):
         attn_out = self.hook_attn_out(self.attn(*inputs, query=query, fast=fast, xq=xq))
         if query is not None:
             x = rows
+        return self._after_attention(x, attn_out, lean)
+
+    def from_table(self, table: torch.Tensor, tokens: torch.Tensor, query: slice | None) -> torch.Tensor:
+        """The lean forward of a first block whose input is a function of (position, token):
+        `table` [n, V, d] is resid_pre of every position and token (Transformer.forward), and
+        the attention runs on it (Attention.table); the residual at the query positions is
+        gathered from it. Only a plain input (no TL per-head inputs, no hook) comes here."""
+        n, V, d = table.shape
+        ids = tokens + torch.arange(n, device=tokens.device) * V  # [b, n]: each input's row of table.view(n V, d)
+        x_tab = table if self.post else norm_of(self.ln1, table, True)
+        attn_out = self.attn.table(x_tab, ids, query)
+        rows = F.embedding(ids if query is None else ids[:, query], table.reshape(n * V, d))
+        return self._after_attention(rows, attn_out, True)
+
+    def _after_attention(self, x: torch.Tensor, attn_out: torch.Tensor, lean: bool) -> torch.Tensor:
+        """resid_mid and the MLP, from the residual x and the attention output at the same positions."""
         mlp = self.mlp.lean if lean else self.mlp
         if self.post:  # resid_mid = ln1(resid_pre + attn(resid_pre)), resid_post = ln2(resid_mid + mlp(resid_mid))
             x = self.hook_resid_mid(norm_of(self.ln1, x + attn_out, lean))
@@ -473,6 +527,19 @@ class Transformer(TransformerLensWeights, HookedModel):
     # (tests/trainers/test_fast_path.py), at 0.66-0.84x its step time at paper scale
     # (benchmarks/flop_bound.py). False: the explicit path, bit-identical to earlier versions.
     lean_path: bool = True
+    # On the lean path, the first block from a table of every (position, token) pair (its
+    # projections and scores on n V rows, not b n; TransformerBlock.from_table) where the
+    # batch is large against the vocabulary (`_table_pays`): at paper scale (p=113, 3,831 rows)
+    # 0.6x the lean step's time (docs/PERFORMANCE.md). False: the first block on the batch's rows.
+    embedding_table: bool = True
+
+    def _table_pays(self, tokens: torch.Tensor, query: slice | None) -> bool:
+        """The table path for these inputs: the first block plain (no TL per-head inputs), a
+        contiguous query slice, the table's n V rows at most a quarter of the batch's b n, and
+        the score table ((nq V) x (n V) per head) at most 8 b products of the per-input path's
+        (b nq n, each of length d_head >= 8): V^2 <= 8 b."""
+        b, v = tokens.shape[0] if tokens.ndim == 2 else 0, self.cfg.d_vocab
+        return (query is None or query.step in (None, 1)) and 4 * v <= b and v * v <= 8 * b
 
     def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
                 loss_per_token: bool = False, readout: slice | None = None):
@@ -487,12 +554,20 @@ class Transformer(TransformerLensWeights, HookedModel):
         plain = not (cfg.use_attn_result or cfg.use_split_qkv_input or cfg.use_attn_in or self.hooks_attached())
         fast = None if not plain else "sdpa" if fused else "lean" if self.lean_path else None
         lean = fast == "lean"
-        embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
-        x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
-        x = norm_of(self.ln_embed if is_post_ln(cfg) else self.norm_embed, x, lean)
         last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            x = block(x, readout if i == last else None, fast)
+        embed_norm = self.ln_embed if is_post_ln(cfg) else self.norm_embed
+        first = 0
+        if lean and self.embedding_table and self._table_pays(tokens, readout if last == 0 else None):
+            # resid_pre of the first block is a function of (position, token): computed once per pair
+            n = tokens.shape[-1]
+            table = norm_of(embed_norm, self.embed.W_E[None] + self.pos_embed.W_pos[:n, None], True)  # [n, V, d]
+            x, first = self.blocks[0].from_table(table, tokens, readout if last == 0 else None), 1
+        else:
+            embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
+            x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
+            x = norm_of(embed_norm, x, lean)
+        for i in range(first, last + 1):
+            x = self.blocks[i](x, readout if i == last else None, fast)
         logits = self.unembed(norm_of(self.ln_final, x, lean))
         if readout is not None and return_type != "logits":
             raise TLUnsupported("readout= gives logits at the readout positions only; use return_type='logits'")
