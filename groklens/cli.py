@@ -533,9 +533,13 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
               help="Train nothing: record the finished runs in OUT/runs and read every recorded seed.")
 @_refused("--results", "is now --results-md FILE (rows are written only where asked)")
 @_refused("--no-results", "is gone: rows go to a markdown file only with --results-md FILE", flag=True)
+@click.option("--compile", "compile_", is_flag=True,
+              help="Train each new run with compile=true (torch.compile; CPU: a C++ compiler) where it applies: "
+                   "0.8x the step at paper scale after 5-30 s of compiling (docs/PERFORMANCE.md); the same ledger rows.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
-def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, quiet, as_json) -> None:
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, quiet,
+              as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
@@ -554,7 +558,8 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     if results_md is not None:
         check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
-                         train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo)
+                         train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
+                         compile=compile_)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

@@ -26,20 +26,41 @@ from groklens.trainers.losses import task_loss
 from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import Update, grad_norms, stack_of_one
-from groklens.trainers.regularizers import Batch, build_regularizers
+from groklens.trainers.regularizers import Batch, active_regularizers, build_regularizers
 from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits
+
+
+def compile_refusal(cfg: RunConfig) -> str | None:
+    """Why `cfg` cannot train with compile=true (None: it can): torch.compile takes the hook-free
+    step of a single run; a routed run and regularizer terms (they read activations through
+    hooks) train eagerly."""
+    if cfg.routing_copies > 1:
+        return "a routed run (routing_copies > 1) trains eagerly"
+    terms = [cls.weight_field for cls in active_regularizers([cfg]) if cls.kind == "term"]
+    if terms:
+        return f"regularizer terms read activations through hooks ({', '.join(terms)})"
+    return None
+
+
+def check_compiler(device: str = "cpu") -> None:
+    """A one-line BadInput where torch.compile cannot build kernels for `device` (CPU kernels are
+    C++), before any file is written, not at the first step."""
+    try:
+        if device == "cpu":
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+    except RuntimeError as exc:  # no C++ compiler, or a Python or platform torch.compile does not support
+        raise BadInput(f"compile=true: torch.compile is unavailable here ({str(exc).splitlines()[0]})") from None
 
 
 def compiled(model: torch.nn.Module):
     """compile=true: `model` under torch.compile, which compiles its forward and (AOTAutograd) its
     backward at the first call; fixed shapes (the step's batch never changes)."""
+    check_compiler(next(model.parameters()).device.type)
     try:
-        if next(model.parameters()).device.type == "cpu":
-            from torch._inductor.cpp_builder import get_cpp_compiler
-
-            get_cpp_compiler()  # CPU kernels are C++: refused here, before any file, not at the first step
         return torch.compile(model, dynamic=False)
-    except RuntimeError as exc:  # no C++ compiler, or a Python or platform torch.compile does not support
+    except RuntimeError as exc:  # a Python or platform torch.compile does not support
         raise BadInput(f"compile=true: torch.compile is unavailable here ({str(exc).splitlines()[0]})") from None
 
 
@@ -58,9 +79,10 @@ class Lane:
         self.capture_hooks = [(name, self._capture) for name in sorted({n for r in self.terms for n in r.hook_names})]
         self.batch_gen = torch.Generator().manual_seed(seed + 1)  # mini-batch order only
         self.grad_norm = math.nan
-        if cfg.compile and self.capture_hooks:  # refused before inductor is imported or anything compiled
-            raise BadInput("compile=true compiles the hook-free training step; regularizer terms read activations "
-                           f"through hooks ({', '.join(r.weight_field for r in self.terms)}): train them without compile")
+        refusal = compile_refusal(cfg) if cfg.compile else None
+        if refusal:  # refused before inductor is imported or anything compiled
+            raise BadInput(f"compile=true compiles the hook-free training step of a single run; {refusal}: "
+                           "train it without compile")
         self.compiled = compiled(self.model) if cfg.compile else None
 
     # ------------------------------------------------------------------ the step

@@ -61,7 +61,10 @@ FIELDS_V1 = frozenset((
     "geomdr_end", "geomdr_site", "kl_attn_beta", "kl_attn_layer", "grokfast_alpha", "grokfast_lambda", "perp_grad",
     "routing_copies", "routing_width", "routing_unit", "lr", "weight_decay", "betas", "warmup_steps", "batch_size",
     "steps", "eval_every", "checkpoint_every", "log_checkpoints", "grok_threshold", "stop_after_grok", "device"))
-NOT_HASHED = ("device",)  # where the run ran (recorded as the entry's `device`), not what it computed
+# How a run ran, not what it computed (recorded as the entry's `device`): where, and whether its
+# step was compiled (torch.compile gives the eager step's numbers to float32 rounding, as the
+# CPU and CUDA paths give each other's; tests/trainers/test_compile.py)
+NOT_HASHED = ("device", "compile")
 SEED_FIELDS = ("seed", "data_seed")
 
 
@@ -223,15 +226,16 @@ def wall_seconds(path: Path) -> float | None:
 
 
 def device_of(cfg: dict[str, Any]) -> str:
-    """Where a run with this config ran here: 'cpu' or the CUDA device's name."""
+    """Where a run with this config ran here: 'cpu (...)' or 'cuda: NAME', and ', compiled'
+    when its step was (compile=true)."""
+    how = ", compiled" if cfg.get("compile") else ""
     dev = str(cfg.get("device", "cpu"))
-    if dev == "cpu":
-        return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
-    import torch
+    if dev != "cpu":
+        import torch
 
-    if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
-        return "cuda: " + torch.cuda.get_device_name(0)
-    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+        if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
+            return "cuda: " + torch.cuda.get_device_name(0) + how
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores){how}"
 
 
 def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -200,6 +201,37 @@ def _plan_runs(exp: Experiment, scale: str, seeds: int, runs_dir: Path, led) -> 
     return held, ready, todo
 
 
+def check_compilers(cfgs: list[Any]) -> None:
+    """`reproduce --compile` where torch.compile cannot build kernels for these runs' devices: a
+    one-line refusal before anything is written."""
+    from groklens.trainers.engine import resolve_device
+    from groklens.trainers.single import check_compiler
+
+    for device_type in sorted({resolve_device(c.device).type for c in cfgs}):
+        check_compiler(device_type)
+
+
+def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None]) -> list[PlannedRun]:
+    """`reproduce --compile`: every run to train from scratch with compile=true where torch.compile
+    applies (trainers/single.py `compile_refusal`); the others, and interrupted runs (they resume
+    as they began), train eagerly. The config hash leaves `compile` out (ledger.NOT_HASHED), so a
+    compiled run fills the same ledger row as an eager one (`check_compilers` has run)."""
+    from groklens.trainers.single import compile_refusal
+
+    out, eager = [], {}
+    for r in todo:
+        why = "interrupted: resumes as it began" if r.path.exists() else compile_refusal(r.cfg)
+        if why is None:
+            r = dataclasses.replace(r, cfg=r.cfg.replace(compile=True))
+        else:
+            eager.setdefault(why, []).append(r.name)
+        out.append(r)
+    n = sum(r.cfg.compile for r in out)
+    echo(f"compiled (torch.compile): {n} of {len(out)} run(s) to train"
+         + "".join(f"; eager, {why}: {', '.join(names)}" for why, names in eager.items()))
+    return out
+
+
 def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1) -> None:
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
 
@@ -226,16 +258,20 @@ def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
 
 def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
-              train: bool = True, progress: bool = True, echo: Callable[[str], None] = print) -> Result:
+              train: bool = True, progress: bool = True, echo: Callable[[str], None] = print,
+              compile: bool = False) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
-    reads only what is finished (a study that grows run by run): missing runs are listed, not trained."""
+    reads only what is finished (a study that grows run by run): missing runs are listed, not trained.
+    compile=True trains each new run that can be compiled with compile=true (`compile_runs`)."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
 
     t0 = time.perf_counter()
     exp = get_experiment(name)
     seeds, out = _check_args(exp, name, scale, seeds, workers, out_dir, results_md)
+    if compile and train:
+        check_compilers([c for _, _, c in run_configs(exp, scale, seeds)])
     ldir = Path(ledger_dir) if ledger_dir is not None else out / "ledger"
     if ldir.exists() and not ldir.is_dir():
         raise BadInput(f"--ledger {ldir} is not a directory")
@@ -251,6 +287,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     out.mkdir(exist_ok=True)
     runs_dir = out / "runs"
     held, ready, todo = _plan_runs(exp, scale, seeds, runs_dir, led)
+    if compile and train and todo:
+        todo = compile_runs(todo, echo)
     cmd = command_text(name, scale, seeds)
     n_workers = workers or (1 if scale == "smoke" else max(1, min(len(todo) or 1, os.cpu_count() or 1)))
     echo(f"{cmd}: {len(held) + len(ready) + len(todo)} runs ({len(plan.variants)} variants x {seeds} seed(s)); "

@@ -323,6 +323,7 @@ def test_config_hash_ignores_new_fields_at_their_legacy_default():
     assert config_hash(old) == config_hash(cfg)
     assert config_hash({**cfg, "init_scheme": "torch"}) != config_hash(cfg)  # a changed default
     assert config_hash({**cfg, "device": "cuda"}) == config_hash(cfg)  # where, not what
+    assert config_hash({**cfg, "compile": True}) == config_hash(cfg)  # how: the eager numbers to rounding
     assert config_hash({**cfg, "seed": 2}) != config_hash(cfg) and arm_hash({**cfg, "seed": 2}) == arm_hash(cfg)
 
 
@@ -587,3 +588,33 @@ def test_results_md_is_replaced_whole_or_not_at_all(tmp_path):
     assert proc.returncode == 1 and "the file is as it was" in proc.stdout, proc.stdout + proc.stderr
     assert md.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["R.md"]
+
+
+@pytest.mark.slow  # compiles one smoke model: ~5-20 s on a cold inductor cache
+def test_compile_trains_what_it_can_compiled_into_the_same_ledger_rows(tmp_path):
+    """--compile: the run torch.compile applies to trains compiled, the one with a regularizer
+    term eagerly, and both fill the ledger rows an eager reproduce fills (compile is not hashed)."""
+    from groklens.checkpoints import Trajectory
+    from tests.trainers.test_compile import compile_works
+
+    if not compile_works():
+        pytest.skip("torch.compile cannot build CPU kernels here")
+    ledger, lines = tmp_path / "ledger", []
+    res = E.reproduce("nanogpt-addition", "smoke", tmp_path / "a", 1, ledger_dir=ledger, progress=False,
+                      echo=lines.append, compile=True)
+    assert res.trained == 2
+    runs = tmp_path / "a" / "runs"
+    assert Trajectory(runs / "base_s1.h5").config.compile and not Trajectory(runs / "actnorm_s1.h5").config.compile
+    assert any(line.startswith("compiled (torch.compile): 1 of 2 run(s)") and "eager, regularizer terms" in line
+               for line in lines), lines
+    devices = {e["arm"]: e["device"] for e in json.loads((ledger / "nanogpt-addition.smoke.json").read_text())["runs"]}
+    assert devices["base"].endswith(", compiled") and not devices["actnorm"].endswith(", compiled")
+    assert _quiet("nanogpt-addition", tmp_path / "b", 1, ledger).trained == 0  # an eager rerun: the same rows
+
+
+def test_compile_without_a_cpp_compiler_is_refused_before_training(tmp_path):
+    proc = groklens("reproduce", "grokfast", "--scale", "smoke", "--compile", "-q", "-o", str(tmp_path / "gf"),
+                    env={"CXX": "/nonexistent"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "C++ compiler" in proc.stderr
+    assert not (tmp_path / "gf").exists()

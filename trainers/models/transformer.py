@@ -524,8 +524,8 @@ class Transformer(TransformerLensWeights, HookedModel):
     fused_attention: bool | None = None
     # Where the fused attention is off (CPU by default) and no hook is attached: the lean path
     # (Attention._lean, fused norms, MLP.lean): the explicit path's numbers to float32 rounding
-    # (tests/trainers/test_fast_path.py), at 0.66-0.84x its step time at paper scale
-    # (benchmarks/flop_bound.py). False: the explicit path, bit-identical to earlier versions.
+    # (tests/trainers/test_fast_path.py), at 0.4-0.6x its step time at paper scale with the
+    # table below (benchmarks/flop_bound.py). False: the explicit path, bit-identical to earlier versions.
     lean_path: bool = True
     # On the lean path, the first block from a table of every (position, token) pair (its
     # projections and scores on n V rows, not b n; TransformerBlock.from_table) where the
@@ -534,10 +534,11 @@ class Transformer(TransformerLensWeights, HookedModel):
     embedding_table: bool = True
 
     def _table_pays(self, tokens: torch.Tensor, query: slice | None) -> bool:
-        """The table path for these inputs: the first block plain (no TL per-head inputs), a
-        contiguous query slice, the table's n V rows at most a quarter of the batch's b n, and
-        the score table ((nq V) x (n V) per head) at most 8 b products of the per-input path's
-        (b nq n, each of length d_head >= 8): V^2 <= 8 b."""
+        """The table path for these inputs (the lean path's first block, so no hook and no TL
+        per-head inputs): a contiguous query slice, the table's n V rows at most a quarter of
+        the batch's b n (4 V <= b), and the score table, (nq V) x (n V) entries per head, at
+        most 8x the b nq n scores the per-input path computes (V^2 <= 8 b): its entries are one
+        matmul, the per-input scores broadcast products that run several times slower each."""
         b, v = tokens.shape[0] if tokens.ndim == 2 else 0, self.cfg.d_vocab
         return (query is None or query.step in (None, 1)) and 4 * v <= b and v * v <= 8 * b
 
