@@ -137,8 +137,8 @@ class RunConfig:
     stop_min_steps: int = 0  # the stop rule never ends a run before this step
     device: str = "auto"  # auto (cuda when available), cpu or cuda
     # torch.compile the training step's forward and backward (single runs without regularizer terms;
-    # CPU: needs a C++ compiler): 0.84-0.93x the step time at paper scale, after 23-32 s of compiling
-    # in the first step (~3 s on a warm kernel cache); the trajectory equals eager's to float rounding
+    # CPU: needs a C++ compiler): 0.79-0.82x the step time at paper scale on one thread (1.3-1.4x on
+    # two), after 3-20 s of compiling in the first step; the trajectory equals eager's to float rounding
     compile: bool = False
 
     # ------------------------------------------------------------------ (de)serialisation

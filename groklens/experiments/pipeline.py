@@ -211,16 +211,22 @@ def check_compilers(cfgs: list[Any]) -> None:
         check_compiler(device_type)
 
 
-def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None]) -> list[PlannedRun]:
+def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: int = 1) -> list[PlannedRun]:
     """`reproduce --compile`: every run to train from scratch with compile=true where torch.compile
-    applies (trainers/single.py `compile_refusal`); the others, and interrupted runs (they resume
-    as they began), train eagerly. The config hash leaves `compile` out (ledger.NOT_HASHED), so a
-    compiled run fills the same ledger row as an eager one (`check_compilers` has run)."""
+    applies (trainers/single.py `compile_refusal`) and pays: not on a CPU run of several threads
+    (there the compiled step measured 1.3-1.4x the eager one: the backward's scatter-adds compile
+    to atomic adds the threads contend on; docs/PERFORMANCE.md). The others, and interrupted runs
+    (they resume as they began), train eagerly. The config hash leaves `compile` out
+    (ledger.NOT_HASHED), so a compiled run fills the same ledger row as an eager one
+    (`check_compilers` has run)."""
+    from groklens.trainers.engine import resolve_device
     from groklens.trainers.single import compile_refusal
 
     out, eager = [], {}
     for r in todo:
-        why = "interrupted: resumes as it began" if r.path.exists() else compile_refusal(r.cfg)
+        why = ("interrupted: resumes as it began" if r.path.exists() else
+               f"{threads} threads per run on the CPU, where the compiled step is slower"
+               if threads > 1 and resolve_device(r.cfg.device).type == "cpu" else compile_refusal(r.cfg))
         if why is None:
             r = dataclasses.replace(r, cfg=r.cfg.replace(compile=True))
         else:
@@ -287,8 +293,6 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     out.mkdir(exist_ok=True)
     runs_dir = out / "runs"
     held, ready, todo = _plan_runs(exp, scale, seeds, runs_dir, led)
-    if compile and train and todo:
-        todo = compile_runs(todo, echo)
     cmd = command_text(name, scale, seeds)
     n_workers = workers or (1 if scale == "smoke" else max(1, min(len(todo) or 1, os.cpu_count() or 1)))
     echo(f"{cmd}: {len(held) + len(ready) + len(todo)} runs ({len(plan.variants)} variants x {seeds} seed(s)); "
@@ -304,6 +308,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
             layout = plan_layout([r.cfg for r in todo], available_cores())
             train_workers, threads = layout.workers, layout.threads
             echo(f"training layout: {layout.why}")
+        if compile and todo:
+            todo = compile_runs(todo, echo, threads)
         _train(todo, runs_dir, name, train_workers, progress, threads)
     else:
         todo = []

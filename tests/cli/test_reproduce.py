@@ -618,3 +618,17 @@ def test_compile_without_a_cpp_compiler_is_refused_before_training(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "C++ compiler" in proc.stderr
     assert not (tmp_path / "gf").exists()
+
+
+def test_compile_leaves_runs_of_several_cpu_threads_eager(tmp_path):
+    """Where the layout gives a CPU run several threads, --compile trains it eagerly (the compiled
+    step measured slower there), and says so; on one thread it compiles what it can."""
+    from groklens.experiments.pipeline import PlannedRun, compile_runs
+
+    todo = [PlannedRun(v, n, c.replace(device="cpu"), c.seed, "h", tmp_path / f"{n}.h5")
+            for v, n, c in E.run_configs(E.get_experiment("nanogpt-addition"), "smoke", 1)]
+    lines = []
+    assert not any(r.cfg.compile for r in compile_runs(todo, lines.append, threads=2))
+    assert "2 threads per run on the CPU" in lines[-1]
+    one = compile_runs(todo, lines.append, threads=1)
+    assert [r.cfg.compile for r in one] == [True, False]  # base compiled; actnorm has a regularizer term
