@@ -88,19 +88,11 @@ def table_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int, vocab:
     table rows, Q on the readout's vocab rows, the scores of every query row against every key
     row as one [h, vocab, ctx vocab] product, then per input only the mixing with the pattern,
     O, the MLP and the unembedding. Counted as `readout_flops` (forward once, backward twice)."""
-    if n_layers != 1:
-        raise ValueError("table_flops counts one-layer models")
+    per_input = readout_flops(n, ctx, d, h, e, m, v, n_layers)  # O, MLP and unembedding as there
     he = h * e
-    fwd = {
-        "k_v_table": 2 * (2 * ctx * vocab * d * he),
-        "q_table": 2 * vocab * d * he,
-        "score_table": 2 * h * vocab * ctx * vocab * e,
-        "mix": 2 * n * h * ctx * e,
-        "o": 2 * n * he * d,
-        "mlp": 2 * (2 * n * d * m),
-        "unembed": 2 * n * d * v,
-    }
-    return {k: 3.0 * f for k, f in fwd.items()}
+    fwd = {"k_v_table": 2 * (2 * ctx * vocab * d * he), "q_table": 2 * vocab * d * he,
+           "score_table": 2 * h * vocab * ctx * vocab * e, "mix": 2 * n * h * ctx * e}
+    return {**{k: 3.0 * f for k, f in fwd.items()}, **{k: per_input[k] for k in ("o", "mlp", "unembed")}}
 
 
 def model_flops(cfg, run, table: bool = False) -> float:
