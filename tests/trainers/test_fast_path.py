@@ -125,3 +125,20 @@ def test_table_path_only_where_it_pays(monkeypatch):
     assert calls.n == 1
     model.embedding_table = False
     assert torch.allclose(model(large, readout=sl), table_logits, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab"])
+def test_table_path_refuses_a_token_outside_the_vocabulary(bad):
+    """Token d_vocab at the first position would index the second position's table row; it must
+    fail as the embedding of the rows path does."""
+    cfg = tiny_config(n_layers=1, norm="ln")
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    x = data.inputs[: 4 * model.cfg.d_vocab].clone()
+    sl = slice(data.readout_positions[0], data.readout_positions[-1] + 1)
+    assert model._table_pays(x, sl)
+    x[3, 0] = model.cfg.d_vocab if bad == "vocab" else bad
+    for table in (True, False):
+        model.embedding_table = table
+        with pytest.raises(IndexError):
+            model(x, readout=sl)

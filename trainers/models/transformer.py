@@ -434,6 +434,9 @@ class TransformerBlock(nn.Module):
         gathered from it. Only a plain input (no TL per-head inputs, no hook) comes here."""
         n, V, d = table.shape
         ids = tokens + torch.arange(n, device=tokens.device) * V  # [b, n]: each input's row of table.view(n V, d)
+        # a token outside the vocabulary fails in the gathers as in the embedding (IndexError), rather
+        # than reading another position's row; no host sync, so it holds under vmap and compile too
+        ids = ids.masked_fill((tokens < 0) | (tokens >= V), n * V)
         x_tab = table if self.post else norm_of(self.ln1, table, True)
         attn_out = self.attn.table(x_tab, ids, query)
         rows = F.embedding(ids if query is None else ids[:, query], table.reshape(n * V, d))
