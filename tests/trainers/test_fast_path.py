@@ -142,3 +142,19 @@ def test_table_path_refuses_a_token_outside_the_vocabulary(bad):
         model.embedding_table = table
         with pytest.raises(IndexError):
             model(x, readout=sl)
+
+
+def test_a_folded_model_leaves_the_table_path(monkeypatch):
+    """After fold_layer_norm the attention carries ln1's bias as b_Q, b_K, b_V, which the table
+    does not hold: a plain forward of a large batch still gives the hooked forward's logits."""
+    cfg = tiny_config(n_layers=1, norm="ln")
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    with torch.no_grad():
+        model.blocks[0].ln1.b.normal_()  # a bias to fold (zero at initialization)
+    model.fold_layer_norm()
+    x = data.inputs[: 4 * model.cfg.d_vocab]
+    calls = TableCalls(monkeypatch)
+    logits, _ = model.run_with_cache(x)
+    assert torch.allclose(model(x), logits, atol=ATOL, rtol=RTOL)
+    assert calls.n == 0

@@ -561,7 +561,8 @@ class Transformer(TransformerLensWeights, HookedModel):
         last = len(self.blocks) - 1
         embed_norm = self.ln_embed if is_post_ln(cfg) else self.norm_embed
         first = 0
-        if lean and self.embedding_table and self._table_pays(tokens, readout if last == 0 else None):
+        if lean and self.embedding_table and not self.blocks[0].attn.folded and \
+                self._table_pays(tokens, readout if last == 0 else None):
             # resid_pre of the first block is a function of (position, token): computed once per pair
             n = tokens.shape[-1]
             table = norm_of(embed_norm, self.embed.W_E[None] + self.pos_embed.W_pos[:n, None], True)  # [n, V, d]
