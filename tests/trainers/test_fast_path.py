@@ -158,3 +158,18 @@ def test_a_folded_model_leaves_the_table_path(monkeypatch):
     logits, _ = model.run_with_cache(x)
     assert torch.allclose(model(x), logits, atol=ATOL, rtol=RTOL)
     assert calls.n == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_table_path_takes_a_readout_counted_from_the_end(causal, monkeypatch):
+    """readout=slice(-1, None) is the last position, on the table path as on the rows path."""
+    cfg = tiny_config(n_layers=1, norm="ln", causal=causal)
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    x = data.inputs[: 4 * model.cfg.d_vocab]
+    n = x.shape[1]
+    calls = TableCalls(monkeypatch)
+    from_end, explicit = model(x, readout=slice(-1, None)), model(x, readout=slice(n - 1, n))
+    assert calls.n == 2
+    model.embedding_table = False
+    assert torch.allclose(from_end, explicit) and torch.allclose(model(x, readout=slice(-1, None)), from_end, atol=ATOL, rtol=RTOL)

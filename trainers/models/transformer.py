@@ -299,7 +299,7 @@ class Attention(nn.Module):
         v = F.embedding(ids, self._project(flat, self.W_V)).view(*ids.shape, h, e)
         if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
             return self._mix(self._uniform_pattern(n, query, x_tab), v)
-        start = 0 if query is None else query.start
+        start = 0 if query is None else range(n)[query].start  # the first query position (a slice may count from the end)
         q_rows = flat if query is None else x_tab[query].reshape(-1, d)  # [nq V, d]
         q_tab = self._project(q_rows, self.W_Q).view(-1, h, e).transpose(0, 1)  # [h, nq V, e]
         k_tab = self._project(flat, self.W_K).view(-1, h, e).permute(1, 2, 0)  # [h, e, n V]
