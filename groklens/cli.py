@@ -534,8 +534,9 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @_refused("--results", "is now --results-md FILE (rows are written only where asked)")
 @_refused("--no-results", "is gone: rows go to a markdown file only with --results-md FILE", flag=True)
 @click.option("--compile", "compile_", is_flag=True,
-              help="Train each new run with compile=true (torch.compile; CPU: a C++ compiler) where it applies: "
-                   "0.8x the step at paper scale after 5-30 s of compiling (docs/PERFORMANCE.md); the same ledger rows.")
+              help="Train each new run with compile=true (torch.compile; CPU: a C++ compiler) where it applies and the "
+                   "layout gives it one thread: 0.8x the step at paper scale after 3-20 s of compiling "
+                   "(docs/PERFORMANCE.md); the same ledger rows.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, quiet,
