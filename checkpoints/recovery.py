@@ -19,7 +19,7 @@ from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import WriterLock, describe_holder
 from groklens.checkpoints.reader import Trajectory, open_trajectory_file
 from groklens.checkpoints.validate import InvalidTrajectory, model_problems
-from groklens.checkpoints.writer import hdf5_write_failed
+from groklens.checkpoints.writer import hdf5_write_failed, release_reservation
 from groklens.errors import BadInput, RunFailure
 from groklens.checkpoints.locking import not_writable
 
@@ -36,6 +36,7 @@ def recover(path: str | Path) -> int:
     try:
         _remove_stale(path)
         _check_model(path)  # bad input is refused before anything is written
+        release_reservation(lock.fd)  # a killed writer's unused reservation would take the copy's room
         with open_trajectory_file(path) as src:
             last, m, slot = _committed(path, src)
             _check_room(path, tmp)
