@@ -303,10 +303,9 @@ def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
     """(inputs, positions per input, answer positions: 0 for labels [N]) of cfg's task, from the
     config alone; None for a task this function does not know (its data is then not compared)."""
     task, p = cfg.task, cfg.p
-    if task in ("add", "sub", "mul", "x2y2"):
-        return p * p, 3, 0
-    if task == "div":
-        return p * (p - 1), 3, 0
+    if task in ("add", "sub", "mul", "x2y2", "div"):
+        n_ctx = 4 if cfg.op_token else 3  # [a, op, b, =] or [a, b, =]
+        return (p * (p - 1) if task == "div" or cfg.nonzero_b else p * p), n_ctx, 0
     if task == "s5":
         return 120 * 120, 3, 0
     if task == "digits_add":

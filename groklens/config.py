@@ -26,8 +26,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model": ("transformer", "mlp"),
     "act_fn": ("relu", "gelu"),
     "norm": ("none", "ln", "rms", "sphere"),
-    "norm_placement": ("pre", "post"),
-    "init_scheme": ("tl", "torch"),
+    "norm_placement": ("pre", "post", "in_stream"),
+    "init_scheme": ("tl", "torch", "torch_mha"),
     "attention": ("softmax", "uniform"),
     "unembed": ("linear", "bounded"),
     "init": ("default", "fourier"),
@@ -38,6 +38,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "routing_unit": ("layer", "sublayer"),
     "perp_grad_scale": ("orthograd", "unscaled"),
     "optimizer": ("adamw", "adam"),
+    "grokfast_filter": ("ema", "ma"),
+    "batch_order": ("random", "epoch"),
 }
 # Fields added after trajectory files were first written, with the value such an old file
 # meant: a key missing from a stored config is read as this, not as today's default.
@@ -45,6 +47,7 @@ STORED_LEGACY = {
     "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
 }
 ROUTING_MAX_COPIES = 64
+GROKFAST_MAX_WINDOW = 1_000  # grokfast_filter=ma keeps this many gradients of every parameter in memory
 MODEL_ENTRY_POINTS = "groklens.models"  # the entry-point group of models added by installed packages
 
 
@@ -66,6 +69,10 @@ class RunConfig:
     p: int = 113  # the modulus: inputs are residues 0..p-1
     train_frac: float = 0.3  # share of all input pairs in the training set (the rest is the test set)
     data_seed: int = 598  # seed of the train/test split (Nanda's DATA_SEED), apart from `seed`
+    # modular tasks: the sequence [a, op, b, =] with an operator token p+1 and the output over the
+    # whole vocabulary (p+2 classes), as Power et al.'s and Grokfast's code; off: [a, b, =], p classes
+    op_token: bool = False
+    nonzero_b: bool = False  # modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it
     # --- model
     seed: int = 999  # seed of the model init and the mini-batch order
     model: str = "transformer"  # transformer (TransformerLens-style) or mlp
@@ -77,13 +84,17 @@ class RunConfig:
     act_fn: str = "relu"  # activation function of the MLP neurons
     norm: str = "none"  # none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)
     # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
-    # baselines, a norm after the embedding and after every residual sum, no final norm
+    # baselines, a norm after the embedding and after every residual sum, no final norm;
+    # in_stream = Grokfast's code: the norm's output replaces the stream before the attention,
+    # x = ln1(x); x = x + attn(x); x = x + mlp(ln2(x)), with a final norm
     norm_placement: str = "pre"
     attention: str = "softmax"  # softmax, or uniform (fixed equal weights over the positions)
     unembed: str = "linear"  # linear, or bounded (normalized unembedding with logit temperature tau)
     init: str = "default"  # default (init_scheme), or fourier (embeddings from fourier_freqs)
     # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
-    # module defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1))
+    # module defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1));
+    # torch_mha = torch, with W_Q, W_K, W_V as nn.MultiheadAttention initializes its in_proj (Grokfast's
+    # code): xavier-uniform over the stacked [3 d_model, d_model] matrix
     init_scheme: str = "tl"
     causal: bool = True  # causal attention mask; Nanda's TransformerLens model is causal, the sphere paper's is not
     mlp_bias: bool = False  # train the MLP biases (off: frozen at zero, as in Nanda's demo)
@@ -112,6 +123,8 @@ class RunConfig:
     kl_attn_layer: int = 0  # layer whose heads are pulled; -1 = every layer
     grokfast_alpha: float = 0.98  # decay of Grokfast's gradient EMA (Lee et al. 2024)
     grokfast_lambda: float = 0.0  # Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)
+    grokfast_filter: str = "ema"  # ema (gradfilter_ema, alpha) | ma (gradfilter_ma: mean of the last window gradients)
+    grokfast_window: int = 100  # grokfast_filter=ma: the window; the filter acts once it is full (the code's warmup)
     perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
     perp_grad_scale: str = "orthograd"  # orthograd: rescaled to ||g|| as published; unscaled: the projection only
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
@@ -126,6 +139,9 @@ class RunConfig:
     betas: tuple[float, float] = (0.9, 0.98)  # Adam(W) betas: two numbers
     warmup_steps: int = 10  # linear learning-rate warm-up from 0 over this many steps
     batch_size: int = 0  # training inputs per step; 0 = the full training set
+    # random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and
+    # cut into batches in order, the last one smaller (Grokfast's code: ceil(n / batch_size) steps an epoch)
+    batch_order: str = "random"
     # --- schedule of the run
     steps: int = 40_000  # optimizer updates to train for
     eval_every: int = 100  # evaluate loss and accuracy on every input each this many steps
@@ -208,10 +224,15 @@ class RunConfig:
                f"grok_threshold must be in (0, 1]; got {self.grok_threshold}")
         self._validate_variants()
         # task-specific checks (p prime for division, ...) live with the task
-        from groklens.tasks import TASKS
+        from groklens.tasks import MODULAR_TASKS, TASKS
 
         task = TASKS.get(self.task)
         task.validate(self)
+        for name in ("op_token", "nonzero_b"):
+            _check(not getattr(self, name) or self.task in MODULAR_TASKS,
+                   f"{name} is an option of the modular tasks ({', '.join(MODULAR_TASKS)}), not task={self.task}")
+        _check(self.batch_order == "random" or self.batch_size > 0,
+               "batch_order=epoch cuts the training set into mini-batches: set batch_size (0 = full batch)")
         _check(self.init != "fourier" or task.residue_tokens,
                f"init=fourier needs a task whose tokens 0..p-1 are residues mod p; {self.task!r} has none")
         _check(self.kl_attn_beta == 0 or not task.multi_target,
@@ -226,6 +247,8 @@ class RunConfig:
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, f"{name} must be >= 0; got {value}")
         _check(0.0 <= self.grokfast_alpha < 1.0, f"grokfast_alpha must be in [0, 1); got {self.grokfast_alpha}")
+        _check(1 <= self.grokfast_window <= GROKFAST_MAX_WINDOW,
+               f"grokfast_window must be in 1..{GROKFAST_MAX_WINDOW}; got {self.grokfast_window}")
         _check(math.isfinite(self.geomdr_target) and self.geomdr_target >= 1,
                f"geomdr_target must be a dimension >= 1; got {self.geomdr_target}")
         _check(self.geomdr_start >= 0, f"geomdr_start must be >= 0; got {self.geomdr_start}")
@@ -244,7 +267,7 @@ class RunConfig:
                "mlp_unembed_bias=false drops the unembedding bias of model=mlp with mlp_bias=true; "
                f"model={self.model} with mlp_bias={str(self.mlp_bias).lower()} has none to drop")
         _check(self.norm_placement == "pre" or self.norm in ("ln", "rms"),
-               f"norm_placement=post places a LayerNorm or RMSNorm (norm: ln | rms); norm={self.norm} has "
+               f"norm_placement={self.norm_placement} places a LayerNorm or RMSNorm (norm: ln | rms); norm={self.norm} has "
                + ("no norm to place" if self.norm == "none" else "its projection after every sum already"))
         if self.init == "fourier":
             _check(2 * len(freqs) <= self.d_model,

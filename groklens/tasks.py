@@ -121,21 +121,33 @@ def is_prime(n: int) -> bool:
 
 # ---------------------------------------------------------------- modular arithmetic
 def _modular(op: Callable[[np.ndarray, np.ndarray, int], np.ndarray], exclude_b_zero: bool = False):
-    def grid(cfg: "RunConfig") -> tuple[np.ndarray, np.ndarray]:
+    def grid(cfg: "RunConfig") -> tuple[np.ndarray, ...]:
         p = cfg.p
         a, b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
         a, b = a.ravel(), b.ravel()
-        if exclude_b_zero:
+        if exclude_b_zero or cfg.nonzero_b:
             keep = b != 0
             a, b = a[keep], b[keep]
         eq = np.full_like(a, p)
-        return np.stack([a, b, eq], axis=1), op(a, b, p) % p
+        labels = op(a, b, p) % p
+        if not cfg.op_token:
+            return np.stack([a, b, eq], axis=1), labels
+        # [a, op, b, =] (Power et al.; Grokfast's code): the operands at 0 and 2 decide the label
+        inputs = np.stack([a, np.full_like(a, p + 1), b, eq], axis=1)
+        mask = np.zeros(inputs.shape, dtype=bool)
+        mask[:, [0, 2]] = True
+        return inputs, labels, mask
 
     return grid
 
 
 def _modular_vocab(cfg: "RunConfig") -> tuple[int, int]:
-    return cfg.p + 1, cfg.p
+    # with the op token the output covers the whole vocabulary, as Grokfast's head (p+2 classes)
+    return (cfg.p + 2, cfg.p + 2) if cfg.op_token else (cfg.p + 1, cfg.p)
+
+
+def _modular_readout(cfg: "RunConfig") -> int:
+    return 3 if cfg.op_token else 2
 
 
 P_MAX = 1_000_000  # p^2 inputs; far past what fits memory (check_resources says so for smaller p)
@@ -154,6 +166,7 @@ def _inverse(b: np.ndarray, p: int) -> np.ndarray:
     return np.array([pow(int(x), p - 2, p) for x in b], dtype=np.int64)  # Fermat: p prime
 
 
+MODULAR_TASKS = ("add", "sub", "mul", "div", "x2y2")  # the tasks that take op_token and nonzero_b
 for _name, _op, _desc, _div in [
     ("add", lambda a, b, p: a + b, "(a + b) mod p", False),
     ("sub", lambda a, b, p: a - b, "(a - b) mod p", False),
@@ -168,6 +181,7 @@ for _name, _op, _desc, _div in [
             grid=_modular(_op, exclude_b_zero=_div),
             vocab=_modular_vocab,
             validate=(lambda cfg, _d=_div: _check_p(cfg, prime=_d)),
+            readout=_modular_readout,
             residue_tokens=True,
         )
     )

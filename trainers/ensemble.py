@@ -190,9 +190,9 @@ class EnsembleRun(Strategy):
         self.acts = {}
         return out
 
-    def _batch(self):
+    def _batch(self, step: int):
         cfg, n_train = self.cfg0, self.train_y.shape[1]
-        picks = [draw_batch(n_train, cfg.batch_size, g) for g in self.gens]
+        picks = [draw_batch(n_train, cfg.batch_size, g, m.cfg, step) for g, m in zip(self.gens, self.members)]
         if picks[0] is None:
             return self.train_x, self.train_y, self.train_mask
         pick = torch.stack(picks).to(self.device)
@@ -227,7 +227,7 @@ class EnsembleRun(Strategy):
         return torch.cat(parts)[torch.argsort(torch.tensor(order, device=self.device))]
 
     def train_step(self, step: int) -> list[tuple[Member, str]]:
-        x, y, mask = self._batch()
+        x, y, mask = self._batch(step)
         for p in self.params.values():
             p.grad = None
         objectives = self._objectives(step, x, y, mask)  # [M]

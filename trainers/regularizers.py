@@ -278,15 +278,20 @@ def row_sq(t: torch.Tensor) -> torch.Tensor:
     return (t.double() ** 2).flatten(1).sum(1)
 
 
+def grokfast_lambdas(cfgs, kind: str) -> list[float]:
+    """Each member's Grokfast lambda where its filter is `kind` (ema | ma), else 0 (its gradient is kept)."""
+    return [c.grokfast_lambda if c.grokfast_filter == kind else 0.0 for c in cfgs]
+
+
 @REGULARIZERS.register("grokfast")
 class Grokfast(Regularizer):
     """Lee et al. 2024, Grokfast-EMA, as their `gradfilter_ema`: per parameter,
     ema_t = alpha ema_{t-1} + (1 - alpha) g_t (ema_1 = g_1), then g_t <- g_t + lambda ema_t;
-    alpha and lambda per member (lambda 0: the member's gradient is kept)."""
+    alpha and lambda per member (lambda 0, or the MA filter: the member's gradient is kept)."""
 
     name, kind = "grokfast", "grad"
     metric_keys = ("grokfast_ema_norm",)
-    member_fields = ("grokfast_lambda", "grokfast_alpha")
+    member_fields = ("grokfast_lambda", "grokfast_alpha", "grokfast_filter")
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -295,11 +300,11 @@ class Grokfast(Regularizer):
 
     @staticmethod
     def active(cfg) -> bool:
-        return cfg.grokfast_lambda > 0
+        return cfg.grokfast_lambda > 0 and cfg.grokfast_filter == "ema"
 
     @torch.no_grad()
     def transform(self, params, grads):
-        alphas, lams = [c.grokfast_alpha for c in self.cfgs], [c.grokfast_lambda for c in self.cfgs]
+        alphas, lams = [c.grokfast_alpha for c in self.cfgs], grokfast_lambdas(self.cfgs, "ema")
         for n, g in grads.items():
             ema = self.ema[n]
             alpha, lam = per_member(alphas, g), per_member(lams, g)
@@ -338,6 +343,82 @@ class Grokfast(Regularizer):
         for n, e in self.ema.items():
             e[i].copy_(torch.from_numpy(np.array(state[f"reg.grokfast.{n}.ema"])))
         self.initialized = bool(np.array(state["reg.grokfast.initialized"]))
+
+
+
+@REGULARIZERS.register("grokfast_ma")
+class GrokfastMA(Regularizer):
+    """Lee et al. 2024, Grokfast-MA, as their `gradfilter_ma` (filter_type mean, warmup on): per
+    parameter the last `grokfast_window` raw gradients are kept, and once the window is full
+    g_t <- g_t + lambda (g_{t-w+1} + ... + g_t) / w, summed oldest first as their `sum(deque)`;
+    before that the gradient is kept. lambda per member; the window is shared."""
+
+    name, kind = "grokfast_ma", "grad"
+    metric_keys = ("grokfast_ma_norm",)
+    member_fields = ("grokfast_lambda", "grokfast_filter")
+
+    def __init__(self, cfgs, model, data, params=None):
+        super().__init__(cfgs, model, data)
+        self.size = self.cfg.grokfast_window
+        self.window: dict[str, list[torch.Tensor]] = {n: [] for n in params}  # oldest first
+        self.params = params  # the stacked parameters: the window's shapes, dtype and device
+        self.mean_norm: torch.Tensor | None = None
+
+    @staticmethod
+    def active(cfg) -> bool:
+        return cfg.grokfast_lambda > 0 and cfg.grokfast_filter == "ma"
+
+    @torch.no_grad()
+    def transform(self, params, grads):
+        lams = grokfast_lambdas(self.cfgs, "ma")
+        sq = None
+        for n, g in grads.items():
+            kept = self.window[n]
+            kept.append(g.clone())  # the raw gradient, before the filter adds to it
+            if len(kept) > self.size:
+                kept.pop(0)
+            if len(kept) < self.size:
+                continue
+            total = kept[0]
+            for h in kept[1:]:
+                total = total + h
+            avg = total / len(kept)
+            g.add_(avg * per_member(lams, g))  # avg * lamb, then the sum: their two roundings
+            sq = row_sq(avg) if sq is None else sq + row_sq(avg)
+        self.mean_norm = None if sq is None else torch.sqrt(sq)
+
+    def metrics(self):
+        values = [math.nan] * len(self.cfgs) if self.mean_norm is None else self.mean_norm.cpu().numpy()
+        return [{"grokfast_ma_norm": float(x)} for x in values]
+
+    def keep(self, idx):
+        super().keep(idx)
+        self.window = {n: [g.index_select(0, idx) for g in kept] for n, kept in self.window.items()}
+        self.mean_norm = None if self.mean_norm is None else self.mean_norm.index_select(0, idx)
+
+    def state(self, i):
+        # a fixed shape for the file's state slots: [window, *shape], oldest first, zeros past `count`
+        if not self.active(self.cfgs[i]):
+            return {}
+        out = {}
+        for n, kept in self.window.items():
+            arr = np.zeros((self.size, *self.params[n].shape[1:]), dtype=np.float32)
+            for k, g in enumerate(kept):
+                arr[k] = g[i].detach().cpu().numpy()
+            out[f"reg.grokfast_ma.{n}.window"] = arr
+        out["reg.grokfast_ma.count"] = np.array(float(len(next(iter(self.window.values()), []))))
+        return out
+
+    def load_state(self, i, state):
+        if "reg.grokfast_ma.count" not in state:  # a member without Grokfast-MA
+            return
+        count = int(np.array(state["reg.grokfast_ma.count"]))
+        for n in self.window:
+            arr = torch.from_numpy(np.array(state[f"reg.grokfast_ma.{n}.window"]))
+            if len(self.window[n]) != count:  # first member loaded: make the window's stacked rows
+                self.window[n] = [torch.zeros_like(self.params[n]) for _ in range(count)]
+            for k in range(count):
+                self.window[n][k][i].copy_(arr[k].to(self.params[n].device))
 
 
 def perpendicular(w: torch.Tensor, g: torch.Tensor, rescale: bool = False):
@@ -403,7 +484,7 @@ class PerpendicularGradient(Regularizer):
 
 
 # the order in which the trainer composes them: terms, then transforms (perp_grad last)
-COMPOSITION_ORDER = ("act_norm", "geomdr", "kl_attn", "grokfast", "perp_grad")
+COMPOSITION_ORDER = ("act_norm", "geomdr", "kl_attn", "grokfast", "grokfast_ma", "perp_grad")
 assert set(COMPOSITION_ORDER) == set(REGULARIZERS.names())
 
 

@@ -173,7 +173,7 @@ class RoutedRun(Strategy):
         template = self.lanes[0]
         losses, objectives = [], []
         for r in range(self.copies):
-            x, y, mask = self.t.batch(self.cfg.batch_size, self.lanes[r].batch_gen)
+            x, y, mask = self.t.batch(self.cfg, self.lanes[r].batch_gen, step)
             logits = self.t.readout(template.forward(x, self.routed_params(perms, r)))
             loss, objective = template.objective(logits, y, Batch(x, mask, self.t.positions), step)
             losses.append(loss)

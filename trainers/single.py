@@ -220,7 +220,7 @@ class SingleRun(Strategy):
 
     def train_step(self, step: int) -> list[tuple[Member, str]]:
         lane, member = self.lane, self.members[0]
-        x, y, mask = self.t.batch(self.cfg.batch_size, lane.batch_gen)
+        x, y, mask = self.t.batch(self.cfg, lane.batch_gen, step)
         loss, total = lane.objective(self.t.readout(lane.train_logits(x)), y, Batch(x, mask, self.t.positions), step)
         lane.zero_grad()
         total.backward()

@@ -13,6 +13,7 @@ run's data on the device is `RunTensors`; an ensemble stacks its members'.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -34,11 +35,24 @@ def reg_eval_rows(cfg: RunConfig, n_train: int) -> np.ndarray:
     return np.sort(np.random.default_rng([cfg.data_seed, 2]).choice(n_train, REG_EVAL_MAX, replace=False))
 
 
-def draw_batch(n_train: int, batch_size: int, gen: torch.Generator) -> torch.Tensor | None:
-    """The step's mini-batch, rows of the training set drawn from `gen`; None when full-batch."""
-    if batch_size and batch_size < n_train:
+def draw_batch(n_train: int, batch_size: int, gen: torch.Generator, cfg: RunConfig | None = None,
+               step: int = 0) -> torch.Tensor | None:
+    """The step's mini-batch, rows of the training set; None when full-batch. batch_order=random
+    (or no `cfg`): batch_size rows drawn from `gen`. batch_order=epoch: batch k of epoch e =
+    step // ceil(n / batch_size) of a permutation drawn from (cfg.seed, e) alone, so a resume
+    needs no state and a seed's order does not depend on the other members of an ensemble."""
+    if not (batch_size and batch_size < n_train):
+        return None
+    if cfg is None or cfg.batch_order == "random":
         return torch.randperm(n_train, generator=gen)[:batch_size]
-    return None
+    epoch, k = divmod(step, -(-n_train // batch_size))
+    return torch.from_numpy(epoch_permutation(n_train, cfg.seed, epoch)[k * batch_size:(k + 1) * batch_size])
+
+
+@functools.lru_cache(maxsize=8)
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """batch_order=epoch: the order of the training rows in `epoch` (numpy PCG64 from seed, epoch)."""
+    return np.random.default_rng([seed, 7, epoch]).permutation(n)
 
 
 def readout(logits: torch.Tensor, multi_target: bool) -> torch.Tensor:
@@ -103,9 +117,9 @@ class RunTensors:
         pick = torch.as_tensor(reg_eval_rows(cfg, len(self.train_idx)), device=device)
         self.reg_eval = Batch(self.train_x[pick], self.train_mask[pick], self.positions)
 
-    def batch(self, batch_size: int, gen: torch.Generator):
-        """The step's mini-batch (x, y, mask), drawn from `gen`; the whole training set when full-batch."""
-        pick = draw_batch(len(self.train_y), batch_size, gen)
+    def batch(self, cfg: RunConfig, gen: torch.Generator, step: int):
+        """The step's mini-batch (x, y, mask) (`draw_batch`); the whole training set when full-batch."""
+        pick = draw_batch(len(self.train_y), cfg.batch_size, gen, cfg, step)
         if pick is None:
             return self.train_x, self.train_y, self.train_mask
         pick = pick.to(self.device)

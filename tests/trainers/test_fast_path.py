@@ -22,6 +22,8 @@ VARIANTS = {
     "uniform": dict(norm="ln", attention="uniform"),
     "uniform_bidir": dict(norm="sphere", attention="uniform", causal=False),
     "digits": dict(task="digits_add", n_digits=1, norm="ln"),
+    "grokfast": dict(task="mul", op_token=True, nonzero_b=True, norm="ln", norm_placement="in_stream",
+                     act_fn="gelu", mlp_bias=True, init_scheme="torch_mha"),
 }
 # float32 sums in a different order (fused matmuls, SDPA's kernel): agreement to rounding
 ATOL, RTOL = 1e-6, 1e-4

@@ -28,6 +28,8 @@ def _attach_task(model, cfg: "RunConfig", data: "TaskData"):
     (digits_add: the characters 0-9 + =; every other task: the ids, and '=' for the last)."""
     if cfg.task == "digits_add":
         names, chars = [str(i) for i in range(10)] + ["+", "="], True
+    elif cfg.op_token:  # [a, op, b, =]: the residues, '=' (p) and the operator (p+1)
+        names, chars = [str(i) for i in range(cfg.p)] + ["=", "op"], False
     else:
         names, chars = [str(i) for i in range(data.d_vocab - 1)] + ["="], False
     model.attach_task(data, cfg.loss, names, char_tokens=chars)

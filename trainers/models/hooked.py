@@ -33,7 +33,7 @@ class ModelConfig:
     n_ctx: int
     act_fn: str = "relu"
     norm: str = "none"
-    norm_placement: str = "pre"  # ln/rms: pre (TransformerLens) | post (after every residual sum)
+    norm_placement: str = "pre"  # ln/rms: pre (TransformerLens) | post (after every residual sum) | in_stream (Grokfast)
     attention: str = "softmax"
     unembed: str = "linear"
     init: str = "default"
@@ -56,21 +56,21 @@ class ModelConfig:
         model. After a post-norm or the sphere every reader reads the stream itself: None, as with
         no norm (TL's logit lens then reads the last stream state, which is exact). What the stream
         is there (not a sum of component outputs) is `additive_stream`; GroklensCache decides by it."""
-        if self.norm in ("ln", "rms") and self.norm_placement == "pre":
+        if self.norm in ("ln", "rms") and self.norm_placement in ("pre", "in_stream"):
             return {"ln": "LN", "rms": "RMS"}[self.norm]
         return None
 
     @property
     def additive_stream(self) -> bool:
         """True when the residual stream is the sum of its component outputs (no norm after a sum)."""
-        return self.norm != "sphere" and not (self.norm in ("ln", "rms") and self.norm_placement == "post")
+        return self.norm != "sphere" and not (self.norm in ("ln", "rms") and self.norm_placement in ("post", "in_stream"))
 
     @property
     def model_name(self) -> str:
         """TL's cfg.model_name (TL prints it in messages): the model and its variant switches."""
         if hasattr(self, "embed"):
             return "groklens-mlp"
-        parts = ["transformer", self.norm] + (["post"] if self.norm_placement == "post" and self.norm in ("ln", "rms") else [])
+        parts = ["transformer", self.norm] + ([self.norm_placement] if self.norm_placement != "pre" and self.norm in ("ln", "rms") else [])
         parts += [s for s, default in ((self.attention, "softmax"), (self.unembed, "linear")) if s != default]
         return "groklens-" + "-".join(parts)
 

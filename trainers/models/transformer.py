@@ -15,6 +15,10 @@ With norm_placement=post (norm ln | rms) a LayerNorm/RMSNorm N takes those place
 sphere paper's baselines (LayerNorm eps 1e-5, RMSNorm eps 1e-8). Norms after the sums have no
 ln_final, and on every variant the norms carry the same names (ln_embed, ln1, ln2, ln_final), so
 hook names do not change with the variant.
+With norm_placement=in_stream (Grokfast's code) the pre-norm's output replaces the stream:
+    resid_mid  = ln1(resid_pre) + attn(ln1(resid_pre))
+    resid_post = resid_mid + mlp(ln2(resid_mid))
+    logits     = unembed(ln_final(resid_post))
 Shapes: b batch, p position, d d_model, h head, e d_head, m d_mlp, v vocab.
 The HookedTransformer-style surface (stacked W_Q ... W_U, QK/OV, return_type, ...) and the fast
 path taken when no hook is attached are described in docs/TRANSFORMERLENS.md.
@@ -366,6 +370,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.post = norms_after_sums(cfg)  # ln1/ln2 then normalize the sums instead of the sub-layer inputs
+        self.in_stream = cfg.norm_placement == "in_stream" and cfg.norm in ("ln", "rms")  # ln1's output is the stream
         self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
         self.norm_mid = nn.Identity()  # the pre-norm path's place for a norm after the sum: none
@@ -387,7 +392,7 @@ class TransformerBlock(nn.Module):
         """The attention's query, key and value inputs: ln1(resid_pre) (pre-norm; resid_pre itself
         after a sum-norm), or TL's per-head copies when use_attn_in / use_split_qkv_input are set."""
         cfg = self.cfg
-        pre = nn.Identity() if self.post else self.ln1
+        pre = nn.Identity() if self.post or self.in_stream else self.ln1
         if not (cfg.use_attn_in or cfg.use_split_qkv_input):
             a = norm_of(pre, x, lean)
             return a, a, a
@@ -407,8 +412,9 @@ class TransformerBlock(nn.Module):
         """Read by TransformerLens's edge tools (get_act_patch_direct_path, edge attribution patching)
         to find blocks whose heads do not write additively into the stream; TL's check does not know
         a norm after the residual sum, so such a block refuses here."""
-        if self.post:
-            raise TLUnsupported("direct-path / edge patching: a norm follows every residual sum here, so a head's "
+        if self.post or self.in_stream:
+            raise TLUnsupported("direct-path / edge patching: a norm " + ("follows every residual sum" if self.post else
+                                "replaces the stream before each attention") + " here, so a head's "
                                 "write z @ W_O reaches later heads only through it, not added to their input; "
                                 "patch hook_z or hook_resid_* with run_with_hooks instead")
         raise AttributeError("submodules")
@@ -419,6 +425,8 @@ class TransformerBlock(nn.Module):
         is attached (Transformer.forward)."""
         lean = fast == "lean"
         x = self.hook_resid_pre(x)
+        if self.in_stream:
+            x = norm_of(self.ln1, x, lean)
         inputs = self.attn_inputs(x, lean)
         rows = x[:, query] if query is not None else None  # the residual at the query positions
         xq = rows if lean and self.post and rows is not None else None  # after a sum-norm, also the queries' input
@@ -439,7 +447,8 @@ class TransformerBlock(nn.Module):
         ids = ids.masked_fill((tokens < 0) | (tokens >= V), n * V)
         x_tab = table if self.post else norm_of(self.ln1, table, True)
         attn_out = self.attn.table(x_tab, ids, query)
-        rows = F.embedding(ids if query is None else ids[:, query], table.reshape(n * V, d))
+        stream = x_tab if self.in_stream else table  # in_stream: ln1's output is the residual
+        rows = F.embedding(ids if query is None else ids[:, query], stream.reshape(n * V, d))
         return self._after_attention(rows, attn_out, True)
 
     def _after_attention(self, x: torch.Tensor, attn_out: torch.Tensor, lean: bool) -> torch.Tensor:
@@ -504,8 +513,8 @@ class Transformer(TransformerLensWeights, HookedModel):
         x = 0..p-1: W_E[x, 2i] = cos(2 pi k_i x / p), W_E[x, 2i+1] = sin(2 pi k_i x / p)
         (unit amplitude, as the sphere paper's code); other tokens and columns keep the default.
         """
-        if self.cfg.init_scheme == "torch":
-            torch_default_init(self)
+        if self.cfg.init_scheme in ("torch", "torch_mha"):
+            torch_default_init(self, mha=self.cfg.init_scheme == "torch_mha")
         else:
             for name, param in self.named_parameters():
                 if name.split(".")[-1].startswith("W_"):
@@ -580,12 +589,15 @@ class Transformer(TransformerLensWeights, HookedModel):
 
 
 @torch.no_grad()
-def torch_default_init(model: Transformer) -> None:
+def torch_default_init(model: Transformer, mha: bool = False) -> None:
     """PyTorch's default init of the modules the sphere paper's code builds (its official
     notebooks): nn.Embedding for tokens and positions, N(0, 1); nn.Linear(fan_in, fan_out) for
     W_Q/W_K/W_V/W_O, the MLP and the unembedding, weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
     (kaiming_uniform with a = sqrt(5)); norm weights 1, biases 0. Our tensors hold the same
-    matrices split per head, so each element gets its Linear's bound."""
+    matrices split per head, so each element gets its Linear's bound.
+    `mha`: W_Q, W_K, W_V as nn.MultiheadAttention's in_proj_weight (Grokfast's code), xavier-uniform
+    over the stacked [3 d_model, d_model] matrix, U(+-sqrt(6 / (4 d_model))) when n_heads d_head = d_model;
+    W_O stays its out_proj, an nn.Linear."""
     cfg = model.cfg
 
     def uniform(t: torch.Tensor, fan_in: int) -> None:
@@ -596,7 +608,11 @@ def torch_default_init(model: Transformer) -> None:
     nn.init.normal_(model.pos_embed.W_pos)
     for block in model.blocks:
         for w in (block.attn.W_Q, block.attn.W_K, block.attn.W_V):
-            uniform(w, cfg.d_model)  # nn.Linear(d_model, n_heads * d_head)
+            if mha:  # xavier_uniform_ of in_proj_weight [3 h e, d]: bound sqrt(6 / (fan_in + fan_out))
+                bound = math.sqrt(6.0 / (cfg.d_model + 3 * cfg.n_heads * cfg.d_head))
+                nn.init.uniform_(w, -bound, bound)
+            else:
+                uniform(w, cfg.d_model)  # nn.Linear(d_model, n_heads * d_head)
         uniform(block.attn.W_O, cfg.n_heads * cfg.d_head)
         uniform(block.mlp.W_in, cfg.d_model)
         if block.mlp.b_in is not None:
