@@ -13,7 +13,6 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from groklens.config import RunConfig
