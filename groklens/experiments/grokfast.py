@@ -70,7 +70,7 @@ register(Experiment(
     {
         "smoke": Scale.of({**SMOKE, "task": "mul"}, SMOKE_NOTE + " (x*y mod 7)"),
         "quick": Scale.of({**QUICK, "task": "mul", "steps": 6000, "stop_after_grok": 1},
-                        "toy proxy: x*y mod 23 (the paper: mod 97), " + QUICK_NOTE.split(", ", 2)[2]
+                        "x*y mod 23 (the paper: mod 97), " + QUICK_NOTE.split(", ", 2)[2]
                         + "; censored at 6000 steps"),
         "paper": Scale.of(PAPER, PAPER_NOTE),
     },
