@@ -20,7 +20,10 @@ from tests.helpers import tiny_config
 MEMBERS = [
     {"seed": 1, "lr": 3e-3, "weight_decay": 1.0},
     {"seed": 2, "lr": 1e-3, "weight_decay": 0.3, "data_seed": 7},  # another train/test split, same size
-    {"seed": 3, "lr": 1e-2, "weight_decay": 0.0, "data_seed": 8},
+    # lr 1e-2 at wd 0 amplified float32 rounding chaotically on an AMD EPYC (Zen 4): the vmapped
+    # member and the single run agreed to 3e-7 at step 20, 2.4e-4 of the weights' norm at step 80
+    # (on the Intel Xeon of earlier sessions they agreed bit for bit); at 5e-3 they agree to rounding
+    {"seed": 3, "lr": 5e-3, "weight_decay": 0.0, "data_seed": 8},
 ]
 
 
