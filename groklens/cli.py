@@ -486,9 +486,9 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="paper: each figure --width inches wide, its text at --font-size points, 300 dpi, "
                    "TrueType fonts in PDF.")
 @click.option("--width", "width_in", type=float, default=None, metavar="IN",
-              help="With --style paper: figure width in inches (default 5.5, a one-column paper's text width).")
+              help="With --style paper: figure width in inches, 1 to 20 (default 5.5, a one-column paper's text width).")
 @click.option("--font-size", "font_pt", type=float, default=None, metavar="PT",
-              help="With --style paper: text size in points (default 8).")
+              help="With --style paper: text size in points, 4 to 36 (default 8).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
