@@ -365,15 +365,6 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         raise BadInput(f"--workers must be >= 1; got {workers}")
     spec = sweeps.load_sweep(grid)
     sweeps.check_threads(threads, executor)
-    if dry_run:
-        runs = spec.runs()
-        sweeps.check_buildable(runs)  # what training would refuse, refused now
-        states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
-                  for r in runs}
-        plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
-        click.echo(strict_json(plan) if as_json else "\n".join(
-            f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
-        return
     extra = {}
     for item in slurm_options:
         key, sep, value = item.partition("=")
@@ -382,6 +373,17 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         extra[key] = value
     slurm = {"partition": partition, "time_min": time_min, "extra": extra,
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+    if dry_run:
+        # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
+        sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm).check()
+        runs = spec.runs()
+        sweeps.check_buildable(runs)  # what training would refuse, refused now
+        states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
+                  for r in runs}
+        plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
+        click.echo(strict_json(plan) if as_json else "\n".join(
+            f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
+        return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
                               retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm)
