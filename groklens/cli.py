@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import click
 
 from groklens import __version__
 from groklens.config import CHOICES, PHASE_THRESHOLDS, PRESETS, RunConfig, config_from, field_help
-from groklens.errors import BadInput, GroklensError
+from groklens.errors import BadInput, GroklensError, PluginWarning
 from groklens.fileio import check_text_target, strict_json
 
 
@@ -584,9 +585,17 @@ def demo(out_dir, scale, force, workers, quiet) -> None:
 
 
 # ---------------------------------------------------------------------- entry point
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    if issubclass(category, PluginWarning):  # one line, as the errors are
+        click.echo(f"groklens: warning: {_one_line(str(message))}", err=True)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    warnings.showwarning = _show_warning
     try:
         from groklens.fileio import check_utf8_args
 
@@ -595,6 +604,12 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
+    except SystemExit as exc:  # groklens never calls sys.exit inside a command: a plugin's code did
+        if debug:
+            raise
+        click.echo(f"groklens: failed: sys.exit({exc.code!r}) was called inside the command (a plugin's code?); "
+                   "rerun with --debug for the traceback", err=True)
+        code = 1
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
         cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc  # click wraps the interrupt
         hint = str(cause) if isinstance(cause, KeyboardInterrupt) else ""
