@@ -128,6 +128,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
         target = Path(out)
+    loggers.check_targets(specs, target)  # before the run file exists
     note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
     result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note)
     from groklens.analyses.grokking import censored_text, run_summary
@@ -152,16 +153,19 @@ def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, p
     the busy-machine note said once training starts; Ctrl-C says how to continue."""
     from groklens.checkpoints import Trajectory
 
+    from tqdm.auto import tqdm
+
     opened: list = []
+
+    def warn(line: str) -> None:
+        tqdm.write(f"groklens: warning: {_one_line(line)}", file=sys.stderr)  # above the progress bar
 
     def first_row() -> None:
         if note:
-            from tqdm.auto import tqdm
-
             tqdm.write(note, file=sys.stderr)  # above the progress bar, not through it
         if specs:
             config = cfg.to_dict() if cfg is not None else Trajectory(target).config_dict
-            opened.append(loggers.open_loggers(specs, target, config))
+            opened.append(loggers.open_loggers(specs, target, config, warn))
 
     def on_eval(row: dict) -> None:
         if first:
