@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from groklens.errors import BadInput
+from groklens.fileio import check_writable_dir
 
 KINDS = ("tensorboard", "wandb")
 EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -131,8 +132,6 @@ def check_targets(specs: list[tuple[str, str]], run_path: str | Path) -> None:
     not open would otherwise fail at the first evaluation, leaving a run file that blocks a
     retry): a TensorBoard DIR that is a directory this process can create or write, not the run
     file nor inside it; a W&B project name wandb accepts and a WANDB_MODE it knows."""
-    from groklens.fileio import check_writable_dir
-
     run = Path(run_path).absolute()
     for kind, target in specs:
         if kind == "wandb":
