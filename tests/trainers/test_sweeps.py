@@ -362,3 +362,38 @@ def test_a_missing_executor_package_is_refused_before_sweep_json(tmp_path, execu
     assert proc.returncode == 2 and f"needs {'Ray' if package == 'ray' else 'submitit'}" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.timeout(20)
+def test_a_ray_address_that_never_answers_times_out():
+    """A head whose accept queue is full drops the SYN: the connect waits, bounded by the timeout
+    (ray.init itself retried for minutes). Loopback only: a listener of backlog 0, filled."""
+    import socket
+    import time
+
+    from groklens.trainers.sweep_executors import check_ray_address
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        fillers = []
+        for _ in range(4):  # fill the accept queue (its length is backlog + 1 on Linux)
+            c = socket.socket()
+            c.settimeout(0.3)
+            try:
+                c.connect(("127.0.0.1", port))
+            except OSError:
+                c.close()
+                break
+            fillers.append(c)
+        else:
+            pytest.skip("this kernel accepts every loopback connection: no silent address to try")
+        try:
+            start = time.perf_counter()
+            with pytest.raises(BadInput, match=f"nothing answers at 127.0.0.1:{port} within 0.5 s"):
+                check_ray_address(f"127.0.0.1:{port}", timeout_s=0.5)
+            assert time.perf_counter() - start < 5
+        finally:
+            for c in fillers:
+                c.close()
