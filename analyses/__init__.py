@@ -25,7 +25,7 @@ if getattr(_top, "__file__", None) is None:  # a folder named groklens (the clon
                       "(README, 'Importing groklens')")
 
 def to_pandas(trajectory, analysis: str | None = None):
-    """A pandas DataFrame of a run: its metrics, or with `analysis` a stored analysis ('all':
+    """A pandas DataFrame of a run (a Trajectory or a path): its metrics, or with `analysis` a stored analysis ('all':
     every one) by checkpoint step; see tables.to_pandas."""
     from groklens.analyses.tables import to_pandas as _to_pandas
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -444,7 +445,13 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
             group_by: str | Sequence[str] | None = None, threshold: float = GROK_THRESHOLD, analyze: bool = False,
             metrics: Sequence[str] | None = None, progress: bool = False) -> Comparison:
     """Compare runs (see the module docstring). The baseline run joins the runs if not among them."""
+    # a str would iterate as one-letter paths; None or a number would fail deep inside
+    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Iterable):
+        raise BadInput(f"compare(paths): a list of RUN.h5 paths; got {type(paths).__name__} {str(paths)[:60]!r}")
     paths = list(paths)
+    for p in [*paths, *([] if baseline is None else [baseline])]:
+        if not isinstance(p, (str, os.PathLike)):
+            raise BadInput(f"compare: a run is a path (str or Path); got {p!r}")
     if baseline is not None:
         if not Path(baseline).exists():
             raise BadInput(f"--baseline {baseline}: no such file")

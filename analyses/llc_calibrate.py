@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 from groklens.errors import BadInput
-from groklens.analyses.llc import _blocks, summarise, check_hyperparameters, default_nbeta, task_row_loss
+from groklens.analyses.llc import LIMITS, _blocks, summarise, check_hyperparameters, default_nbeta, task_row_loss
 from groklens.analyses.common import check_loss, eval_rows
 from groklens.analyses.phases import run_phases
-from groklens.fileio import write_text_atomic
+from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
 
 # devinterp's decades 3e-5 .. 3e-1, continued two decades down: on the README's p=23 transformer no
 # chain at lr >= 3e-6 stays local (the sampled loss reaches chance level within 300 steps)
@@ -60,6 +60,9 @@ LR_STABLE = 0.2
 CHECKS = ("finite", "converged", "agree", "positive", "local", "lr_stable", "ordered")
 FIGURE_BINS = 50
 MAX_LANES = 256  # lanes (settings x chains) per vectorized pass
+# settings (lr x nbeta x localization) of one calibration: 3x the default grid (7 x 4 x 6 = 168),
+# which takes minutes per checkpoint at the default chains; 40 x 40 x 40 would take hours
+MAX_SETTINGS = 512
 
 
 @dataclass
@@ -119,16 +122,23 @@ def _plain(v: Any) -> Any:
 
 
 def check_grid(lrs: Sequence[float], nbetas: Sequence[float], localizations: Sequence[float]) -> None:
+    """Every value of every axis within the llc analysis's limits (not only the first), and at
+    most MAX_SETTINGS settings in all."""
     for name, values, zero in (("lr", lrs, False), ("nbeta", nbetas, False), ("localization", localizations, True)):
         if not values:
             raise BadInput(f"llc-calibrate: the {name} grid is empty")
+        hi = LIMITS[name]
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
-                    (v == 0 and not zero):
+                    (v == 0 and not zero) or v > hi:
                 raise BadInput(f"llc-calibrate: {name} values must be {'non-negative' if zero else 'positive'} "
-                               f"finite numbers; got {v!r}")
+                               f"finite numbers <= {hi:g}; got {v!r}")
         if len(set(values)) != len(values):
             raise BadInput(f"llc-calibrate: the {name} grid repeats a value: {list(values)}")
+    n = len(lrs) * len(nbetas) * len(localizations)
+    if n > MAX_SETTINGS:
+        raise BadInput(f"llc-calibrate: the grid has {len(lrs)} x {len(nbetas)} x {len(localizations)} = {n:,} "
+                       f"settings; at most {MAX_SETTINGS:,} per run (each samples every chain at every checkpoint)")
 
 
 def _health(r: dict[str, Any], chance: float | None) -> dict[str, bool]:
@@ -336,7 +346,8 @@ def run_targets(run, steps: Sequence[int] | None, *, eval_set: str = "train", lo
 
 
 def parse_floats(items: Sequence[str] | None, flag: str) -> list[float] | None:
-    """Numbers from repeatable / comma-separated option values ("3e-4,3e-3"); None when none given."""
+    """Numbers from repeatable / comma-separated option values ("3e-4,3e-3"); None when the option
+    is not given; given with no number in it (--lr "") is a BadInput, not the default grid."""
     if not items:
         return None
     out = []
@@ -346,6 +357,8 @@ def parse_floats(items: Sequence[str] | None, flag: str) -> list[float] | None:
                 out.append(float(part))
             except ValueError:
                 raise BadInput(f"{flag} takes numbers (repeatable or comma-separated); got {part!r}") from None
+    if not out:
+        raise BadInput(f"{flag} is given with no number; leave it out for the default grid")
     return out
 
 
@@ -363,18 +376,23 @@ def calibrate_run(run, steps: Sequence[int] | None = None, *, lrs: Sequence[floa
     out = None if out_dir is None else Path(out_dir)
     if out is not None and (out.exists() and not out.is_dir() or not out.exists() and not out.parent.is_dir()):
         raise BadInput(f"-o {out}: not a directory, or its parent does not exist")
-    if lrs is not None or nbetas is not None or localizations is not None:
-        check_grid(lrs or DEFAULT_LRS, nbetas or [1.0], localizations or DEFAULT_LOCALIZATIONS)
+    if out is not None:  # a read-only place is refused before the sweep, not after it
+        check_writable_dir(out if out.is_dir() else out.parent)
+    lrs = DEFAULT_LRS if lrs is None else lrs
+    localizations = DEFAULT_LOCALIZATIONS if localizations is None else localizations
+    check_grid(lrs, list(NBETA_MULTIPLES) if nbetas is None else nbetas, localizations)  # the default nbetas: 4 values
     targets = run_targets(run, steps, eval_set=eval_set)
-    cal = sweep(targets, lrs=lrs or DEFAULT_LRS, nbetas=nbetas, localizations=localizations or DEFAULT_LOCALIZATIONS,
+    cal = sweep(targets, lrs=lrs, nbetas=nbetas, localizations=localizations,
                 chains=chains, burnin=burnin, draws=draws, minibatch=minibatch, seed=seed, progress=progress)
     cal.params.update({"run": str(run), "eval_set": eval_set})
     written: list[str] = []
     if out is not None:
-        out.mkdir(exist_ok=True)
-        for t, label in enumerate(cal.targets):
-            path = out / f"traces-{label.replace(' ', '')}.png"
-            figure(cal, t).savefig(path, dpi=110)
-            written.append(str(path))
-        written.append(str(write_text_atomic(out / "calibration.json", json.dumps(cal.to_json(), indent=1) + "\n")))
+        names = [f"traces-{label.replace(' ', '')}.png" for label in cal.targets] + ["calibration.json"]
+        for name in names:
+            check_output_file(out / name)
+        with staged_outputs(out) as stage:  # a link at a name is replaced, never written through
+            for t, name in enumerate(names[:-1]):
+                figure(cal, t).savefig(stage / name, dpi=110)
+            (stage / names[-1]).write_text(json.dumps(cal.to_json(), indent=1) + "\n", encoding="utf-8")
+        written = [str(out / name) for name in names]
     return cal, written

@@ -152,6 +152,9 @@ PAPER = {"width_in": 5.5, "font_pt": 8.0, "dpi": 300}  # a one-column paper's te
 # TrueType fonts in PDF / PS (what publishers ask for); the figure keeps its exact width (its
 # layout is matplotlib's constrained one, which fits the margins)
 PAPER_RC = {"pdf.fonttype": 42, "ps.fonttype": 42}
+# A figure's pixels grow with the square of its width: at 300 dpi, 120 in took 5.4 GB (999 in: a
+# MemoryError). 20 in (a two-page spread, 6,000 px wide) bounds a figure to a few hundred MB.
+PAPER_LIMITS = {"width_in": (1.0, 20.0), "font_pt": (4.0, 36.0), "dpi": (50, 600)}
 
 
 def paper_figure(fig, width_in: float = PAPER["width_in"], font_pt: float = PAPER["font_pt"]) -> None:
@@ -234,8 +237,12 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
     if style not in STYLES:
         raise BadInput(f"--style must be one of {', '.join(STYLES)}; got {style!r}")
     for key, value in (style_opts or {}).items():
-        if key not in PAPER or not isinstance(value, (int, float)) or not 0 < value < 1000:
-            raise BadInput(f"--{key.replace('_', '-')} must be a positive number; got {value!r}")
+        flag = {"width_in": "--width", "font_pt": "--font-size"}.get(key, key)
+        if key not in PAPER:
+            raise BadInput(f"style option {key!r} is not one of {', '.join(PAPER)}")
+        lo, hi = PAPER_LIMITS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            raise BadInput(f"{flag} must be a number from {lo:g} to {hi:g}; got {value!r}")
     wanted = parse_figures(figures)
     if not str(out_dir).strip():
         raise BadInput("--out is empty; give the report's directory")

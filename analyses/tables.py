@@ -78,7 +78,13 @@ def analyses_frame(run):
 
 
 def to_pandas(run, analysis: str | None = None):
-    """metrics_frame (analysis None), analyses_frame ('all') or analysis_frame(run, analysis)."""
+    """metrics_frame (analysis None), analyses_frame ('all') or analysis_frame(run, analysis);
+    `run` a Trajectory or a path to one, as for compute."""
+    from groklens.checkpoints import Trajectory
+
+    run = run if isinstance(run, Trajectory) else Trajectory(run)
+    if analysis is not None and not isinstance(analysis, str):
+        raise BadInput(f"to_pandas(run, analysis): an analysis name or 'all'; got {analysis!r}")
     if analysis is None:
         return metrics_frame(run)
     if analysis == "all":

@@ -300,6 +300,8 @@ class Trajectory:
     """
 
     def __init__(self, path: str | Path, copy: int | None = None):
+        if not isinstance(path, (str, os.PathLike)):
+            raise BadInput(f"Trajectory(path): a path to a RUN.h5 (str or Path); got {_shown(path)}")
         self.path = Path(path)
         with self._open(validate=True) as f:  # validates the file now, not at first use
             self.n_copies = 1 + (len(f[C.COPIES]) if C.COPIES in f else 0)
@@ -380,12 +382,20 @@ class Trajectory:
 
     # ------------------------------------------------------------------ parameters and models
     def checkpoint_index(self, step: int) -> int:
+        step = self._step(step)
         steps = self.steps
-        hits = np.nonzero(steps == int(step))[0]
+        hits = np.nonzero(steps == step)[0]
         if len(hits) == 0:
             where = f"{steps[0]}..{steps[-1]} ({len(steps)} checkpoints)" if len(steps) else "none yet"
             raise BadInput(f"{self.path}: no checkpoint at step {step}; checkpoints: {where}")
         return int(hits[0])
+
+    def _step(self, step) -> int:
+        """A checkpoint step as given: an int, never a float or string (300.5 or "300" would
+        otherwise read as checkpoint 300) nor a bool."""
+        if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+            raise BadInput(f"{self.path}: a checkpoint step is an int (one of Trajectory.steps); got {_shown(step)}")
+        return int(step)
 
     def params(self, step: int) -> dict[str, "torch.Tensor"]:
         import torch
@@ -403,7 +413,7 @@ class Trajectory:
         checkpoint always has it): all an exact resume needs."""
         with self._open() as f:
             g = f[C.STATE]
-            slots = np.nonzero(g[C.STATE_STEP][:] == int(step))[0]
+            slots = np.nonzero(g[C.STATE_STEP][:] == self._step(step))[0]
             if len(slots) == 0:
                 raise BadInput(f"{self.path}: no optimizer state stored for step {step}")
             return {name: ds[int(slots[0])] for name, ds in g.items() if name != C.STATE_STEP}

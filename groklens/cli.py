@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import click
 
 from groklens import __version__
 from groklens.config import CHOICES, PHASE_THRESHOLDS, PRESETS, RunConfig, config_from, field_help
-from groklens.errors import BadInput, GroklensError
+from groklens.errors import BadInput, GroklensError, PluginWarning
 from groklens.fileio import check_text_target, strict_json
 
 
@@ -127,6 +128,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
         target = Path(out)
+    loggers.check_targets(specs, target)  # before the run file exists
     note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
     result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note)
     from groklens.analyses.grokking import censored_text, run_summary
@@ -151,16 +153,19 @@ def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, p
     the busy-machine note said once training starts; Ctrl-C says how to continue."""
     from groklens.checkpoints import Trajectory
 
+    from tqdm.auto import tqdm
+
     opened: list = []
+
+    def warn(line: str) -> None:
+        tqdm.write(f"groklens: warning: {_one_line(line)}", file=sys.stderr)  # above the progress bar
 
     def first_row() -> None:
         if note:
-            from tqdm.auto import tqdm
-
             tqdm.write(note, file=sys.stderr)  # above the progress bar, not through it
         if specs:
             config = cfg.to_dict() if cfg is not None else Trajectory(target).config_dict
-            opened.append(loggers.open_loggers(specs, target, config))
+            opened.append(loggers.open_loggers(specs, target, config, warn))
 
     def on_eval(row: dict) -> None:
         if first:
@@ -365,15 +370,6 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         raise BadInput(f"--workers must be >= 1; got {workers}")
     spec = sweeps.load_sweep(grid)
     sweeps.check_threads(threads, executor)
-    if dry_run:
-        runs = spec.runs()
-        sweeps.check_buildable(runs)  # what training would refuse, refused now
-        states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
-                  for r in runs}
-        plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
-        click.echo(strict_json(plan) if as_json else "\n".join(
-            f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
-        return
     extra = {}
     for item in slurm_options:
         key, sep, value = item.partition("=")
@@ -382,6 +378,17 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         extra[key] = value
     slurm = {"partition": partition, "time_min": time_min, "extra": extra,
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+    if dry_run:
+        # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
+        sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm).check()
+        runs = spec.runs()
+        sweeps.check_buildable(runs)  # what training would refuse, refused now
+        states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
+                  for r in runs}
+        plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
+        click.echo(strict_json(plan) if as_json else "\n".join(
+            f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
+        return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
                               retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm)
@@ -486,9 +493,9 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="paper: each figure --width inches wide, its text at --font-size points, 300 dpi, "
                    "TrueType fonts in PDF.")
 @click.option("--width", "width_in", type=float, default=None, metavar="IN",
-              help="With --style paper: figure width in inches (default 5.5, a one-column paper's text width).")
+              help="With --style paper: figure width in inches, 1 to 20 (default 5.5, a one-column paper's text width).")
 @click.option("--font-size", "font_pt", type=float, default=None, metavar="PT",
-              help="With --style paper: text size in points (default 8).")
+              help="With --style paper: text size in points, 4 to 36 (default 8).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
@@ -582,9 +589,17 @@ def demo(out_dir, scale, force, workers, quiet) -> None:
 
 
 # ---------------------------------------------------------------------- entry point
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    if issubclass(category, PluginWarning):  # one line, as the errors are
+        click.echo(f"groklens: warning: {_one_line(str(message))}", err=True)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    warnings.showwarning = _show_warning
     try:
         from groklens.fileio import check_utf8_args
 
@@ -593,6 +608,12 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
+    except SystemExit as exc:  # groklens never calls sys.exit inside a command: a plugin's code did
+        if debug:
+            raise
+        click.echo(f"groklens: failed: sys.exit({exc.code!r}) was called inside the command (a plugin's code?); "
+                   "rerun with --debug for the traceback", err=True)
+        code = 1
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # Abort: click's form of Ctrl-C (and of EOF at a prompt)
         cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc  # click wraps the interrupt
         hint = str(cause) if isinstance(cause, KeyboardInterrupt) else ""

@@ -19,6 +19,12 @@ class RunFailure(GroklensError):
     exit_code = 1
 
 
+class PluginWarning(UserWarning):
+    """A plugin (an entry point of groklens.analyses, .models or .experiments) was left out:
+    it failed to import, reused a registered name or called sys.exit; the CLI shows it as one
+    `groklens: warning:` line."""
+
+
 def require_pandas():
     """pandas, an optional extra imported on use (to_pandas); one ImportError line without it."""
     try:

@@ -17,6 +17,7 @@ Two further families (docs/VARIANTS.md):
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -320,7 +321,8 @@ def _check_seq(cfg: "RunConfig") -> None:
     if cfg.informative_layout == "random" and cfg.distractor_vocab == 0 and cfg.n_informative < cfg.seq_len:
         raise BadInput("informative_layout=random needs distractor_vocab > 0: with distractors drawn from the "
                        "residues, nothing tells the informative tokens apart")
-    if cfg.p**cfg.n_informative > SEQ_MAX_INPUTS:
+    # logarithms first: p ** n_informative as an integer takes minutes to build for n_informative 1e8
+    if cfg.n_informative * math.log(cfg.p) > math.log(SEQ_MAX_INPUTS) + 1e-9 or cfg.p**cfg.n_informative > SEQ_MAX_INPUTS:
         raise BadInput(f"p^n_informative = {cfg.p}^{cfg.n_informative} inputs is over {SEQ_MAX_INPUTS:,}; "
                        "lower p or n_informative")
 

@@ -135,3 +135,17 @@ def test_sequences_depend_on_data_seed_only():
 def test_bad_sequence_knobs_are_bad_input(overrides, match):
     with pytest.raises(BadInput, match=match):
         RunConfig.from_dict({"task": "seq_add", **overrides})
+
+
+@pytest.mark.timeout(20)
+def test_a_huge_n_informative_is_refused_at_once():
+    """The size check built p ** n_informative as an integer: 77 s for n_informative 1e8
+    (minutes for 1e9); from logarithms it answers at once."""
+    import time
+
+    start = time.perf_counter()
+    for k in (10**8, 10**9):
+        with pytest.raises(BadInput, match="inputs is over"):
+            RunConfig.from_dict({"task": "seq_add", "seq_len": k, "n_informative": k})
+    assert time.perf_counter() - start < 2
+    RunConfig.from_dict({"task": "seq_add", "p": 11, "seq_len": 6, "n_informative": 6})  # 11^6 = 1,771,561: fits

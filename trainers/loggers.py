@@ -4,7 +4,8 @@ TensorBoard or Weights & Biases (`groklens train --log tensorboard:DIR --log wan
 The HDF5 file stays the record: a logger only mirrors the rows (every metric of the row, as a
 scalar named like its metric, at the row's step). Both packages are optional extras
 (`pip install 'groklens[tensorboard]'`, `'groklens[wandb]'`), imported when asked for, and a
-missing one is a one-line error before anything is trained. W&B runs offline unless the
+missing one, or a target that cannot work (check_targets), is a one-line error before the run
+file exists; a logger that fails mid-run is dropped with one warning line (Loggers). W&B runs offline unless the
 environment says otherwise (WANDB_MODE=online after `wandb login`); `wandb sync DIR` uploads an
 offline run later.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from groklens.errors import BadInput
+from groklens.fileio import check_writable_dir
 
 KINDS = ("tensorboard", "wandb")
 EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -81,18 +83,36 @@ def _finite(value) -> bool:
 
 
 class Loggers:
-    """The asked loggers of one run; `log(row)` is the training loop's on_eval."""
+    """The asked loggers of one run; `log(row)` is the training loop's on_eval. A logger that
+    fails (a full disk, a lost connection) is dropped with one line to `warn`: the HDF5 file is
+    the record, so the run goes on, whole and resumable, without that mirror."""
 
-    def __init__(self, items: list):
-        self.items = items
+    def __init__(self, items: list, labels: list[str], warn=None):
+        self.items, self.labels, self.warn = list(items), list(labels), warn
+
+    def report(self, label: str, exc: Exception, step: int | None) -> None:
+        if self.warn is not None:
+            at = f" at step {step}" if step is not None else ""
+            why = (str(exc).splitlines() or [""])[0][:200]
+            self.warn(f"--log {label} failed{at} ({type(exc).__name__}{': ' + why if why else ''}); it logs no "
+                      "more, the run goes on (the HDF5 file is the record)")
 
     def log(self, row: dict[str, Any]) -> None:
-        for item in self.items:
-            item.log(row)
+        keep = []
+        for item, label in zip(self.items, self.labels):
+            try:
+                item.log(row)
+                keep.append((item, label))
+            except Exception as exc:  # noqa: BLE001 - any logger failure: reported, never the run's end
+                self.report(label, exc, int(row["step"]))
+        self.items, self.labels = [i for i, _ in keep], [lb for _, lb in keep]
 
     def close(self) -> None:
-        for item in self.items:
-            item.close()
+        for item, label in zip(self.items, self.labels):
+            try:
+                item.close()
+            except Exception as exc:  # noqa: BLE001
+                self.report(label, exc, None)
 
 
 def check_specs(specs) -> list[tuple[str, str]]:
@@ -103,12 +123,57 @@ def check_specs(specs) -> list[tuple[str, str]]:
     return parsed
 
 
-def open_loggers(specs: list[tuple[str, str]], run_path: str | Path, config: dict[str, Any]) -> Loggers:
-    """The loggers (specs as check_specs gives them) for a run written to `run_path` (its name
-    names the TensorBoard subdirectory and the W&B run)."""
-    name = Path(run_path).name.removesuffix(".h5")
-    made = []
-    for kind, target in specs:
-        made.append(TensorBoardLogger(target, name) if kind == "tensorboard" else WandbLogger(target, name, config))
-    return Loggers(made)
+WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")  # what wandb.init's settings accept
+WANDB_PROJECT_BAD = set("/\\#?%:")  # characters wandb refuses in a project name
 
+
+def check_targets(specs: list[tuple[str, str]], run_path: str | Path) -> None:
+    """What the loggers will write to, checked before the run file exists (a logger that could
+    not open would otherwise fail at the first evaluation, leaving a run file that blocks a
+    retry): a TensorBoard DIR that is a directory this process can create or write, not the run
+    file nor inside it; a W&B project name wandb accepts and a WANDB_MODE it knows."""
+    run = Path(run_path).absolute()
+    for kind, target in specs:
+        if kind == "wandb":
+            bad = sorted(set(target) & WANDB_PROJECT_BAD)
+            if bad or len(target) > 128:
+                raise BadInput(f"--log wandb:{target}: a W&B project name has at most 128 characters and none of "
+                               f"/ \\ # ? % : (got {''.join(bad) or f'{len(target)} characters'})")
+            mode = os.environ.get("WANDB_MODE")
+            if mode is not None and mode not in WANDB_MODES:
+                raise BadInput(f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)} (--log wandb:{target})")
+            continue
+        d = Path(target).absolute()
+        if d == run or run in d.parents:
+            raise BadInput(f"--log tensorboard:{target} is the run file {run_path} (or inside it); give a directory")
+        name = run.name.removesuffix(".h5")
+        here = d
+        while not here.exists():  # the nearest existing ancestor: the directories mkdir will make
+            if here.is_symlink():
+                raise BadInput(f"--log tensorboard:{target}: {here} is a dangling symbolic link")
+            here = here.parent
+        if not here.is_dir():
+            raise BadInput(f"--log tensorboard:{target}: {here} is not a directory")
+        check_writable_dir(here, f"write the TensorBoard logs of --log tensorboard:{target} into")
+        sub = d / name
+        if sub.exists() and not sub.is_dir():
+            raise BadInput(f"--log tensorboard:{target}: {sub} (this run's log directory) is not a directory")
+        if sub.is_dir():
+            check_writable_dir(sub, f"write the TensorBoard logs of --log tensorboard:{target} into")
+
+
+def open_loggers(specs: list[tuple[str, str]], run_path: str | Path, config: dict[str, Any], warn=None) -> Loggers:
+    """The loggers (specs as check_specs gives them) for a run written to `run_path` (its name
+    names the TensorBoard subdirectory and the W&B run); `warn(line)` hears of a logger that fails."""
+    name = Path(run_path).name.removesuffix(".h5")
+    out = Loggers([], [], warn)
+    for kind, target in specs:
+        label = f"{kind}:{target}"
+        try:
+            item = TensorBoardLogger(target, name) if kind == "tensorboard" else WandbLogger(target, name, config)
+        except Exception as exc:  # noqa: BLE001 - what check_targets could not foresee (a lost connection)
+            out.report(label, exc, None)
+            continue
+        out.items.append(item)
+        out.labels.append(label)
+    return out

@@ -126,17 +126,48 @@ def hidden_sites(model: "nn.Module") -> list[str]:
     return sites or [n for n in names if fnmatch.fnmatchcase(n, "layers.*.hook_post")]
 
 
+def firing_sites(model: "nn.Module") -> dict[str, bool]:
+    """The hook points a training forward pass runs, each with whether its activation is finite:
+    one input through the model with a hook on each. TransformerLens' optional ones
+    (attn.hook_result, hook_q_input, ...) run only when their flag is set, so a site among them
+    would have no activation to read at the first step; a causal mask's -inf scores
+    (attn.hook_attn_scores) have no finite norm."""
+    fired: dict[str, bool] = {}
+    param = next(model.parameters())
+    meta = param.device.type == "meta"  # an ensemble's template has no values: whether it runs, only
+
+    def seen(name, out):
+        fired[name] = isinstance(out, torch.Tensor) and (meta or bool(torch.isfinite(out).all()))
+
+    handles = [hp.register_forward_hook(lambda _m, _i, out, name=name: seen(name, out))
+               for name, hp in model.hook_dict.items()]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, model.cfg.n_ctx, dtype=torch.long, device=param.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return fired
+
+
 def _resolve_sites(model: "nn.Module", spec: str, field: str) -> list[str]:
     patterns = [s.strip() for s in spec.split(",") if s.strip()]
     if not patterns:
         return hidden_sites(model)
     names = list(model.hook_dict)
+    fired = firing_sites(model)
     out: list[str] = []
     for pattern in patterns:
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
             raise BadInput(f"{field}: no hook point matches {pattern!r} (e.g. {', '.join(hidden_sites(model)[:2])})")
-        out += [n for n in hits if n not in out]
+        live = [n for n in hits if fired.get(n)]  # a pattern ('*') keeps the sites that run, finite
+        if not live:
+            off = [n for n in hits if n not in fired]
+            why = (f"{', '.join(off[:3])}: TransformerLens' optional hooks, which a training forward pass does not "
+                   "run" if off else f"{', '.join(hits[:3])}: not finite (a causal mask's -inf scores)")
+            raise BadInput(f"{field}: {pattern!r} matches no site the penalty can use ({why})")
+        out += [n for n in live if n not in out]
     return out
 
 

@@ -24,8 +24,40 @@ class Executor:
     name = "base"
     workers: int
 
+    def check(self) -> None:
+        """BadInput for what can be refused before the sweep writes anything (its package
+        missing, a bad option, a cluster that does not answer); nothing to check by default."""
+
     def execute(self, tasks: list[dict], on_start: Callable, on_done: Callable) -> None:  # pragma: no cover
         raise NotImplementedError
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0  # ray.init(address=...) retries a silent address for minutes
+
+
+def check_gpus_per_run(gpus: float | None) -> None:
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not math.isfinite(gpus)
+                             or not 0 <= gpus <= 64):
+        raise BadInput(f"--gpus-per-run must be a number from 0 to 64 (a fraction packs runs onto a GPU); got {gpus!r}")
+
+
+def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """HOST:PORT (or ray://HOST:PORT) answers a TCP connect within `timeout_s`, so that a
+    wrong address is one line at once, not a hang; 'auto' and 'local' are Ray's own lookups."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # an IPv6 literal, [::1]:6379
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadInput(f"--address must be HOST:PORT, ray://HOST:PORT, auto or local; got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise BadInput(f"--address {address}: nothing answers at {host}:{port} within {timeout_s:g} s ({why}); "
+                       "is the Ray head running there?") from None
 
 
 class InlineExecutor(Executor):
@@ -146,11 +178,19 @@ class RayExecutor(Executor):
         self.address = address
         self.gpus_per_run = gpus_per_run
 
-    def execute(self, tasks, on_start, on_done):
+    def check(self) -> None:
         try:
-            import ray
+            import ray  # noqa: F401
         except ImportError:
             raise BadInput("the ray executor needs Ray: pip install 'groklens[ray]'") from None
+        check_gpus_per_run(self.gpus_per_run)
+        if self.address:
+            check_ray_address(self.address)
+
+    def execute(self, tasks, on_start, on_done):
+        self.check()
+        import ray
+
         started_here = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
@@ -230,11 +270,20 @@ class SlurmExecutor(Executor):
         self.extra = extra or {}
         self.poll_s = poll_s
 
-    def execute(self, tasks, on_start, on_done):
+    def check(self) -> None:
         try:
-            import submitit
+            import submitit  # noqa: F401
         except ImportError:
             raise BadInput("the slurm executor needs submitit: pip install 'groklens[slurm]'") from None
+        check_gpus_per_run(self.gpus_per_run)
+        t = self.time_min
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 366 * 24 * 60:
+            raise BadInput(f"--time-min must be a whole number of minutes from 1 to {366 * 24 * 60:,}; got {t!r}")
+
+    def execute(self, tasks, on_start, on_done):
+        self.check()
+        import submitit
+
         executor = submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
         params: dict[str, Any] = {
             "name": "groklens-sweep", "timeout_min": self.time_min, "cpus_per_task": self.cpus_per_task,

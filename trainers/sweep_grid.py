@@ -179,7 +179,7 @@ def _zip_entries(raw: Any, axes: dict, known: set, base: dict, source: str) -> l
                        f"equal-length lists; got {_short(raw)}")
     if len(raw) > MAX_RUNS:
         raise BadInput(f"{source}: 'zip' has {len(raw)} entries; a sweep holds at most {MAX_RUNS} runs")
-    entries = []
+    entries, configs = [], []
     for e in raw:
         for name in e:
             if name not in known:
@@ -190,9 +190,16 @@ def _zip_entries(raw: Any, axes: dict, known: set, base: dict, source: str) -> l
         cfg = _make_config(base, e)
         entries.append({k: tuple(getattr(cfg, k)) if isinstance(getattr(cfg, k), list) else getattr(cfg, k)
                         for k in e})
-    for i, e in enumerate(entries):
-        if e in entries[:i]:
-            raise BadInput(f"{source}: zip repeats the entry {_short({k: _plain(v) for k, v in e.items()})}")
+        configs.append(cfg.to_dict())
+    # compared as whole configs, defaults filled in: {norm: ln} and {norm: ln, attention: softmax}
+    # (the default written out) are one run, which would train twice and count twice in compare
+    for i, c in enumerate(configs):
+        if c in configs[:i]:
+            first = _short({k: _plain(v) for k, v in entries[configs.index(c)].items()})
+            again = _short({k: _plain(v) for k, v in entries[i].items()})
+            raise BadInput(f"{source}: zip repeats the entry {first}" if first == again else
+                           f"{source}: zip entries {first} and {again} are the same config (the rest is the base "
+                           "or the defaults); give it once")
     return entries
 
 

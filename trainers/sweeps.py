@@ -103,10 +103,11 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
         raise BadInput(f"ensemble size must be >= 1; got {ensemble_size}")
     check_threads(threads, executor)
     check_buildable(runs)  # every run's config builds its run, before anything is written
+    ex = make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
+    ex.check()  # Ray or submitit missing, a bad option, a silent --address: before sweep.json
     out_dir = _make_out_dir(Path(out_dir))
     update_manifest(out_dir, runs, sweep if isinstance(sweep, Sweep) else None)
     todo, report = _classify(runs, out_dir, retry_failed)
-    ex = make_executor(executor, out_dir, workers, address, gpus_per_run, slurm)
     n_workers = getattr(ex, "workers", None) or workers or os.cpu_count() or 1
     tasks, report.single_fallback = plan_tasks(todo, out_dir, ensemble=ensemble, ensemble_size=ensemble_size,
                                                workers=n_workers, threads=threads)
@@ -262,6 +263,7 @@ __all__ = [
     "execute_task",
     "export_config_yaml",
     "load_sweep",
+    "make_executor",
     "parse_sweep",
     "plan_tasks",
     "run_name",

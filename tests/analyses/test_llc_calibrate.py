@@ -107,6 +107,7 @@ def test_vmap_and_devinterp_samplers_agree():
 
 
 # ---------------------------------------------------------------------- the command
+GRID40 = ",".join(f"{1e-5 * (i + 1):g}" for i in range(40))
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "run.h5"
@@ -133,14 +134,53 @@ def test_command_writes_the_table_json_and_figures(run, tmp_path):
     (["--nbeta", "0"], "nbeta values must be positive"),
     (["--checkpoints", "7"], "no checkpoint at step(s) 7"),
     (["--chains", "0"], "chains must be an integer >= 1"),
+    # the limits held for the first value only, and an empty --lr ran the default grid
+    (["--lr", "1e-4,5"], "lr values must be positive finite numbers <= 1; got 5.0"),
+    (["--localization", "10,1e13"], "localization values must be non-negative finite numbers <= 1e+12"),
+    (["--lr", ""], "--lr is given with no number"),
+    (["--nbeta", ","], "--nbeta is given with no number"),
+    # 64,000 settings sampled for hours
+    (["--lr", GRID40, "--nbeta", GRID40, "--localization", GRID40], "40 x 40 x 40 = 64,000 settings; at most 512"),
+    (["--lr", GRID40, "--localization", "1,2,3"], "40 x 4 x 3 = 480"),  # the default nbetas are 4: 480 fits
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(run, tmp_path, args, message):
     out = tmp_path / "cal"
+    if message.endswith("= 480"):  # under the limit: it is not refused for its size (the checkpoint 7 is)
+        args, message = [*args, "--checkpoints", "7"], "no checkpoint at step(s) 7"
     proc = groklens("llc-calibrate", str(run), *args, "-o", str(out), "-q")
     assert proc.returncode == 2
     assert proc.stderr.startswith("groklens: error:") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+_TINY_SWEEP = ("--checkpoints", "60", "--lr", "1e-4", "--nbeta", "5", "--localization", "10", "--chains", "1",
+               "--draws", "4", "--burnin", "1", "--minibatch", "8", "-q")
+
+
+def test_a_link_in_the_output_directory_is_replaced_never_written_through(run, tmp_path):
+    """The trace PNG was saved through a symlink at its name, over the user's file."""
+    out, mine = tmp_path / "cal", tmp_path / "mine.txt"
+    out.mkdir()
+    mine.write_text("precious")
+    (out / "traces-step60.png").symlink_to(mine)
+    (out / "calibration.json").symlink_to(mine)
+    groklens("llc-calibrate", str(run), *_TINY_SWEEP, "-o", str(out), check=True)
+    assert mine.read_text() == "precious"
+    for name in ("traces-step60.png", "calibration.json"):
+        assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
+    assert sorted(p.name for p in out.iterdir()) == ["calibration.json", "traces-step60.png"]  # no stage left
+
+
+def test_a_read_only_output_directory_is_refused_before_the_sweep(run, tmp_path):
+    from tests.helpers import readonly_groklens, one_line_exit
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    err = one_line_exit(readonly_groklens(ro, "llc-calibrate", str(run), *_TINY_SWEEP, "--draws", "1000000",
+                                          "-o", str(ro / "cal"), timeout=60))
+    assert "cannot write into" in err and "read-only file system" in err
+    assert not any(ro.iterdir())
 
 
 def test_missing_run_is_bad_input(tmp_path):

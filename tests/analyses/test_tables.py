@@ -78,3 +78,27 @@ def test_without_pandas_one_line_says_how_to_get_it(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
     with pytest.raises(ImportError, match=r"^to_pandas needs pandas, an optional extra: pip install 'groklens\[pandas\]'$"):
         Trajectory(runs[0]).to_pandas()
+
+
+def test_to_pandas_takes_a_path_as_compute_does(runs):
+    """to_pandas("a.h5") was AttributeError: 'str' object has no attribute 'to_pandas'."""
+    assert to_pandas(str(runs[0])).equals(Trajectory(runs[0]).to_pandas())
+    assert to_pandas(runs[0], "norms").equals(to_pandas(Trajectory(runs[0]), "norms"))
+    with pytest.raises(BadInput, match=r"Trajectory\(path\): a path"):
+        to_pandas(None)
+    with pytest.raises(BadInput, match="an analysis name or 'all'"):
+        to_pandas(runs[0], 3)
+
+
+@pytest.mark.parametrize("paths", [None, 3, "a.h5"])
+def test_compare_of_a_non_list_is_refused(paths):
+    """compare(None) was a TypeError, compare("a.h5") compared the runs '/', 'a', ... (ValueError)."""
+    with pytest.raises(BadInput, match=r"compare\(paths\): a list of RUN.h5 paths"):
+        compare(paths)
+
+
+def test_compare_of_a_list_holding_a_non_path_is_refused(runs):
+    with pytest.raises(BadInput, match="a run is a path"):
+        compare([runs[0], None])
+    with pytest.raises(BadInput, match="a run is a path"):
+        compare([runs[0]], baseline=1)

@@ -52,6 +52,22 @@ def test_trajectory_api(run_path):
         run.param_trajectory("nope")
 
 
+@pytest.mark.parametrize("path", [None, 3, b"run.h5"])
+def test_trajectory_of_a_non_path_is_refused(path):
+    with pytest.raises(BadInput, match=r"Trajectory\(path\): a path"):
+        Trajectory(path)
+
+
+@pytest.mark.parametrize("step", [None, 40.5, 40.0, "40", True, np.float64(40)])
+def test_a_checkpoint_step_is_an_int_that_exists(run_path, step):
+    """40.5, 40.0 or "40" read as checkpoint 40 before (int() of them); None was a TypeError."""
+    run = Trajectory(run_path)
+    for call in (run.model, run.params, run.state, run.checkpoint_index):
+        with pytest.raises(BadInput, match="a checkpoint step is an int"):
+            call(step)
+    assert run.checkpoint_index(np.int64(40)) == 2  # a numpy integer (an element of run.steps) is an int
+
+
 def _copy(run_path, tmp_path, name="copy.h5"):
     dst = tmp_path / name
     dst.write_bytes(run_path.read_bytes())

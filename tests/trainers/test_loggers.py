@@ -106,3 +106,67 @@ def test_bad_log_specs_are_one_line_errors(tmp_path, monkeypatch):
     out = groklens("train", "-q", "--out", str(tmp_path / "r.h5"), "--log", "tb:x", *config_flags(CFG))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r.h5").exists()
+
+
+@pytest.mark.parametrize("target, message", [
+    ("tensorboard:{tmp}/afile", "afile is not a directory"),
+    ("tensorboard:{tmp}/afile/sub", "afile is not a directory"),
+    ("tensorboard:{tmp}/dangling", "is a dangling symbolic link"),
+    ("tensorboard:{tmp}/r.h5", "is the run file"),
+    ("wandb:bad/project", "a W&B project name has at most 128 characters and none of"),
+    ("wandb:" + "p" * 129, "a W&B project name has at most 128 characters"),
+])
+def test_a_bad_log_target_is_refused_before_the_run_file_exists(tmp_path, target, message):
+    """Each was found at the first evaluation, after the run file existed (exit 1, a 0-checkpoint
+    file that blocked a retry)."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    out = groklens("train", "-q", "--out", str(tmp_path / "r.h5"), "--log", target.format(tmp=tmp_path),
+                   *config_flags(CFG), timeout=120)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "r.h5").exists()
+
+
+def test_a_bad_wandb_mode_is_refused_before_the_run_file_exists(tmp_path):
+    out = groklens("train", "-q", "--out", str(tmp_path / "r.h5"), "--log", "wandb:proj", *config_flags(CFG),
+                   env={"WANDB_MODE": "bogus"}, timeout=120)
+    assert out.returncode == 2 and "WANDB_MODE='bogus' is not one of online, offline" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.h5").exists()
+
+
+def test_a_read_only_tensorboard_dir_is_refused_before_the_run_file_exists(tmp_path):
+    from tests.helpers import one_line_exit, readonly_groklens
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    err = one_line_exit(readonly_groklens(ro, "train", "-q", "--out", str(tmp_path / "r.h5"), "--log",
+                                          f"tensorboard:{ro / 'tb'}", *config_flags(CFG), timeout=120))
+    assert "read-only file system" in err and not (tmp_path / "r.h5").exists()
+
+
+def test_a_logger_failing_mid_run_is_one_line_and_the_run_completes(tmp_path):
+    """It stopped training with a traceback (the HDF5 file is the record; the mirror is not)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "r.h5"
+    script = f"""
+import sys
+from groklens.trainers import loggers
+real = loggers.TensorBoardLogger.log
+def log(self, row):
+    if row["step"] >= 20:
+        raise OSError(28, "No space left on device")
+    real(self, row)
+loggers.TensorBoardLogger.log = log
+from groklens.cli import main
+main({["train", "-q", "--out", str(run), "--log", f"tensorboard:{tmp_path / 'tb'}", *config_flags(CFG)]!r})
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert proc.stderr.strip().splitlines() == [
+        f"groklens: warning: --log tensorboard:{tmp_path / 'tb'} failed at step 20 (OSError: [Errno 28] No space "
+        "left on device); it logs no more, the run goes on (the HDF5 file is the record)"]
+    t = Trajectory(run)
+    assert t.status == "completed" and list(t.steps) == [0, 20, 40]

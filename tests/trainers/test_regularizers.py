@@ -74,6 +74,29 @@ def test_activation_norm_penalty_matches_a_hand_computation():
     assert float(metrics["act_norm_radius"]) == pytest.approx(radius / count, rel=1e-9)
 
 
+def test_act_norm_sites_are_the_sites_a_training_step_runs(tmp_path):
+    """'*' passed the up-front check and failed at the first evaluation with KeyError:
+    blocks.0.attn.hook_result (a TransformerLens hook that runs only with use_attn_result),
+    leaving a dead run file; the causal mask's -inf attention scores gave an infinite penalty."""
+    from groklens.errors import BadInput
+    from tests.helpers import groklens, config_flags
+
+    cfg, data, model = _setup(act_norm_lambda=0.1, act_norm_sites="*")
+    names = REGULARIZERS.get("act_norm")([cfg], model, data).hook_names
+    assert "blocks.0.hook_resid_post" in names and "blocks.0.mlp.hook_post" in names
+    assert not {"blocks.0.attn.hook_result", "blocks.0.hook_q_input", "blocks.0.attn.hook_attn_scores"} & set(names)
+    for sites, why in (("blocks.0.attn.hook_result", "optional hooks, which a training forward pass does not run"),
+                       ("blocks.0.attn.hook_attn_scores", "not finite")):
+        with pytest.raises(BadInput, match=why):
+            REGULARIZERS.get("act_norm")([tiny_config(act_norm_lambda=0.1, act_norm_sites=sites)], model, data)
+    run = tmp_path / "r.h5"
+    out = groklens("train", "-q", "--out", str(run), *config_flags(tiny_config(
+        act_norm_lambda=0.1, act_norm_sites="blocks.0.attn.hook_result", steps=20, checkpoint_every=10)))
+    assert out.returncode == 2 and "matches no site the penalty can use" in out.stderr and not run.exists()
+    train(tiny_config(act_norm_lambda=0.1, act_norm_sites="*", steps=20, checkpoint_every=10), run, progress=False)
+    assert Trajectory(run).status == "completed"
+
+
 def test_training_step_descends_loss_plus_penalty():
     """The gradient a trainer step applies == autograd of CE + the penalty, both written here."""
     lam = 0.5

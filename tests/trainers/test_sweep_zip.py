@@ -45,6 +45,10 @@ def test_zip_as_a_mapping_of_equal_length_lists_is_the_same_grid():
     ([{"seed": 3}], "given by 'seeds'"),
     ([], "non-empty list"),
     ([{"norm": "cube"}], "norm must be one of"),
+    # the default written out: one config, which trained twice and counted twice in compare --group-by variant
+    ([{"norm": "rms"}, {"norm": "rms", "attention": "softmax"}],
+     r"zip entries \{'norm': 'rms'\} and \{'attention': 'softmax', 'norm': 'rms'\} are the same config"),
+    ([{"norm": "ln"}, {"attention": "softmax"}], "are the same config"),  # both are the base (norm ln)
 ])
 def test_bad_zips_are_one_line_errors(zipped, message):
     with pytest.raises(BadInput, match=message):

@@ -316,3 +316,84 @@ def test_slurm_executor_through_submitit_local(tmp_path):
     r = sw.runs()[0]
     assert_same_trajectory(out / f"{r.name}.h5", single(tmp_path, r.config, r.name))
     np.testing.assert_equal(sweep_status(out)["counts"]["done"], 4)
+
+
+# ---------------------------------------------------------------------- refused before anything is written
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound and closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    # ray.init retried a silent address with no answer in 150 s
+    (["--executor", "ray", "--address", "127.0.0.1:{port}"], "nothing answers at 127.0.0.1:{port} within 10 s"),
+    (["--executor", "ray", "--address", "127.0.0.1"], "--address must be HOST:PORT"),
+    (["--executor", "ray", "--gpus-per-run", "nan"], "--gpus-per-run must be a number from 0 to 64"),
+    (["--executor", "slurm", "--gpus-per-run", "-1"], "--gpus-per-run must be a number from 0 to 64"),
+    # submitit ran the job, which failed after 33 s
+    (["--executor", "slurm", "--submitit-cluster", "local", "--time-min", "-1"], "--time-min must be a whole number"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_executor_options_are_refused_at_once_and_nothing_is_written(tmp_path, args, message, dry_run):
+    pytest.importorskip("ray" if "ray" in args else "submitit")
+    port = _free_loopback_port()
+    args, message = [a.format(port=port) for a in args], message.format(port=port)
+    g = grid(tmp_path, {"base": {**BASE, "steps": 20, "eval_every": 10, "checkpoint_every": 10}})
+    out = tmp_path / "sweep"
+    proc = groklens("sweep", str(g), "-o", str(out), "-q", *args, *(["--dry-run"] if dry_run else []), timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("executor, package", [("ray", "ray"), ("slurm", "submitit")])
+def test_a_missing_executor_package_is_refused_before_sweep_json(tmp_path, executor, package):
+    """With Ray missing, sweep.json was written before the refusal."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / f"{package}.py").write_text(f"raise ImportError('no {package} here')\n")
+    g = grid(tmp_path, {"base": {**BASE, "steps": 20, "eval_every": 10, "checkpoint_every": 10}})
+    out = tmp_path / "sweep"
+    proc = groklens("sweep", str(g), "-o", str(out), "-q", "--executor", executor, timeout=60,
+                    env={"PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 2 and f"needs {'Ray' if package == 'ray' else 'submitit'}" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.timeout(20)
+def test_a_ray_address_that_never_answers_times_out():
+    """A head whose accept queue is full drops the SYN: the connect waits, bounded by the timeout
+    (ray.init itself retried for minutes). Loopback only: a listener of backlog 0, filled."""
+    import socket
+    import time
+
+    from groklens.trainers.sweep_executors import check_ray_address
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        fillers = []
+        for _ in range(4):  # fill the accept queue (its length is backlog + 1 on Linux)
+            c = socket.socket()
+            c.settimeout(0.3)
+            try:
+                c.connect(("127.0.0.1", port))
+            except OSError:
+                c.close()
+                break
+            fillers.append(c)
+        else:
+            pytest.skip("this kernel accepts every loopback connection: no silent address to try")
+        try:
+            start = time.perf_counter()
+            with pytest.raises(BadInput, match=f"nothing answers at 127.0.0.1:{port} within 0.5 s"):
+                check_ray_address(f"127.0.0.1:{port}", timeout_s=0.5)
+            assert time.perf_counter() - start < 5
+        finally:
+            for c in fillers:
+                c.close()

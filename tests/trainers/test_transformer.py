@@ -111,3 +111,21 @@ def test_readout_forward_equals_full_forward_at_the_readout(variant):
                                  list(model.parameters()), allow_unused=True)
     for a, b in zip(g_full, g_fast):
         assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_tokens_that_are_not_integer_ids_are_refused(table):
+    """A bool tensor took the table path as ids 0 and 1 (a wrong answer, no error); floats, numpy
+    arrays, tuples and lists of lists failed deep inside with raw errors."""
+    from groklens.trainers.models.tl_errors import TLUnsupported
+
+    model, data = _model(p=5)
+    model.embedding_table = table
+    x = data.inputs
+    assert model._table_pays(x, None)  # the whole grid: the table path, when it is on
+    for bad in (x.bool(), x.float(), x.to(torch.uint8), x.numpy(), tuple(x.tolist())):
+        with pytest.raises(TLUnsupported, match="token ids are an integer torch tensor"):
+            model(bad)
+    with pytest.raises(TLUnsupported, match="a string of the task's tokens or a list of strings"):
+        model(x.tolist())
+    assert torch.equal(model(x.int()), model(x))  # int32 ids index as int64 ones do

@@ -94,6 +94,9 @@ class ModelConfig:
 _module_getattr = torch.nn.Module.__getattr__
 
 
+_TOKEN_DTYPES = (torch.int64, torch.int32)  # what torch.nn.functional.embedding indexes with
+
+
 def _token_names_default(cfg: ModelConfig) -> list[str]:
     return [str(i) for i in range(cfg.d_vocab - 1)] + ["="]
 
@@ -188,6 +191,9 @@ class HookedModel(HookedRootModule):
         if prepend_bos:
             raise TLUnsupported("to_tokens: groklens tasks have no BOS token; pass prepend_bos=False")
         strings = [input] if isinstance(input, str) else list(input)
+        if not all(isinstance(s, str) for s in strings):
+            raise TLUnsupported("to_tokens: a string of the task's tokens or a list of strings; for ids, pass an "
+                                "integer tensor to the model")
         index = {name: i for i, name in enumerate(self._names())}
         rows = []
         for s in strings:
@@ -229,6 +235,12 @@ class HookedModel(HookedRootModule):
 
     def _as_tokens(self, tokens: Any) -> torch.Tensor:
         tokens = self.to_tokens(tokens) if isinstance(tokens, (str, list)) else tokens
+        # the dtype, not the values: no host sync, so it holds under vmap and compile. A bool or
+        # float tensor would index the embedding table (the table path adds positions to it) as ids
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype not in _TOKEN_DTYPES:
+            what = f"a {tokens.dtype} tensor" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise TLUnsupported(f"model(tokens): token ids are an integer torch tensor [batch, pos] (or a string of "
+                                f"the task's tokens, or a list of them); got {what}")
         n, n_ctx = tokens.shape[-1], self.cfg.n_ctx
         if n > n_ctx or (n < n_ctx and "blocks" not in self._modules):
             raise TLUnsupported(f"model(tokens): {n} positions, but a task input is n_ctx={n_ctx} tokens; the model "
