@@ -47,7 +47,7 @@ GENERALIZED_PHASE = "generalized"
 # before they existed. A field at this value is left out of the hash.
 LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled",
                                    "stop_test_loss": 0.0, "stop_min_steps": 0, "optimizer": "adamw",
-                                   "mlp_unembed_bias": True, "compile": False}
+                                   "mlp_unembed_bias": True, "compile": False, "adam_eps": 1e-8}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
