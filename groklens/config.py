@@ -31,9 +31,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("softmax", "uniform"),
     "unembed": ("linear", "bounded"),
     "init": ("default", "fourier"),
-    "mlp_embed": ("learned", "onehot"),
+    "mlp_embed": ("learned", "onehot", "onehot_residues"),
     "informative_layout": ("first", "last", "spread", "random"),
-    "loss": ("ce", "stablemax"),
+    "loss": ("ce", "stablemax", "ce_float32"),
     "device": ("auto", "cpu", "cuda"),
     "routing_unit": ("layer", "sublayer"),
     "perp_grad_scale": ("orthograd", "unscaled"),
@@ -102,7 +102,9 @@ class RunConfig:
     radius: float = 1.0  # norm=sphere: radius of the residual-stream sphere (the paper: 1)
     tau: float = 10.0  # unembed=bounded: fixed logit temperature (the paper: 10)
     fourier_freqs: str = "14 35 41 42 52"  # init=fourier: the K frequencies (Nanda's key frequencies)
-    mlp_embed: str = "learned"  # model=mlp: learned (d_model wide) or onehot operand embeddings
+    # model=mlp: learned (d_model wide) or one-hot operand embeddings, onehot over the whole vocabulary
+    # (`=` included), onehot_residues over the p residues only (Prieto et al.'s 2p inputs)
+    mlp_embed: str = "learned"
     mlp_unembed_bias: bool = True  # model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)
     # --- task knobs (digits_add; seq_add / seq_mul)
     n_digits: int = 3  # digits_add: digits per operand
@@ -111,7 +113,9 @@ class RunConfig:
     informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
     distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
-    loss: str = "ce"  # training loss: ce (cross-entropy) or stablemax (Prieto et al. 2025)
+    # training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the
+    # cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse)
+    loss: str = "ce"
     act_norm_lambda: float = 0.0  # weight of the activation-norm penalty toward the sqrt(d) sphere
     act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
     geomdr_lambda: float = 0.0  # weight of the effective-rank penalty toward geomdr_target
@@ -137,6 +141,7 @@ class RunConfig:
     lr: float = 1e-3  # learning rate (after warm-up)
     weight_decay: float = 1.0  # weight decay (decoupled with adamw, an L2 gradient term with adam)
     betas: tuple[float, float] = (0.9, 0.98)  # Adam(W) betas: two numbers
+    adam_eps: float = 1e-8  # Adam(W)'s epsilon (torch's default; Prieto et al. train with 1e-25)
     warmup_steps: int = 10  # linear learning-rate warm-up from 0 over this many steps
     batch_size: int = 0  # training inputs per step; 0 = the full training set
     # random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and
@@ -205,6 +210,7 @@ class RunConfig:
         )
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"betas must be two numbers in [0, 1); got {list(self.betas)}")
+        _check(math.isfinite(self.adam_eps) and self.adam_eps > 0, f"adam_eps must be a positive number; got {self.adam_eps}")
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "steps",
                      "eval_every", "checkpoint_every"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1; got {getattr(self, name)}")
@@ -235,6 +241,9 @@ class RunConfig:
                "batch_order=epoch cuts the training set into mini-batches: set batch_size (0 = full batch)")
         _check(self.init != "fourier" or task.residue_tokens,
                f"init=fourier needs a task whose tokens 0..p-1 are residues mod p; {self.task!r} has none")
+        _check(self.mlp_embed != "onehot_residues" or (task.residue_tokens and self.distractor_vocab == 0),
+               f"mlp_embed=onehot_residues needs operands that are residues 0..p-1; task {self.task!r}"
+               + (f" with distractor_vocab {self.distractor_vocab}" if self.distractor_vocab else "") + " has others")
         _check(self.kl_attn_beta == 0 or not task.multi_target,
                f"kl_attn_beta needs a single readout position; task {self.task!r} has several")
 

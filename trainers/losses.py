@@ -1,6 +1,6 @@
-"""The task losses of training and of every analysis, in float64 (docs/VARIANTS.md `loss`):
-the registry of per-position losses (`LOSSES`: ce, stablemax) and `task_loss`, which reads one at
-the readout position or over a task's K answer positions.
+"""The task losses of training and of every analysis, in float64 but for ce_float32 (docs/VARIANTS.md
+`loss`): the registry of per-position losses (`LOSSES`: ce, stablemax, ce_float32) and `task_loss`,
+which reads one at the readout position or over a task's K answer positions.
 """
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("loss")
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Softmax cross-entropy in float64 (float32 underflows once a grokked model is confident)."""
     return F.cross_entropy(logits.to(torch.float64), labels, reduction=reduction)
+
+
+@LOSSES.register("ce_float32")
+def cross_entropy_float32(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Softmax cross-entropy in float32, as Prieto et al.'s default (`--softmax_precision 32`): once
+    the label's logit leads the others by about ln(2^24 x classes) nats, sum_j exp(x_j - x_label)
+    rounds to 1, the label's log-probability to 0 and its logit's gradient to exactly 0 (their
+    softmax collapse); float64 delays that to ln(2^53 x classes)."""
+    return F.cross_entropy(logits.to(torch.float32), labels, reduction=reduction)
 
 
 def stablemax_s(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +61,7 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reductio
 
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:
-    """The task loss of training and of every analysis, in float64: `loss` (ce | stablemax) at
+    """The task loss of training and of every analysis: `loss` (ce | stablemax | ce_float32) at
     the readout position, logits [b, v] and labels [b], or over K answer positions, logits
     [b, K, v] and labels [b, K]. 'mean' averages every position; 'none' gives one value per
     input (the mean over its K positions); 'sum' sums those."""
@@ -74,5 +83,5 @@ def task_loss_at_readout(logits: torch.Tensor, labels: torch.Tensor, data: "Task
     return task_loss(out, labels, loss, reduction=reduction)
 
 
-__all__ = ["LOSSES", "cross_entropy", "stablemax", "stablemax_cross_entropy", "stablemax_s", "task_loss",
+__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "stablemax", "stablemax_cross_entropy", "stablemax_s", "task_loss",
            "task_loss_at_readout"]

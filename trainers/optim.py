@@ -7,7 +7,7 @@ ensemble of one here and every transform or optimizer change reaches all three.
 
 `AdamW` repeats, operation for operation, the single-tensor AdamW that `torch.optim.AdamW` runs
 on CPU (weight decay `p *= 1 - lr*wd`; `m.lerp_(g, 1-b1)`; `v = v*b2 + (1-b2) g*g`;
-`p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)`), with `lr` and `wd` per member: on CPU it
+`p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)`, eps = the config's adam_eps), with `lr` and `wd` per member: on CPU it
 gives torch's float32 numbers to the bit (tests/trainers/test_optim.py). torch.optim itself
 cannot take a learning rate per row of one tensor, and its first call imports torch._dynamo
 (about the cost of `import torch`, paid before a run's first step); this one does neither.
@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.config import RunConfig
     from groklens.trainers.regularizers import Regularizer
 
-ADAM_EPS = 1e-8  # torch.optim.AdamW's default
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # the checkpoint keys optim.<param>.<key>
 
 
@@ -58,8 +57,10 @@ def grad_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
 class AdamW:
     """AdamW state (moments, per-tensor step counts) of stacked parameters; see the module docstring."""
 
-    def __init__(self, params: dict[str, torch.Tensor], betas: Sequence[float], coupled_decay: bool = False):
+    def __init__(self, params: dict[str, torch.Tensor], betas: Sequence[float], coupled_decay: bool = False,
+                 eps: float = 1e-8):
         self.betas = tuple(betas)
+        self.eps = eps  # added to sqrt(v_hat): the config's adam_eps
         self.coupled_decay = coupled_decay  # Adam's L2 term instead of AdamW's decoupled decay
         self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -95,7 +96,7 @@ class AdamW:
             m, v = self.exp_avg[n], self.exp_avg_sq[n]
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
+            denom = (v.sqrt() / bias_correction2_sqrt).add_(self.eps)
             if one_rate:
                 p.addcdiv_(m, denom, value=step_value)
             else:  # a rate per member: addcdiv_'s numbers, (value * m) / denom added, in three passes
@@ -133,8 +134,8 @@ class Update:
                  transforms: Sequence["Regularizer"]):
         self.cfgs = list(cfgs)
         self.transforms = list(transforms)
-        # betas and the optimizer are shared (ensemble.py); optimizer=adam: Adam's coupled L2 decay
-        self.adamw = AdamW(params, cfgs[0].betas, coupled_decay=cfgs[0].optimizer == "adam")
+        # betas, eps and the optimizer are shared (ensemble.py); optimizer=adam: Adam's coupled L2 decay
+        self.adamw = AdamW(params, cfgs[0].betas, coupled_decay=cfgs[0].optimizer == "adam", eps=cfgs[0].adam_eps)
         self._constants()
 
     def _constants(self) -> None:

@@ -47,7 +47,7 @@ GENERALIZED_PHASE = "generalized"
 # before they existed. A field at this value is left out of the hash.
 LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled",
                                    "stop_test_loss": 0.0, "stop_min_steps": 0, "optimizer": "adamw",
-                                   "mlp_unembed_bias": True, "compile": False,
+                                   "mlp_unembed_bias": True, "compile": False, "adam_eps": 1e-8,
                                    # Grokfast's official setup (issue 38)
                                    "op_token": False, "nonzero_b": False, "grokfast_filter": "ema",
                                    "grokfast_window": 100, "batch_order": "random"}

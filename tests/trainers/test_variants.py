@@ -200,6 +200,7 @@ VARIANTS = {
     "fourier": dict(init="fourier", fourier_freqs="1 4"),
     "mlp_learned": dict(model="mlp", n_layers=2, mlp_bias=True),
     "mlp_onehot": dict(model="mlp", n_layers=2, mlp_embed="onehot"),
+    "mlp_prieto": dict(model="mlp", n_layers=2, mlp_embed="onehot_residues", loss="ce_float32", adam_eps=1e-25),
     "act_norm": dict(act_norm_lambda=0.1),
     "act_norm_sites": dict(act_norm_lambda=0.1, act_norm_sites="blocks.*.hook_resid_mid, hook_embed"),
     "geomdr": dict(geomdr_lambda=0.5, geomdr_target=3, geomdr_start=10, geomdr_end=30),

@@ -60,10 +60,11 @@ def _build_mlp(cfg: "RunConfig", data: "TaskData"):
     if data.n_targets or data.readout_pos != data.n_ctx - 1 or data.n_ctx < 2:
         raise BadInput(f"model=mlp needs a single-target task read out at its last position; "
                        f"task {cfg.task!r} is not one")
-    onehot = cfg.mlp_embed == "onehot"
+    # a one-hot embedding is as wide as its vocabulary: every token, or the p residues only
+    width = {"onehot": data.d_vocab, "onehot_residues": cfg.p}.get(cfg.mlp_embed, cfg.d_model)
     return _attach_task(MLP(
         MLPConfig(
-            d_model=data.d_vocab if onehot else cfg.d_model, n_heads=0, d_head=0, n_layers=cfg.n_layers,
+            d_model=width, n_heads=0, d_head=0, n_layers=cfg.n_layers,
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
             act_fn=cfg.act_fn, mlp_bias=cfg.mlp_bias, embed=cfg.mlp_embed, unembed_bias=cfg.mlp_unembed_bias,
         )

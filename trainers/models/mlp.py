@@ -1,7 +1,8 @@
 """The MLP of the scaling-law and activation-norm studies, with TransformerLens hooks.
 
 The operand tokens (every position but the last, which is the readout `=` token) are embedded,
-learned (W_E [d_vocab, d_model]) or one-hot (a fixed identity, no parameter), concatenated, and
+learned (W_E [d_vocab, d_model]) or one-hot (a fixed identity, no parameter: over every token, or
+over the residues 0..p-1 only with onehot_residues), concatenated, and
 passed through n_layers hidden layers of width d_mlp:
     x0         = concat_j E[tokens_j]                    j = 0 .. n_ctx-2, [b, (n_ctx-1) e]
     pre_i      = x_i W_in^(i) (+ b_in^(i))               [b, m]
@@ -28,9 +29,9 @@ from groklens.trainers.models.hooked import HookedModel, ModelConfig
 @dataclass
 class MLPConfig(ModelConfig):
     """ModelConfig in TransformerLens words; n_layers counts hidden layers, d_model is the width of
-    a learned embedding (d_vocab with one-hot), d_mlp the hidden width."""
+    a learned embedding (the one-hot width with one-hot: d_vocab, or p residues), d_mlp the hidden width."""
 
-    embed: str = "learned"  # learned | onehot
+    embed: str = "learned"  # learned | onehot | onehot_residues
     unembed_bias: bool = True  # with mlp_bias: b_U too (False: the hidden layers' biases only)
 
     @property
@@ -70,8 +71,8 @@ class OperandEmbed(nn.Module):
         super().__init__()
         if cfg.embed == "learned":
             self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
-        else:  # one-hot: a fixed identity, not a parameter (and not in the state dict)
-            self.register_buffer("W_E", torch.eye(cfg.d_vocab), persistent=False)
+        else:  # one-hot: a fixed identity d_model wide, not a parameter (and not in the state dict)
+            self.register_buffer("W_E", torch.eye(cfg.d_model), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, j] -> [b, j, e]
         return self.W_E[tokens]
