@@ -44,3 +44,14 @@ def test_a_file_from_before_it_was_kept_reads_as_unknown_and_stays_so(tmp_path):
     with h5py.File(path, "r") as f:
         assert math.isnan(f[C.CPU_SECONDS][0])
 
+
+def test_the_ledger_entry_records_cpu_s_when_the_file_has_it(tmp_path):
+    from groklens.experiments.ledger import summarize_run
+
+    path = tmp_path / "l.h5"
+    train(tiny_config(), path, progress=False)
+    entry = summarize_run(path, "x", "base", 1, [])
+    assert entry["cpu_s"] == round(Trajectory(path).cpu_seconds, 1)
+    with h5py.File(path, "r+") as f:
+        del f[C.CPU_SECONDS]
+    assert "cpu_s" not in summarize_run(path, "x", "base", 1, [])
