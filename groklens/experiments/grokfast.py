@@ -35,6 +35,7 @@ register(Experiment(
                         "x*y mod 23 (the paper: mod 97), " + QUICK_NOTE.split(", ", 2)[2] + "; censored at 6000 steps"),
         "paper": Scale.of(dict(task="mul", p=97, train_frac=0.5, steps=60_000, eval_every=10, checkpoint_every=2000,
                              stop_after_grok=1),
-                        "x*y mod 97, 50% train; evaluation every 10 steps"),
+                        "x*y mod 97, 50% train; evaluation every 10 steps",
+                        expect_grok={"base": 39_890, "grokfast": 910}),  # the published iterations (_read_grokfast)
     },
     _plan_grokfast, _read_grokfast, no_analyses))
