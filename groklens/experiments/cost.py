@@ -85,7 +85,7 @@ def measurable(cfg: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- measuring
-def measure_rates(cfg: Any, table: bool = True) -> Rates:
+def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS, budget_s: float = MEASURE_BUDGET_S) -> Rates:
     """Rates of cfg timed here on one torch thread (see the module docstring); torch's thread
     count is restored after. The fastest timed step is the rate: other processes only add to a
     step's time (cache and memory traffic, even in CPU time). cfg.compile: the compiled step
@@ -105,7 +105,7 @@ def measure_rates(cfg: Any, table: bool = True) -> Rates:
             run.model.embedding_table = False
         run.train_step(0)
         times: list[float] = []
-        while len(times) < MEASURE_STEPS and sum(times) < MEASURE_BUDGET_S:
+        while len(times) < steps and sum(times) < budget_s:
             t0 = time.process_time()
             run.train_step(len(times) + 1)
             times.append(time.process_time() - t0)
