@@ -142,3 +142,18 @@ def test_the_context_names_machine_torch_and_code():
 def test_measure_rates_times_a_real_step():
     r = cost.measure_rates(tiny_config())
     assert r.basis == "measured" and r.step_s > 0 and r.eval_s > 0
+
+
+def test_reproduce_states_its_estimate_before_training():
+    from types import SimpleNamespace
+
+    from groklens.experiments import EXPERIMENTS
+    from groklens.experiments.pipeline import estimate_text, run_configs
+
+    exp = EXPERIMENTS.get("grokfast")
+    todo = [SimpleNamespace(variant=v, cfg=c) for v, _, c in run_configs(exp, "paper", 1)]
+    text = estimate_text(exp, "paper", todo, [], measure=False)
+    assert text.startswith("cost estimate: ") and "2 run(s)" in text
+    assert f"2 to {EXPECTED_MARGIN:g}x the expected grokking step" in text and "the FLOP model" in text
+    ledger = [{"arm": "base", "last_step": 100}]
+    assert "1 to the ledger runs of their arm" in estimate_text(exp, "paper", todo, ledger, measure=False)
