@@ -21,6 +21,7 @@ STATE = "state"  # state/<name>: [2, *shape], double-buffered optimizer and RNG 
 STATE_STEP = "step"  # state/step: int64 [2], the checkpoint step each slot holds (-1: empty)
 DATA = "data"  # data/inputs, labels, train_idx, test_idx, informative_mask
 STATUS = "status"  # fixed-length bytes [1]: running | completed | stopped: <why>
+CPU_SECONDS = "cpu_seconds"  # float64 [1]: process CPU time the training loop took (since 1.2; absent in older files)
 ANALYSES = "analyses"  # analyses/<name> in the sidecar file
 
 STATUS_LENGTH = 512

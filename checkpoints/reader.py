@@ -8,6 +8,7 @@ n = len(/steps) checkpoints, m = len(metrics/step) evaluations. Opening per call
 from __future__ import annotations
 
 import io
+import math
 import json
 import os
 from contextlib import contextmanager
@@ -369,6 +370,17 @@ class Trajectory:
             if not isinstance(ds, h5py.Dataset) or ds.shape != (1,) or ds.dtype.kind != "S":
                 raise BadInput(f"{self.path}: invalid trajectory: /{C.STATUS} is not one fixed-length byte string")
             return printable(ds[0].split(b"\0", 1)[0].decode(errors="replace"))
+
+    @property
+    def cpu_seconds(self) -> float | None:
+        """The process CPU time its training took (all threads, resumes added up), None where not
+        recorded (files from before it was kept, or a value that is not one finite number)."""
+        with self._open() as f:
+            ds = f.get(C.CPU_SECONDS)
+            if not isinstance(ds, h5py.Dataset) or ds.shape != (1,) or ds.dtype.kind != "f":
+                return None
+            value = float(ds[0])
+            return value if math.isfinite(value) and value >= 0 else None
 
     @property
     def is_live(self) -> bool:

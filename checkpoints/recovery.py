@@ -174,6 +174,8 @@ def _write_copy(src: h5py.File, tmp: Path, last: int, m: int, slot: int) -> None
         keep[slot] = last
         g[C.STATE_STEP][:] = keep
         dst.create_dataset(C.STATUS, data=np.array([b"interrupted"], dtype=f"S{C.STATUS_LENGTH}"))
+        if isinstance(src.get(C.CPU_SECONDS), h5py.Dataset):  # as last written (it counts work since the last checkpoint)
+            dst.create_dataset(C.CPU_SECONDS, data=src[C.CPU_SECONDS][:])
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
 

@@ -114,6 +114,7 @@ class TrajectoryWriter:
             for name, arr in state.items():
                 g.create_dataset(name, shape=(2, *arr.shape), dtype=arr.dtype)
             f.create_dataset(C.STATUS, data=np.array([b"running"], dtype=f"S{C.STATUS_LENGTH}"))
+            f.create_dataset(C.CPU_SECONDS, data=np.zeros(1))
             f.flush()
             f.swmr_mode = True
             lock = WriterLock(path)
@@ -140,6 +141,8 @@ class TrajectoryWriter:
                            "stop it before resuming") from None
         try:
             f = h5py.File(path, "r+", libver="latest")
+            if C.CPU_SECONDS not in f:  # a file from before it was kept: SWMR cannot add it later
+                f.create_dataset(C.CPU_SECONDS, data=np.full(1, np.nan))
             f.swmr_mode = True
         except BaseException:
             lock.release()
@@ -249,6 +252,16 @@ class TrajectoryWriter:
                 f"not enough room on {where} for the {what} at step {step} (~{need >> 10} KiB); "
                 f"the run is kept up to its last checkpoint: free space, then `groklens train --resume {path}`"
             )
+
+    def set_cpu_seconds(self, seconds: float) -> None:
+        """The CPU time the run has taken so far; committed with the next checkpoint or close."""
+        if self.failed or C.CPU_SECONDS not in self.f:
+            return
+        try:
+            self.f[C.CPU_SECONDS][0] = seconds
+        except (OSError, RuntimeError):
+            hdf5_write_failed()
+            self.failed = True
 
     def set_status(self, text: str) -> None:
         if self.failed:

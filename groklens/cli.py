@@ -525,7 +525,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 
 @cli.command()
 @click.argument("name", required=False)
-@click.option("--list", "list_", is_flag=True, help="List the experiments: runs, estimated and measured (ledger) time per run, fits this CPU?")
+@click.option("--list", "list_", is_flag=True, help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop and to "
+                   "the cap), the measured (ledger) time per run, fits this CPU?")
 @click.option("--scale", default="quick", show_default=True, metavar="smoke|quick|paper",
               help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup (GPU).")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -544,10 +545,13 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
               help="Train each new run with compile=true (torch.compile; CPU: a C++ compiler) where it applies and the "
                    "layout gives it one thread: 0.8x the step at paper scale after 3-20 s of compiling "
                    "(docs/PERFORMANCE.md); the same ledger rows.")
+@click.option("--no-measure", is_flag=True,
+              help="Cost runs (--list, and the estimate before training) by the FLOP model instead of timing a few "
+                   "steps of each config here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
-def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, quiet,
-              as_json) -> None:
+def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, no_measure,
+              quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
@@ -555,7 +559,9 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     if list_:
         if name is not None:
             raise BadInput("--list takes no experiment NAME")
-        items = E.listing(ledger_dir)
+        from groklens.experiments.cost import echo_stderr
+
+        items = E.listing(ledger_dir, measure=not no_measure, echo=None if quiet else echo_stderr)
         click.echo(strict_json(items) if as_json else E.format_listing(items))
         return
     if name is None:
@@ -567,7 +573,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
         check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
-                         compile=compile_)
+                         compile=compile_, measure=not no_measure)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

@@ -22,6 +22,7 @@ after its test loss first fell to that value), never before step `stop_min_steps
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -62,6 +63,7 @@ class Member:
     result: TrainResult | None = None
     error: BaseException | None = None
     extra: dict = field(default_factory=dict)
+    cpu_s: float = 0.0  # process CPU time of its training so far (a resume starts from the stored value)
 
 
 class Strategy:
@@ -157,9 +159,11 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
     schedule = checkpoint_schedule(cfg)
     bar = _progress_bar(cfg.steps, start_step, strategy)
     step = start_step
+    clock = _CpuClock(strategy)
     try:
         if fresh:
             _evaluate(strategy, 0, bar, on_eval)
+            clock.charge()
             _commit(strategy, list(range(len(strategy.members))), 0, on_commit)
         while step < cfg.steps and strategy.members:
             for member, reason in strategy.train_step(step):
@@ -173,10 +177,13 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 stopping, phase = _evaluate(strategy, step, bar, on_eval)
             write = list(range(len(strategy.members))) if step in schedule else sorted({*stopping, *phase})
+            if write or stopping:
+                clock.charge()
             _commit(strategy, write, step, on_commit)
             if stopping:
                 _finish(strategy, stopping, step)
     except KeyboardInterrupt:
+        clock.charge()
         _close_all(strategy, "stopped: interrupted")
         raise
     except RunFailure as exc:  # e.g. no room for a checkpoint: close the files cleanly
@@ -187,10 +194,30 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
         raise
     finally:
         bar.close()
+    clock.charge()
     for member in strategy.members:
         member.writer.close("completed")
         member.result = TrainResult(member.writer.path, step, "completed")  # a staged --force run has moved
     return everyone
+
+
+class _CpuClock:
+    """Charges the process CPU time since the last charge to the members training (an equal
+    share each: an ensemble's members take one step together) and hands each member's total
+    to its writer, which commits it with the next checkpoint or close. Process time counts
+    every thread of the run (core-seconds), and not the time slices other processes took."""
+
+    def __init__(self, strategy: Strategy):
+        self.strategy, self.mark = strategy, time.process_time()
+
+    def charge(self) -> None:
+        now = time.process_time()
+        members = self.strategy.members
+        for member in members:
+            member.cpu_s += (now - self.mark) / len(members)
+            if member.writer is not None:
+                member.writer.set_cpu_seconds(member.cpu_s)
+        self.mark = now
 
 
 def _evaluate(strategy: Strategy, step: int, bar, on_eval=None) -> tuple[list[int], list[int]]:
@@ -262,9 +289,11 @@ def _progress_bar(total: int, initial: int, strategy: Strategy):
 
 
 # ---------------------------------------------------------------------- resume
-def restore_counters(member: Member, metrics: dict[str, np.ndarray]) -> None:
+def restore_counters(member: Member, metrics: dict[str, np.ndarray], cpu_s: float | None = None) -> None:
     """The loop's own per-member state after a resume, from the committed evaluation rows
-    (`Trajectory.metrics`, read before the writer reopens the file)."""
+    (`Trajectory.metrics`, read before the writer reopens the file) and the stored CPU time
+    (`Trajectory.cpu_seconds`; None in a file from before it was kept: it stays unknown, NaN)."""
+    member.cpu_s = math.nan if cpu_s is None else cpu_s
     events = stop_event(metrics, member.cfg)
     hits = np.nonzero(events)[0]
     member.evals_after_grok = None if len(hits) == 0 else int(len(events) - 1 - hits[0])

@@ -351,7 +351,7 @@ def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_c
     strategy = EnsembleRun([t.config for t in trajs], [t.dataset() for t in trajs], paths, progress=progress)
     for i, (t, m) in enumerate(zip(trajs, strategy.members)):
         strategy.load(i, t.params(last), t.state(last), last)
-        restore_counters(m, t.metrics)
+        restore_counters(m, t.metrics, t.cpu_seconds)
     try:
         for m in strategy.members:
             m.writer = TrajectoryWriter.reopen(m.path)

@@ -38,9 +38,11 @@ from groklens.errors import BadInput, GroklensError  # noqa: F401  (re-exported)
 from groklens.experiments.core import (  # noqa: F401
     DEFAULT_SEEDS, ENTRY_POINTS, EXPERIMENTS, LEDGER_DIR, RESULTS_MD, SCALES, SPEEDUP_DEFINITION, Context, Experiment,
     Plan, Published, Result, Row, Scale, fit_text, register)
+from groklens.experiments.cost import EXPECTED_MARGIN, expected_stop, flop_rates, rates_for  # noqa: F401
+from groklens.experiments.layout import step_flops  # noqa: F401
 from groklens.experiments.pipeline import (  # noqa: F401
-    CPU_FLOPS, STEP_OVERHEAD_S, command_text, estimate_seconds, format_listing, format_result, get_experiment,
-    listing, reproduce, result_lines, run_configs, step_flops, update_results_md)
+    command_text, estimate_runs, format_listing, format_result, get_experiment, listing, reproduce, result_lines,
+    run_configs, update_results_md)
 
 # every module of this package registers its experiments when imported (one file per paper: a
 # new experiment is one module here), then the modules named by installed packages' entry points
@@ -51,5 +53,5 @@ EXPERIMENTS.load_plugins()
 from groklens.experiments.scaling_law import SCALING_PUBLISHED  # noqa: E402, F401
 from groklens.experiments.sphere_paper import ARCH, ARCH_LABEL, SPHERE_TABLE  # noqa: E402, F401
 
-__all__ = ["EXPERIMENTS", "SCALES", "Experiment", "Published", "Result", "Row", "estimate_seconds", "format_listing",
+__all__ = ["EXPERIMENTS", "SCALES", "Experiment", "Published", "Result", "Row", "estimate_runs", "format_listing",
            "format_result", "get_experiment", "listing", "reproduce", "run_configs", "update_results_md"]

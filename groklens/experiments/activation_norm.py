@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
-    no_analyses, register, speedup_row)
+    CANONICAL_GROK, Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale,
+    grok_row, no_analyses, register, speedup_row)
 from groklens.experiments.verdicts import (
     fmt_ci, generalized_arms, mean_flag, paired_interval, ratio_verdict, undetermined, welch_log_ratio)
 
@@ -119,6 +119,7 @@ register(Experiment(
         "paper": Scale.of(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=1000),
                         "Nanda's canonical p=113 setup; the MLP is preset `mlp` (widths ours: the paper's are not in "
                         "REFERENCES.md)",
+                        expect_grok={"tf_base": CANONICAL_GROK, "tf_actnorm": CANONICAL_GROK},  # the baseline's
                         **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "d_model": 128, "d_mlp": 256,
                                                   "mlp_bias": True}}),
     },

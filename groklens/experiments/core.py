@@ -76,11 +76,23 @@ class Scale:
     base: dict[str, Any]  # config fields shared by every run of the experiment at this scale
     note: str  # what differs from the published setup at this scale
     extra: dict[str, Any] = field(default_factory=dict)  # experiment-specific knobs
+    # the step a run is expected to reach its stop event at (grokking, or the stop_test_loss
+    # event), published or a baseline's: one for every variant, or variant -> step (a variant
+    # missing: unknown). What `reproduce --list` costs a run to where the ledger has no runs
+    # (groklens/experiments/cost.py); None: unknown, the run is costed to its step cap
+    expect_grok: int | dict[str, int] | None = None
 
     @classmethod
-    def of(cls, base: dict[str, Any], note: str, **extra: Any) -> "Scale":
-        """Scale(base, note, extra) with the knobs as keywords."""
-        return cls(base, note, extra)
+    def of(cls, base: dict[str, Any], note: str, expect_grok: int | dict[str, int] | None = None,
+           **extra: Any) -> "Scale":
+        """Scale(base, note, extra, expect_grok) with the knobs as keywords."""
+        return cls(base, note, extra, expect_grok)
+
+    def expected_grok(self, variant: str) -> int | None:
+        """The expected stop-event step of `variant`'s runs (None: unknown)."""
+        if isinstance(self.expect_grok, dict):
+            return self.expect_grok.get(variant)
+        return self.expect_grok
 
 
 @dataclass
@@ -268,6 +280,10 @@ SMOKE_NOTE = "smoke: a tiny pipeline check, not a reproduction (p=7, d_model 16,
 # ~10k steps here): absolute grokking times are not comparable, speed-ups and claims are.
 QUICK = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32, d_mlp=256, norm="ln", lr=3e-3,
              weight_decay=1.0, eval_every=50, checkpoint_every=250, device="cpu")
+QUICK_GROK = 2_000  # its baseline's grokking step (above): the cost model's expectation where a ledger has none
+# Nanda et al. 2023's canonical p=113 model (the default preset): test loss 0.86 at ~13.8k steps
+# (REFERENCES.md), the expected grokking step of experiments that train it
+CANONICAL_GROK = 13_800
 QUICK_NOTE = ("p=23, 50% of pairs, 1 layer, d_model 64, 2 heads, d_mlp 256, pre-LayerNorm, lr 3e-3 (Nanda: p=113, "
               "30%, d_model 128, 4 heads, d_mlp 512, no norm, lr 1e-3)")
 

@@ -29,7 +29,8 @@ from typing import Any
 
 from groklens.errors import BadInput
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, QUICK, Row, SMOKE, Scale, grok_row, register, speedup_row)
+    CANONICAL_GROK, Context, Experiment, Plan, Published, QUICK, QUICK_GROK, Row, SMOKE, Scale, grok_row, register,
+    speedup_row)
 
 # The variants: each a switch of the one transformer (docs/VARIANTS.md). The baseline is a
 # standard pre-LayerNorm transformer; "uniform" and "act_norm" change only their one switch.
@@ -49,10 +50,12 @@ SEEDS = {"quick": 3, "paper": 3, "smoke": 2}
 
 
 def demo_scale(base: dict[str, Any], note: str, analyze_every: int, sparse: list[tuple[str, dict[str, Any]]],
-               sparse_every: int) -> Scale:
+               sparse_every: int, expect_grok: int | None = None) -> Scale:
     """A demo scale: the cheap default analyses at every `analyze_every`-th checkpoint, the costly
-    `sparse` ones at every `sparse_every`-th; both at memorization, grokking and the end too."""
-    return Scale(base, note, {"analyze_every": analyze_every, "sparse_analyses": sparse, "sparse_every": sparse_every})
+    `sparse` ones at every `sparse_every`-th; both at memorization, grokking and the end too.
+    `expect_grok`: the baseline's grokking step (Scale.expect_grok)."""
+    return Scale(base, note, {"analyze_every": analyze_every, "sparse_analyses": sparse, "sparse_every": sparse_every},
+                 expect_grok)
 
 
 SCALES: dict[str, Scale] = {
@@ -60,12 +63,12 @@ SCALES: dict[str, Scale] = {
         {**QUICK, "steps": 5000, "checkpoint_every": 100, "stop_after_grok": 4},
         "p=23 modular addition, 50% of pairs, 1 layer d_model 64, CPU", analyze_every=2,
         # sharpness is ~7 s per checkpoint here, the rest ~1 s: keep it to a handful per run
-        sparse=[("sharpness", {"top_k": 1, "trace_samples": 10})], sparse_every=10),
+        sparse=[("sharpness", {"top_k": 1, "trace_samples": 10})], sparse_every=10, expect_grok=QUICK_GROK),
     "paper": demo_scale(
         dict(task="add", p=113, train_frac=0.3, d_model=128, n_heads=4, d_head=32, d_mlp=512, lr=1e-3, weight_decay=1.0,
              steps=30000, eval_every=100, checkpoint_every=500, stop_after_grok=10, device="auto"),
         "the canonical p=113 setup (Nanda et al. 2023), meant for a GPU", analyze_every=2,
-        sparse=[("sharpness", {"top_k": 3, "trace_samples": 30})], sparse_every=4),
+        sparse=[("sharpness", {"top_k": 3, "trace_samples": 30})], sparse_every=4, expect_grok=CANONICAL_GROK),
     "smoke": demo_scale(
         {**SMOKE, "lr": 3e-3, "weight_decay": 1.0, "steps": 40, "checkpoint_every": 20},
         "smoke: a tiny pipeline check (p=7, d_model 16, 40 steps; does not grok)", analyze_every=1,

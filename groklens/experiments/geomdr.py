@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, register,
-    speedup_row)
+    CANONICAL_GROK, Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale,
+    register, speedup_row)
 from groklens.experiments.verdicts import ratio_verdict
 
 GEOMDR = "GeomDR (2026; REFERENCES.md)"
@@ -63,6 +63,7 @@ register(Experiment(
                         QUICK_NOTE + "; censored at 6000 steps", **{"lambda": 1.0, "targets": [4, 16]}),
         "paper": Scale.of(dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=500),
                         "Nanda's canonical p=113 setup (the GeomDR paper's model is not in REFERENCES.md)",
+                        expect_grok=CANONICAL_GROK,  # the baseline's
                         **{"lambda": 1.0, "targets": [4, 8, 16, 32]}),
     },
     _plan_geomdr, _read_geomdr, _an_rank))

@@ -72,6 +72,6 @@ register(Experiment(
         "quick": Scale.of({**QUICK, "task": "mul", "steps": 6000, "stop_after_grok": 1},
                         "x*y mod 23 (the paper: mod 97), " + QUICK_NOTE.split(", ", 2)[2]
                         + "; censored at 6000 steps"),
-        "paper": Scale.of(PAPER, PAPER_NOTE),
+        "paper": Scale.of(PAPER, PAPER_NOTE, expect_grok=PUBLISHED),  # the published iterations
     },
     _plan_grokfast, _read_grokfast, no_analyses, seeds={"smoke": 1, "quick": 2, "paper": 5}))

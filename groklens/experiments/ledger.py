@@ -153,6 +153,7 @@ ENTRY_FIELDS: dict[str, tuple[type, ...]] = {
 OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
     "measures": (dict,), "phase_notes": (dict,), "phase_checkpoints": (dict,), "final": (dict,),
     "wall_s": (int, float, type(None)), "device": (str,), "status": (str,), "censored": (bool,),
+    "cpu_s": (int, float),
 }
 MAX_ENTRIES = 100_000
 
@@ -291,6 +292,9 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "groklens_version": trained_by or groklens.__version__,
         "recorded_by": groklens.__version__,
         "wall_s": wall_seconds(path), "wall_source": "file created -> last write",
+        # the process CPU time its training took (all its threads; resumes added up): files from
+        # before it was kept have none
+        **({"cpu_s": round(cpu, 1)} if (cpu := traj.cpu_seconds) is not None else {}),
         "device": device_of(cfg),
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -338,21 +342,32 @@ class LedgerRun(PhaseTimes):
         return v if isinstance(v, (int, float)) else None
 
 
-def measured_wall(directories: list[Path], name: str, scale: str) -> dict[str, Any] | None:
-    """Mean and count of the recorded wall times per run of NAME at SCALE in these ledgers."""
-    walls, devices = [], set()
+def ledger_entries(directories: list[Path], name: str, scale: str) -> list[dict[str, Any]]:
+    """Every entry of NAME at SCALE in these ledgers (a ledger that does not load is skipped)."""
+    out = []
     for d in directories:
         p = ledger_path(d, name, scale)
         if not p.exists():
             continue
         try:
-            led = Ledger.load(p, name, scale)
+            out += Ledger.load(p, name, scale).entries
         except BadInput:
             continue
-        for e in led.entries:
-            if isinstance(e.get("wall_s"), (int, float)):
-                walls.append(float(e["wall_s"]))
-                devices.add(str(e.get("device", "?")).split(" (")[0])
-    if not walls:
+    return out
+
+
+def measured_time(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The recorded time per run of these entries: `cpu` (mean_s, max_s, n) over the entries
+    with a CPU time, `wall` over those with a wall time only (None where there are none), and
+    the devices they ran on; None when no entry has either."""
+    def stats(xs: list[float]) -> dict[str, Any] | None:
+        return {"mean_s": sum(xs) / len(xs), "max_s": max(xs), "n": len(xs)} if xs else None
+
+    num = (int, float)
+    cpu = [float(e["cpu_s"]) for e in entries if isinstance(e.get("cpu_s"), num)]
+    wall = [float(e["wall_s"]) for e in entries if not isinstance(e.get("cpu_s"), num) and isinstance(e.get("wall_s"), num)]
+    if not cpu and not wall:
         return None
-    return {"mean_s": sum(walls) / len(walls), "max_s": max(walls), "n": len(walls), "devices": sorted(devices)}
+    devices = sorted({str(e.get("device", "?")).split(" (")[0] for e in entries
+                      if isinstance(e.get("cpu_s"), num) or isinstance(e.get("wall_s"), num)})
+    return {"cpu": stats(cpu), "wall": stats(wall), "n": len(cpu) + len(wall), "devices": devices}

@@ -12,21 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from groklens.errors import BadInput, GroklensError
-from groklens.experiments.layout import plan_layout, step_flops
+from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
     Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
-
-# Step-time model of the cost estimates (`--list`): seconds per training step =
-# STEP_OVERHEAD_S + FLOPs / CPU_FLOPS, evaluation forward passes included. Calibrated with
-# benchmarks/train_throughput.py and tiny runs on the 2-core development machine while it was
-# shared with other jobs (OMP_NUM_THREADS=1); estimates, not promises.
-# Measured 2026-11-30 with two training processes on the 2 cores (load average ~3): the
-# canonical p=113 step took 0.41 s (14.6 GFLOP by this model, which ignores that the trainer
-# computes the last block at the readout position only), a p=23 d_model-64 step (0.24 GFLOP)
-# ~25 ms in `reproduce bounded-sphere --scale quick`. With --workers W the wall time is about
-# the estimate / W.
-CPU_FLOPS = 3.0e10  # sustained float32 FLOP/s of one shared core
-STEP_OVERHEAD_S = 1.5e-2  # per-step overhead (Python, autograd, optimizer, time slicing) of a small model
 
 
 def _fmt_duration(s: float) -> str:
@@ -56,17 +44,6 @@ def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str,
     return out
 
 
-def estimate_seconds(cfgs: list[Any]) -> float:
-    """CPU seconds of training `cfgs` (every run to its step limit: an upper bound when runs stop
-    after grokking), from the step-time model above."""
-    total = 0.0
-    for cfg in cfgs:
-        train_f, eval_f = step_flops(cfg)
-        n_eval = cfg.steps // cfg.eval_every + 1
-        total += cfg.steps * (STEP_OVERHEAD_S + train_f / CPU_FLOPS) + n_eval * (STEP_OVERHEAD_S + eval_f / CPU_FLOPS)
-    return total
-
-
 FITS_RUN_S = 4 * 3600  # a scale fits this CPU when no run takes longer on one core ...
 FITS_TOTAL_S = 72 * 3600  # ... and all its runs (default seeds) take at most this wall time on this CPU's cores
 
@@ -76,65 +53,119 @@ def _ledger_dirs(extra: str | Path | None = None) -> list[Path]:
     return dirs + ([Path(extra)] if extra is not None else [])
 
 
-def listing(ledger_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Every experiment with its runs, its estimated cost, the wall time per run measured where one
-    ran (the ledgers: docs/results/ of a checkout, and `ledger_dir`), and whether it fits this CPU."""
-    from groklens.experiments.ledger import measured_wall
-
-    dirs = _ledger_dirs(ledger_dir)
-    cores = os.cpu_count() or 1
-    out = []
-    for name in EXPERIMENTS:
-        e = EXPERIMENTS.get(name)
-        item = {"name": e.name, "summary": e.summary, "scales": {}}
-        for scale in SCALES:
-            n = e.seeds_default(scale)
-            cfgs = [c for _, _, c in run_configs(e, scale, n)]
-            secs = estimate_seconds(cfgs)
-            measured = measured_wall(dirs, e.name, scale)
-            cpu_measured = measured is not None and all(d.startswith("cpu") for d in measured["devices"])
-            per_run = measured["max_s"] if cpu_measured else max(estimate_seconds([c]) for c in cfgs)
-            total = measured["mean_s"] * len(cfgs) if cpu_measured else secs
-            item["scales"][scale] = {
-                "runs": len(cfgs), "seeds": n, "max_steps": max(c.steps for c in cfgs),
-                "cpu_seconds_estimate": secs, "measured": measured,
-                # the estimate runs every run to its step limit: an upper bound where runs stop after grokking
-                "estimate_is_upper_bound": any(c.stop_after_grok > 0 for c in cfgs),
-                "fits_cpu": per_run <= FITS_RUN_S and total / cores <= FITS_TOTAL_S,
-                "fits_basis": "measured" if cpu_measured else "estimate",
-                "wall_seconds_here": total / cores,  # what "fits" judged: all runs on this CPU's cores
-                "note": e.scales[scale].note}
-        out.append(item)
+def _last_steps(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for e in entries:
+        out.setdefault(e["arm"], []).append(int(e["last_step"]))
     return out
 
 
-def format_listing(items: list[dict[str, Any]]) -> str:
+def estimate_runs(exp: Experiment, scale: str, runs: list[tuple[str, Any]], entries: list[dict[str, Any]],
+                  rates: dict[str, Any]) -> list[Any]:
+    """cost.RunCost of each (variant, cfg) of `exp` at `scale`: the ledger's last steps of each arm
+    (`entries`), else the scale's expected grokking step, else the cap."""
+    from groklens.experiments.cost import cost_runs
+
+    return cost_runs(runs, exp.scales[scale].expected_grok, _last_steps(entries), rates)
+
+
+def listing(ledger_dir: str | Path | None = None, measure: bool = True,
+            echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every experiment with its runs, their estimated CPU-core time (to the expected stop, and
+    to the step cap), the time per run measured where one ran (the ledgers: docs/results/ of a
+    checkout, and `ledger_dir`: CPU time where recorded, else wall time), and whether it fits
+    this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
+    from groklens.experiments.cost import EXPECTED_MARGIN, rates_for
+    from groklens.experiments.ledger import ledger_entries, measured_time
+
+    dirs = _ledger_dirs(ledger_dir)
     cores = os.cpu_count() or 1
-    lines = [f"experiment             scale  runs  {f'fits this CPU ({cores} cores)? all runs here':<40}  "
-             f"{'measured per run (ledger)':<36}  estimate (CPU-core time, every run to its step limit)"]
+    plans = {}
+    for name in EXPERIMENTS:
+        e = EXPERIMENTS.get(name)
+        for scale in SCALES:
+            n = e.seeds_default(scale)
+            plans[name, scale] = (e, n, [(v, c) for v, _, c in run_configs(e, scale, n)])
+    rates = rates_for((c for *_, runs in plans.values() for _, c in runs), measure=measure, echo=echo)
+    out = {}
+    for (name, scale), (e, n, runs) in plans.items():
+        item = out.setdefault(name, {"name": e.name, "summary": e.summary, "scales": {}})
+        entries = ledger_entries(dirs, e.name, scale)
+        costs = estimate_runs(e, scale, runs, entries, rates)
+        measured = measured_time(entries)
+        kind = None if measured is None or not all(d.startswith("cpu") for d in measured["devices"]) else \
+            "cpu" if measured["cpu"] else "wall"
+        m = measured[kind] if kind else None
+        per_run = m["max_s"] if m else max(c.expected_s for c in costs)
+        total = m["mean_s"] * len(runs) if m else sum(c.expected_s for c in costs)
+        item["scales"][scale] = {
+            "runs": len(runs), "seeds": n, "max_steps": max(c.steps for _, c in runs),
+            # CPU-core seconds of all runs on one thread each: to the expected stop, and every run to its cap
+            "cpu_seconds_expected": sum(c.expected_s for c in costs),
+            "cpu_seconds_cap": sum(c.cap_s for c in costs),
+            "expected_margin": EXPECTED_MARGIN,
+            "stop_basis": {b: sum(c.stop_basis == b for c in costs) for b in ("ledger", "expected", "cap")},
+            "rate_basis": sorted({c.rate_basis for c in costs}),
+            "measured": measured,
+            "fits_cpu": per_run <= FITS_RUN_S and total / cores <= FITS_TOTAL_S,
+            "fits_basis": f"measured {kind}" if m else "estimate",
+            "seconds_here": total / cores,  # what "fits" judged: all runs on this CPU's cores
+            "note": e.scales[scale].note}
+    return list(out.values())
+
+
+_STOP_MARK = {"ledger": "L", "expected": "E", "cap": "C"}
+
+
+def _basis_mark(s: dict[str, Any]) -> str:
+    step = "+".join("M" if b == "measured" else "F" for b in s["rate_basis"])
+    return step + "/" + "+".join(_STOP_MARK[b] for b, k in s["stop_basis"].items() if k)
+
+
+def format_listing(items: list[dict[str, Any]]) -> str:
+    from groklens.experiments.cost import EXPECTED_MARGIN, MEASURE_BUDGET_S, MEASURE_STEPS
+
+    cores = os.cpu_count() or 1
+    lines = [f"experiment             scale  runs  {f'fits this CPU ({cores} cores)? all runs here':<42}  "
+             f"{'measured per run (ledger)':<40}  estimate: CPU-core time of all runs (every run to its cap) basis"]
     for it in items:
         for scale in SCALES:
             s = it["scales"][scale]
             m = s["measured"]
-            meas = (f"{_fmt_duration(m['mean_s'])} mean, {_fmt_duration(m['max_s'])} max (n={m['n']}, "
-                    f"{'/'.join(m['devices'])})") if m else "not run yet"
-            here = s["wall_seconds_here"]
-            bound = "<= " if s["estimate_is_upper_bound"] else ""
-            fits = (("yes" if s["fits_cpu"] else "no") + f": {'' if s['fits_basis'] == 'measured' else bound}"
-                    f"{_fmt_duration(here)} ({s['fits_basis']})")
-            lines.append(f"{it['name'] if scale == 'smoke' else '':<22} {scale:<6} {s['runs']:>4}  {fits:<40}  "
-                         f"{meas:<36}  {bound}{_fmt_duration(s['cpu_seconds_estimate'])}")
+            kind = "cpu" if m and m["cpu"] else "wall" if m else None
+            meas = (f"{'CPU' if kind == 'cpu' else 'wall'} {_fmt_duration(m[kind]['mean_s'])} mean, "
+                    f"{_fmt_duration(m[kind]['max_s'])} max (n={m[kind]['n']}, {'/'.join(m['devices'])})") if m else "not run yet"
+            fits = (("yes" if s["fits_cpu"] else "no") + f": {_fmt_duration(s['seconds_here'])} ({s['fits_basis']})")
+            est = f"{_fmt_duration(s['cpu_seconds_expected'])} ({_fmt_duration(s['cpu_seconds_cap'])}) {_basis_mark(s)}"
+            lines.append(f"{it['name'] if scale == 'smoke' else '':<22} {scale:<6} {s['runs']:>4}  {fits:<42}  "
+                         f"{meas:<40}  {est}")
         lines.append(f"{'':<22} {it['summary']}")
         lines.append(f"{'':<22} quick: {it['scales']['quick']['note']}")
     lines.append(f"Fits this CPU: no run over {FITS_RUN_S / 3600:g} h on one core and all runs (default seeds) within "
                  f"{FITS_TOTAL_S / 3600:g} h on the {cores} cores; the time shown is that of all runs on the {cores} "
-                 "cores: from the ledger's measured wall times where runs were recorded on a CPU (mean x runs / "
-                 "cores), else from the estimate / cores. The estimate runs every run to its step limit: "
-                 "'<=' marks experiments whose runs stop after grokking, where it is an upper bound (the demo: "
-                 "<= 23 min of CPU-core time; measured 4.5 min on 2 cores, docs/CLI.md).")
-    lines.append(f"Estimates: seconds/step = {STEP_OVERHEAD_S:.0e} s + FLOPs / {CPU_FLOPS:.0e} FLOP/s, calibrated on the "
-                 "shared 2-core development machine (benchmarks/train_throughput.py).")
+                 "cores: from the ledger's measured time per run where runs were recorded on a CPU (its CPU time where "
+                 "recorded, else its wall time; mean x runs / cores), else from the estimate / cores.")
+    lines.append(f"Estimate basis, step/stop: M = step and evaluation timed here on one thread ({MEASURE_STEPS} steps "
+                 f"at most, {MEASURE_BUDGET_S:g} s of CPU per config; cached), F = the FLOP model (a run meant for a "
+                 "GPU here, or --no-measure); L = each run to the mean last step of the ledger's runs of its arm, "
+                 f"E = to {EXPECTED_MARGIN:g}x the experiment's expected grokking step (published or a baseline's) "
+                 "plus the evaluations its stop rule waits, C = to its step cap. In brackets: every run to its cap.")
     return "\n".join(lines)
+
+
+def estimate_text(exp: Experiment, scale: str, todo: list[Any], ledger_entries: list[dict[str, Any]],
+                  measure: bool = True) -> str:
+    """`reproduce`'s line before it trains: the CPU-core time of the runs to train."""
+    from groklens.experiments.cost import EXPECTED_MARGIN, rates_for
+
+    runs = [(r.variant, r.cfg) for r in todo]
+    costs = estimate_runs(exp, scale, runs, ledger_entries, rates_for([c for _, c in runs], measure=measure))
+    basis = {b: sum(c.stop_basis == b for c in costs) for b in ("ledger", "expected", "cap")}
+    how = ", ".join(f"{k} to {dict(ledger='the ledger runs of their arm', expected=f'{EXPECTED_MARGIN:g}x the expected grokking step', cap='their step cap')[b]}"
+                    for b, k in basis.items() if k)
+    rate = "/".join(sorted({"timed here" if c.rate_basis == "measured" else "the FLOP model" for c in costs}))
+    return (f"cost estimate: {_fmt_duration(sum(c.expected_s for c in costs))} of CPU-core time for {len(costs)} run(s) "
+            f"({how}; every run to its cap: {_fmt_duration(sum(c.cap_s for c in costs))}; steps {rate})")
 
 
 # ---------------------------------------------------------------------- the pipeline
@@ -265,12 +296,14 @@ def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
 def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
               train: bool = True, progress: bool = True, echo: Callable[[str], None] = print,
-              compile: bool = False) -> Result:
+              compile: bool = False, measure: bool = True) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
     reads only what is finished (a study that grows run by run): missing runs are listed, not trained.
-    compile=True trains each new run that can be compiled with compile=true (`compile_runs`)."""
+    compile=True trains each new run that can be compiled with compile=true (`compile_runs`).
+    Before training it prints the runs' estimated cost (`estimate_text`; measure=False: from the
+    FLOP model, nothing timed)."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
 
     t0 = time.perf_counter()
@@ -300,6 +333,10 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
 
     # 1. train what neither the ledger nor OUT/runs holds (interrupted runs resumed)
     skipped = [] if train else todo
+    if train and todo and scale != "smoke":
+        from groklens.experiments.ledger import ledger_entries
+
+        echo(estimate_text(exp, scale, todo, led.entries + ledger_entries(_ledger_dirs(), name, scale), measure))
     if train:
         train_workers, threads = n_workers, 1
         if todo and workers is None and scale != "smoke":  # one run per core, or one run on all cores

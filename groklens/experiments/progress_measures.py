@@ -34,7 +34,8 @@ SCALES = {
                     "evaluations past test loss <= 0.01, not before step 6,000, censored at 15,000"),
     "paper": Scale.of(dict(task="add", steps=40_000, stop_min_steps=20_000, device="auto", **_SCHEDULE),
                     "his setup (the default preset); seeds 1..N with his data split (data_seed 598); trained 2 "
-                    "evaluations past test loss <= 0.01, not before step 20,000, censored at 40,000"),
+                    "evaluations past test loss <= 0.01, not before step 20,000, censored at 40,000",
+                    expect_grok=14_500),  # the stop event, test loss <= 0.01: published 0.005 at ~14.5k
 }
 
 

@@ -37,6 +37,11 @@ SPHERE_TABLE = {
     (1e-4, "sphere_wd1"): 2_400, (1e-4, "sphere_wd0"): 2_480, (1e-4, "sphere_fourier_wd0"): 2_100,
     (6e-4, "sphere_wd1"): 1_560, (6e-4, "sphere_wd0"): 820, (6e-4, "sphere_fourier_wd0"): 711,
 }
+def _published_grok(lrs: list[float]) -> dict[str, int]:
+    """Scale.expect_grok of the paper's arms at these learning rates: its table's mean grok epochs."""
+    return {f"{a}_lr{lr_tag(lr)}": SPHERE_TABLE[(lr, a)] for lr in lrs for a in ARCH}
+
+
 _PAPER_SPHERE_NOTE = "the published setup (post-norm baselines, PyTorch's default init as the paper's code)"
 
 
@@ -203,7 +208,8 @@ register(Experiment(
                         "evaluations after grokking, censored at 6000 steps", lrs=[3e-3], published_lrs=[6e-4]),
         "paper": Scale.of({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE
                         + "; lr 6e-4 only (1e-4 does not fit a CPU); the data split is the same for every seed "
-                        "(data_seed 598; the paper draws it from the seed)", lrs=[6e-4], ours=["sphere_wd0_tlinit"]),
+                        "(data_seed 598; the paper draws it from the seed)", lrs=[6e-4], ours=["sphere_wd0_tlinit"],
+                        expect_grok=_published_grok([6e-4])),
     },
     _plan_sphere, _read_sphere, no_analyses))
 

@@ -21,7 +21,7 @@ NAMES = list(E.EXPERIMENTS)
 PUBLISHED = [n for n in NAMES if E.EXPERIMENTS.get(n).published]  # all but the demo
 # the modules of groklens/experiments that hold no experiment; every other module registers one
 # or more (a new experiment is one file: nothing here names it)
-SUPPORT_MODULES = {"core", "pipeline", "ledger", "verdicts", "layout"}
+SUPPORT_MODULES = {"core", "pipeline", "ledger", "verdicts", "layout", "cost"}
 
 
 def test_registry_has_every_experiment_module():
@@ -91,7 +91,7 @@ def test_published_numbers_are_those_of_references():
     assert E.SCALING_PUBLISHED == {"width": -0.27, "train_frac": -2.04, "lr": -0.50, "weight_decay": -0.64}
 
 
-def test_cost_estimate_counts_flops():
+def test_the_flop_model_counts_flops():
     # canonical p=113 model, full batch: 3831 inputs x 3 tokens; weights per token
     # 4*128*128 (QKVO) + 2*128*512 (MLP) + 2*3*128 (attention) + 128*113 (unembed)
     from groklens.config import RunConfig
@@ -101,24 +101,30 @@ def test_cost_estimate_counts_flops():
     train, ev = E.step_flops(cfg)
     assert train == pytest.approx(6 * per * round(0.3 * 113 * 113) * 3)
     assert ev == pytest.approx(2 * per * 113 * 113 * 3)
-    expected = 10 * (E.STEP_OVERHEAD_S + train / E.CPU_FLOPS) + 2 * (E.STEP_OVERHEAD_S + ev / E.CPU_FLOPS)
-    assert E.estimate_seconds([cfg]) == pytest.approx(expected)
 
 
 def test_list_prints_every_experiment_with_costs():
-    proc = groklens("reproduce", "--list")
+    # --no-measure: the FLOP model, so the listing needs no step timed (test_cost.py covers timing)
+    proc = groklens("reproduce", "--list", "--no-measure")
     assert proc.returncode == 0, proc.stderr
     for name in NAMES:
         assert name in proc.stdout
-    assert "estimate" in proc.stdout.lower()
-    items = json.loads(groklens("reproduce", "--list", "--json", check=True).stdout)
+    assert "estimate" in proc.stdout.lower() and f"{E.EXPECTED_MARGIN:g}x" in proc.stdout
+    items = json.loads(groklens("reproduce", "--list", "--json", "--no-measure", check=True).stdout)
     assert [i["name"] for i in items] == NAMES
     for it in items:
-        costs = [it["scales"][s]["cpu_seconds_estimate"] for s in E.SCALES]
-        assert all(c > 0 for c in costs)
-        # smoke < quick <= paper: the estimate counts training, and a paper scale may differ from
-        # the quick one in its analysis alone (llc-grokking: the LLC at 4x the checkpoints)
-        assert costs[0] < costs[1] <= costs[2]
+        for s in E.SCALES:
+            sc = it["scales"][s]
+            assert 0 < sc["cpu_seconds_expected"] <= sc["cpu_seconds_cap"]
+            assert sc["rate_basis"] == ["flop model"] and sum(sc["stop_basis"].values()) == sc["runs"]
+        # smoke < quick <= paper at the cap: the estimate counts training, and a paper scale may differ
+        # from the quick one in its analysis alone (llc-grokking: the LLC at 4x the checkpoints)
+        caps = [it["scales"][s]["cpu_seconds_cap"] for s in E.SCALES]
+        assert caps[0] < caps[1] <= caps[2]
+    sphere = next(i for i in items if i["name"] == "bounded-sphere")["scales"]["paper"]
+    assert sphere["stop_basis"]["ledger"] == sphere["runs"]  # every arm has runs in the committed ledger
+    grokfast = next(i for i in items if i["name"] == "grokfast")["scales"]["paper"]
+    assert grokfast["stop_basis"]["expected"] == grokfast["runs"]  # the published iterations
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -346,16 +352,28 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     led = tmp_path / "led"
     led.mkdir()
     entries = [{"arm": "base", "seed": s, "config_hash": str(s), "arm_hash": "x", "wall_s": w, "device": "cpu (x86_64, 2 cores)",
-                "run": f"base_s{s}", "config": {}, "memorization_step": {}, "grokking_step": {}, "last_step": 0}
+                "run": f"base_s{s}", "config": {}, "memorization_step": {}, "grokking_step": {}, "last_step": 20}
                for s, w in ((1, 100.0), (2, 300.0))]  # the fields every entry has (the ledger's validator)
     (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
                                                           "scale": "smoke", "runs": entries}))
-    items = json.loads(groklens("reproduce", "--list", "--json", "--ledger", str(led), check=True).stdout)
+    args = ("reproduce", "--list", "--no-measure", "--ledger", str(led))
+    items = json.loads(groklens(*args, "--json", check=True).stdout)
     q = next(i for i in items if i["name"] == "grokfast")["scales"]["smoke"]
-    assert q["measured"]["n"] == 2 and q["measured"]["mean_s"] == pytest.approx(200.0)
-    assert q["fits_basis"] == "measured" and q["fits_cpu"] is True
-    text = groklens("reproduce", "--list", "--ledger", str(led), check=True).stdout
-    assert "fits this CPU" in text and "3 min mean, 5 min max (n=2, cpu)" in text
+    assert q["measured"]["n"] == 2 and q["measured"]["wall"]["mean_s"] == pytest.approx(200.0) and q["measured"]["cpu"] is None
+    assert q["fits_basis"] == "measured wall" and q["fits_cpu"] is True
+    # the arm's runs ended at step 20 of 30: its runs are costed to there, the other arm's to the cap
+    assert q["stop_basis"] == {"ledger": 1, "expected": 0, "cap": 1}
+    text = groklens(*args, check=True).stdout
+    assert "fits this CPU" in text and "wall 3 min mean, 5 min max (n=2, cpu)" in text
+    # entries with a recorded CPU time: that is what is shown (and judged), labelled CPU
+    for e, c in zip(entries, (40.0, 80.0)):
+        e["cpu_s"] = c
+    (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
+                                                          "scale": "smoke", "runs": entries}))
+    q = next(i for i in json.loads(groklens(*args, "--json", check=True).stdout) if i["name"] == "grokfast")
+    assert q["scales"]["smoke"]["measured"]["cpu"]["mean_s"] == pytest.approx(60.0)
+    assert q["scales"]["smoke"]["fits_basis"] == "measured cpu"
+    assert "CPU 60 s mean, 80 s max (n=2, cpu)" in groklens(*args, check=True).stdout
 
 
 # ---------------------------------------------------------------------- verdicts on censored cases
