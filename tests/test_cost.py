@@ -153,7 +153,7 @@ def test_reproduce_states_its_estimate_before_training():
     exp = EXPERIMENTS.get("grokfast")
     todo = [SimpleNamespace(variant=v, cfg=c) for v, _, c in run_configs(exp, "paper", 1)]
     text = estimate_text(exp, "paper", todo, [], measure=False)
-    assert text.startswith("cost estimate: ") and "2 run(s)" in text
-    assert f"2 to {EXPECTED_MARGIN:g}x the expected grokking step" in text and "the FLOP model" in text
+    assert text.startswith("cost estimate: ") and "3 run(s)" in text  # baseline, Grokfast-EMA, Grokfast-MA
+    assert f"3 to {EXPECTED_MARGIN:g}x the expected grokking step" in text and "the FLOP model" in text
     ledger = [{"arm": "base", "last_step": 100}]
     assert "1 to the ledger runs of their arm" in estimate_text(exp, "paper", todo, ledger, measure=False)

@@ -95,7 +95,10 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
         measured = measured_time(entries)
         kind = None if measured is None or not all(d.startswith("cpu") for d in measured["devices"]) else \
             "cpu" if measured["cpu"] else "wall"
-        m = measured[kind] if kind else None
+        # the measured time stands for all runs only where every arm has measured runs (a plan whose
+        # cheap arms are recorded and whose baseline is not would look as cheap as those arms)
+        every_arm = {v for v, _ in runs} <= {e.get("arm") for e in entries}
+        m = measured[kind] if kind and every_arm else None
         per_run = m["max_s"] if m else max(c.expected_s for c in costs)
         total = m["mean_s"] * len(runs) if m else sum(c.expected_s for c in costs)
         item["scales"][scale] = {

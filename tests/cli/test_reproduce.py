@@ -124,7 +124,7 @@ def test_list_prints_every_experiment_with_costs():
     sphere = next(i for i in items if i["name"] == "bounded-sphere")["scales"]["paper"]
     assert sphere["stop_basis"]["ledger"] == sphere["runs"]  # every arm has runs in the committed ledger
     grokfast = next(i for i in items if i["name"] == "grokfast")["scales"]["paper"]
-    assert grokfast["stop_basis"]["expected"] == grokfast["runs"]  # the published iterations
+    assert grokfast["stop_basis"]["cap"] == 0  # its recorded arms' last steps, else the published iterations
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -351,25 +351,36 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     # paper runs; smoke runs are never committed, so the smoke scale sees only this ledger
     led = tmp_path / "led"
     led.mkdir()
-    entries = [{"arm": "base", "seed": s, "config_hash": str(s), "arm_hash": "x", "wall_s": w, "device": "cpu (x86_64, 2 cores)",
-                "run": f"base_s{s}", "config": {}, "memorization_step": {}, "grokking_step": {}, "last_step": 20}
-               for s, w in ((1, 100.0), (2, 300.0))]  # the fields every entry has (the ledger's validator)
-    (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
-                                                          "scale": "smoke", "runs": entries}))
+    def entry(arm, s, w):  # the fields every entry has (the ledger's validator)
+        return {"arm": arm, "seed": s, "config_hash": f"{arm}{s}", "arm_hash": "x", "wall_s": w,
+                "device": "cpu (x86_64, 2 cores)", "run": f"{arm}_s{s}", "config": {}, "memorization_step": {},
+                "grokking_step": {}, "last_step": 20}
+
+    def write(entries):
+        (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
+                                                              "scale": "smoke", "runs": entries}))
+
     args = ("reproduce", "--list", "--no-measure", "--ledger", str(led))
+    # one arm recorded: its runs are costed to their last step (20 of 30), the other arm's to the cap,
+    # and "fits" judges the estimate (the recorded arm's time says nothing of the other's)
+    write([entry("base", 1, 100.0)])
+    q = next(i for i in json.loads(groklens(*args, "--json", check=True).stdout) if i["name"] == "grokfast")
+    assert q["scales"]["smoke"]["stop_basis"] == {"ledger": 1, "expected": 0, "cap": 1}
+    assert q["scales"]["smoke"]["fits_basis"] == "estimate"
+    # every arm recorded: the measured time is what "fits" judges
+    entries = [entry("base", 1, 100.0), entry("grokfast", 1, 300.0)]
+    write(entries)
     items = json.loads(groklens(*args, "--json", check=True).stdout)
     q = next(i for i in items if i["name"] == "grokfast")["scales"]["smoke"]
     assert q["measured"]["n"] == 2 and q["measured"]["wall"]["mean_s"] == pytest.approx(200.0) and q["measured"]["cpu"] is None
     assert q["fits_basis"] == "measured wall" and q["fits_cpu"] is True
-    # the arm's runs ended at step 20 of 30: its runs are costed to there, the other arm's to the cap
-    assert q["stop_basis"] == {"ledger": 1, "expected": 0, "cap": 1}
+    assert q["stop_basis"] == {"ledger": 2, "expected": 0, "cap": 0}
     text = groklens(*args, check=True).stdout
     assert "fits this CPU" in text and "wall 3 min mean, 5 min max (n=2, cpu)" in text
     # entries with a recorded CPU time: that is what is shown (and judged), labelled CPU
     for e, c in zip(entries, (40.0, 80.0)):
         e["cpu_s"] = c
-    (led / "grokfast.smoke.json").write_text(json.dumps({"format": LEDGER_FORMAT, "experiment": "grokfast",
-                                                          "scale": "smoke", "runs": entries}))
+    write(entries)
     q = next(i for i in json.loads(groklens(*args, "--json", check=True).stdout) if i["name"] == "grokfast")
     assert q["scales"]["smoke"]["measured"]["cpu"]["mean_s"] == pytest.approx(60.0)
     assert q["scales"]["smoke"]["fits_basis"] == "measured cpu"
