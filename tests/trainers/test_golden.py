@@ -90,6 +90,8 @@ def fingerprint(path: Path) -> dict[str, dict]:
         names: list[str] = []
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
         for name in sorted(names):
+            if name == "cpu_seconds":  # the CPU time the run took: how it ran, not what it computed
+                continue
             arr = np.ascontiguousarray(f[name][()])
             if arr.dtype.kind not in "f":  # ints, bools, bytes: exact
                 digest = hashlib.sha256(f"{arr.shape}|{arr.dtype.str}|".encode() + arr.tobytes()).hexdigest()[:16]
