@@ -29,7 +29,9 @@ per member.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -391,9 +393,9 @@ class GrokfastMA(Regularizer):
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
         self.size = self.cfg.grokfast_window
-        self.window: dict[str, list[torch.Tensor]] = {n: [] for n in params}  # oldest first
+        self.window: dict[str, deque[torch.Tensor]] = {n: deque(maxlen=self.size) for n in params}  # oldest first
         self.params = params  # the stacked parameters: the window's shapes, dtype and device
-        self.mean_norm: torch.Tensor | None = None
+        self.last_mean: dict[str, torch.Tensor] = {}  # the last update's window means (its metric, read lazily)
 
     @staticmethod
     def active(cfg) -> bool:
@@ -402,30 +404,28 @@ class GrokfastMA(Regularizer):
     @torch.no_grad()
     def transform(self, params, grads):
         lams = grokfast_lambdas(self.cfgs, "ma")
-        sq = None
         for n, g in grads.items():
             kept = self.window[n]
             kept.append(g.clone())  # the raw gradient, before the filter adds to it
-            if len(kept) > self.size:
-                kept.pop(0)
             if len(kept) < self.size:
                 continue
             total = kept[0]
-            for h in kept[1:]:
+            for h in itertools.islice(kept, 1, None):
                 total = total + h
-            avg = total / len(kept)
+            avg = self.last_mean[n] = total / len(kept)
             g.add_(avg * per_member(lams, g))  # avg * lamb, then the sum: their two roundings
-            sq = row_sq(avg) if sq is None else sq + row_sq(avg)
-        self.mean_norm = None if sq is None else torch.sqrt(sq)
 
     def metrics(self):
-        values = [math.nan] * len(self.cfgs) if self.mean_norm is None else self.mean_norm.cpu().numpy()
-        return [{"grokfast_ma_norm": float(x)} for x in values]
+        if not self.last_mean:
+            return [{"grokfast_ma_norm": math.nan} for _ in self.cfgs]
+        norms = torch.sqrt(sum(row_sq(a) for a in self.last_mean.values())).cpu().numpy()
+        return [{"grokfast_ma_norm": float(x)} for x in norms]
 
     def keep(self, idx):
         super().keep(idx)
-        self.window = {n: [g.index_select(0, idx) for g in kept] for n, kept in self.window.items()}
-        self.mean_norm = None if self.mean_norm is None else self.mean_norm.index_select(0, idx)
+        self.window = {n: deque((g.index_select(0, idx) for g in kept), maxlen=self.size)
+                       for n, kept in self.window.items()}
+        self.last_mean = {n: a.index_select(0, idx) for n, a in self.last_mean.items()}
 
     def state(self, i):
         # a fixed shape for the file's state slots: [window, *shape], oldest first, zeros past `count`
@@ -447,7 +447,7 @@ class GrokfastMA(Regularizer):
         for n in self.window:
             arr = torch.from_numpy(np.array(state[f"reg.grokfast_ma.{n}.window"]))
             if len(self.window[n]) != count:  # first member loaded: make the window's stacked rows
-                self.window[n] = [torch.zeros_like(self.params[n]) for _ in range(count)]
+                self.window[n] = deque((torch.zeros_like(self.params[n]) for _ in range(count)), maxlen=self.size)
             for k in range(count):
                 self.window[n][k][i].copy_(arr[k].to(self.params[n].device))
 
