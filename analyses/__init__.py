@@ -9,11 +9,12 @@ one along a run's checkpoints and keeps the results in the run's sidecar file.
   hessian_sharpness  top Hessian eigenvalues (eigsh LA) and Hutchinson trace
   effective_rank     Roy-Vetterli, RankMe, participation ratio of hook sites and weights
   radial_statistics  activation radius and radial gradient energy rho
+  induced_regularization  the activation-norm penalty's induced weight regularization (Proposition i)
   weight_norms       weight norms and distance from initialisation
   grokking_times     memorization and grokking steps with censoring
   probe_checkpoint   a linear probe (groklens.probes.linear) as an analysis
-The functions live in the submodules fourier, attention, sharpness, rank, radial, norms,
-grokking and probing; `runner` runs them along trajectories, `store` keeps the sidecar file.
+The functions live in the submodules fourier, attention, sharpness, rank, radial, induced,
+norms, grokking and probing; `runner` runs them along trajectories, `store` keeps the sidecar file.
 Submodules are imported on first use, so `import groklens.analyses` stays light.
 """
 

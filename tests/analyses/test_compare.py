@@ -336,6 +336,8 @@ def test_compare_analyze_computes_the_llc_only_when_asked(tmp_path, monkeypatch)
     monkeypatch.setattr(runner, "analyze_runs", lambda paths, requests, **kw: asked.append([n for n, _ in requests]) or [])
     compare([path], analyze=True)
     compare([path], analyze=True, metrics=["llc"])
-    assert asked == [[n for n in ANALYSES_USED if n != "llc"], ["llc"]]
+    from groklens.analyses.registry import get
+
+    assert asked == [[n for n in ANALYSES_USED if get(n).tier != "named"], ["llc"]]  # llc, induced_reg: named only
     table = compare([path]).format("table")
     assert "--metric llc" in table.split("missing: ", 1)[1]

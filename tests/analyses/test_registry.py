@@ -20,7 +20,7 @@ def test_one_rule_gives_each_command_its_default_set():
     # named only: never in any default set
     everything = set(R.default_names(tier="named"))
     assert everything == set(R.names())
-    assert everything - set(R.default_names(tier="extended")) == {"freq_ablation", "llc", "probe"}
+    assert everything - set(R.default_names(tier="extended")) == {"freq_ablation", "induced_reg", "llc", "probe"}
     with pytest.raises(ValueError):
         R.default_names(tier="sometimes")
 
@@ -28,8 +28,8 @@ def test_one_rule_gives_each_command_its_default_set():
 def test_the_measures_are_declared_by_their_analyses_in_column_order():
     assert [m.key for m in MEASURES] == ["fve_neuron", "fve_ls", "fve_ls_top5", "n_key_freqs", "attn_mass",
                                          "hessian_top", "hessian_trace", "eff_rank", "radius", "rho", "rho_baseline",
-                                         "llc"]
-    assert ANALYSES_USED == ("fourier", "attention", "sharpness", "rank", "radial", "llc")
+                                         "induced_anisotropy", "induced_data_dependence", "llc"]
+    assert ANALYSES_USED == ("fourier", "attention", "sharpness", "rank", "radial", "induced_reg", "llc")
     for m in MEASURES:
         assert m in R.get(m.analysis).measures
     assert [a.name for a in R.in_order()][:3] == ["fourier", "attention", "sharpness"]
