@@ -14,6 +14,7 @@ run's data on the device is `RunTensors`; an ensemble stacks its members'.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -58,6 +59,13 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 def readout(logits: torch.Tensor, multi_target: bool) -> torch.Tensor:
     """[b, K, v] at the readout positions -> [b, v] (one target), or [b, K, v] (K answer tokens)."""
     return logits if multi_target else logits[:, 0]
+
+
+def resid_capturable(model: torch.nn.Module, sites: Sequence[str]) -> bool:
+    """True when the model can record these capture sites itself (Transformer.resid_capture:
+    each block's resid_post), so that the step needs no hook and keeps the lean path."""
+    return bool(sites) and hasattr(model, "resid_capture") and all(
+        re.fullmatch(r"blocks\.\d+\.hook_resid_post", s) for s in sites)
 
 
 def readout_logits(call: Callable[..., torch.Tensor], x: torch.Tensor, positions: slice, full: bool,

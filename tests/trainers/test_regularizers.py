@@ -110,7 +110,8 @@ def test_training_step_descends_loss_plus_penalty():
     (ce + lam * penalty).backward()
     assert trainer.train_step(0) == []  # no member failed
     loss = trainer.last_loss
-    assert loss == pytest.approx(float(ce.detach()), rel=1e-12)  # the step reports the task loss
+    # the step reports the task loss (its lean path sums in another order: float32 rounding)
+    assert loss == pytest.approx(float(ce.detach()), rel=1e-6)
     for (n, a), (_, b) in zip(trainer.model.named_parameters(), model.named_parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), n
     # without the penalty the gradient differs: the term really enters the objective

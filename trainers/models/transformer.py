@@ -544,6 +544,11 @@ class Transformer(TransformerLensWeights, HookedModel):
     # batch is large against the vocabulary (`_table_pays`): at paper scale (p=113, 3,831 rows)
     # 0.6x the lean step's time (docs/PERFORMANCE.md). False: the first block on the batch's rows.
     embedding_table: bool = True
+    # A dict {blocks.{i}.hook_resid_post: None, ...} set by the trainer for one call: each named
+    # block's output is stored in it. A regularizer term that reads only these sites (the
+    # activation-norm penalty's defaults) then needs no TransformerLens hook, whose presence would
+    # force the explicit path (0.71x the penalty step's CPU time at paper scale, docs/PERFORMANCE.md).
+    resid_capture: dict | None = None
 
     def _table_pays(self, tokens: torch.Tensor, query: slice | None) -> bool:
         """The table path for these inputs (the lean path's first block, so no hook and no TL
@@ -580,8 +585,13 @@ class Transformer(TransformerLensWeights, HookedModel):
             embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
             x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
             x = norm_of(embed_norm, x, lean)
+        capture = self.resid_capture
+        if capture is not None and first == 1 and "blocks.0.hook_resid_post" in capture:
+            capture["blocks.0.hook_resid_post"] = x
         for i in range(first, last + 1):
             x = self.blocks[i](x, readout if i == last else None, fast)
+            if capture is not None and f"blocks.{i}.hook_resid_post" in capture:
+                capture[f"blocks.{i}.hook_resid_post"] = x
         logits = self.unembed(norm_of(self.ln_final, x, lean))
         if readout is not None and return_type != "logits":
             raise TLUnsupported("readout= gives logits at the readout positions only; use return_type='logits'")
