@@ -40,6 +40,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("adamw", "adam"),
     "grokfast_filter": ("ema", "ma"),
     "batch_order": ("random", "epoch"),
+    "split_rule": ("pcg64", "python_shuffle"),
 }
 # Fields added after trajectory files were first written, with the value such an old file
 # meant: a key missing from a stored config is read as this, not as today's default.
@@ -69,6 +70,10 @@ class RunConfig:
     p: int = 113  # the modulus: inputs are residues 0..p-1
     train_frac: float = 0.3  # share of all input pairs in the training set (the rest is the test set)
     data_seed: int = 598  # seed of the train/test split (Nanda's DATA_SEED), apart from `seed`
+    # how the split is drawn from data_seed: pcg64 (numpy's permutation, round(train_frac n) for
+    # training) or python_shuffle (the sphere paper's make_dataset: random.Random(data_seed)
+    # shuffles the pairs in row-major order, the first int(train_frac n) train)
+    split_rule: str = "pcg64"
     # modular tasks: the sequence [a, op, b, =] with an operator token p+1 and the output over the
     # whole vocabulary (p+2 classes), as Power et al.'s and Grokfast's code; off: [a, b, =], p classes
     op_token: bool = False

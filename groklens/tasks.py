@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -83,7 +84,8 @@ class Task:
         import torch
 
         inputs, labels, *rest = self.grid(cfg)
-        train_idx, test_idx = split if split is not None else draw_split(len(labels), cfg.train_frac, cfg.data_seed)
+        train_idx, test_idx = split if split is not None else draw_split(len(labels), cfg.train_frac, cfg.data_seed,
+                                                                        cfg.split_rule)
         if rest:
             mask = np.asarray(rest[0], dtype=bool)
         else:
@@ -105,10 +107,17 @@ class Task:
 TASKS: Registry[Task] = Registry("task")
 
 
-def draw_split(n: int, train_frac: float, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A random split of range(n), reproducible from data_seed alone (numpy PCG64)."""
-    perm = np.random.default_rng(data_seed).permutation(n)
-    n_train = int(round(train_frac * n))
+def draw_split(n: int, train_frac: float, data_seed: int, rule: str = "pcg64") -> tuple[np.ndarray, np.ndarray]:
+    """A random split of range(n), reproducible from data_seed alone: `rule` pcg64 (numpy's PCG64
+    permutation, round(train_frac n) training rows) or python_shuffle (the bounded-sphere paper's
+    make_dataset, AlperYildirim1/geometric-grokking: random.Random(data_seed).shuffle of the
+    inputs in their row-major order, the first int(train_frac n) for training). Sorted indices."""
+    if rule == "python_shuffle":
+        perm = list(range(n))
+        random.Random(data_seed).shuffle(perm)
+        perm, n_train = np.asarray(perm), int(n * train_frac)
+    else:
+        perm, n_train = np.random.default_rng(data_seed).permutation(n), int(round(train_frac * n))
     if not 0 < n_train < n:
         raise BadInput(f"train_frac {train_frac} of {n} examples leaves an empty train or test set")
     return np.sort(perm[:n_train]), np.sort(perm[n_train:])

@@ -75,3 +75,31 @@ def test_train_fraction_must_be_inside_unit_interval(bad):
 def test_unknown_task_is_bad_input():
     with pytest.raises(BadInput, match="unknown task"):
         RunConfig(task="nope").validate()
+
+
+def _sphere_paper_make_dataset(p, frac_train, seed):
+    """The bounded-sphere paper's make_dataset (AlperYildirim1/geometric-grokking,
+    Final_Modular_No_Decay.ipynb, cell 1), re-typed: the pairs it trains and tests on."""
+    import random
+
+    rng = random.Random(seed)
+    all_pairs = [(a, b) for a in range(p) for b in range(p)]
+    rng.shuffle(all_pairs)
+    n_train = int(len(all_pairs) * frac_train)
+    return all_pairs[:n_train], all_pairs[n_train:]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 42])
+def test_the_python_shuffle_split_is_the_sphere_papers(seed):
+    from groklens.config import RunConfig
+
+    cfg = RunConfig.from_dict({"task": "add", "p": 13, "train_frac": 0.3, "data_seed": seed,
+                               "split_rule": "python_shuffle", "device": "cpu"})
+    data = TASKS.get("add").build(cfg)
+    train, test = _sphere_paper_make_dataset(13, 0.3, seed)
+    pairs = lambda idx: {(int(a), int(b)) for a, b, _ in data.inputs[idx].tolist()}  # noqa: E731
+    assert pairs(data.train_idx) == set(train) and pairs(data.test_idx) == set(test)
+    assert len(data.train_idx) == int(169 * 0.3) == 50  # int(), not round(): 50.7 -> 50
+    # pcg64 (the default) is another split of the same size up to rounding
+    default = TASKS.get("add").build(cfg.replace(split_rule="pcg64"))
+    assert len(default.train_idx) == 51 and pairs(default.train_idx) != set(train)

@@ -50,7 +50,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl",
                                    "mlp_unembed_bias": True, "compile": False, "adam_eps": 1e-8,
                                    # Grokfast's official setup (issue 38)
                                    "op_token": False, "nonzero_b": False, "grokfast_filter": "ema",
-                                   "grokfast_window": 100, "batch_order": "random"}
+                                   "grokfast_window": 100, "batch_order": "random",
+                                   # the sphere paper's split from the seed (issue 45)
+                                   "split_rule": "pcg64"}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
