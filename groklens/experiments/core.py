@@ -283,6 +283,9 @@ QUICK = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32,
 QUICK_GROK = 2_000  # its baseline's grokking step (above): the cost model's expectation where a ledger has none
 # Nanda et al. 2023's canonical p=113 model (the default preset): test loss 0.86 at ~13.8k steps
 # (REFERENCES.md), the expected grokking step of experiments that train it
+# a variant's field set to this takes each run's seed (pipeline.run_configs): data_seed FROM_SEED
+# draws every seed's own split, as papers that seed the split with the run do
+FROM_SEED = "from_seed"
 CANONICAL_GROK = 13_800
 QUICK_NOTE = ("p=23, 50% of pairs, 1 layer, d_model 64, 2 heads, d_mlp 256, pre-LayerNorm, lr 3e-3 (Nanda: p=113, "
               "30%, d_model 128, 4 heads, d_mlp 512, no norm, lr 1e-3)")

@@ -14,7 +14,7 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
+    FROM_SEED, Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
 
 
 def _fmt_duration(s: float) -> str:
@@ -29,7 +29,8 @@ def _fmt_duration(s: float) -> str:
 
 # ---------------------------------------------------------------------- configs and cost
 def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str, Any]]:
-    """(variant, run name, RunConfig) of every run of `exp` at `scale` with seeds 1..seeds."""
+    """(variant, run name, RunConfig) of every run of `exp` at `scale` with seeds 1..seeds; a
+    field a variant sets to FROM_SEED takes the run's seed (`data_seed`: a split per seed)."""
     from groklens.config import config_from
 
     sc = exp.scales[scale]
@@ -39,7 +40,9 @@ def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str,
     out = []
     for variant, over in plan.variants.items():
         for seed in range(1, seeds + 1):
-            cfg = config_from(preset_name, overrides={**base, **over, "seed": seed})
+            fields = {**base, **over, "seed": seed}
+            fields = {k: seed if v == FROM_SEED else v for k, v in fields.items()}  # e.g. the split from the seed
+            cfg = config_from(preset_name, overrides=fields)
             out.append((variant, f"{variant}_s{seed}", cfg))
     return out
 

@@ -6,8 +6,8 @@ from typing import Any
 
 
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, QUICK, Row, SMOKE, SMOKE_NOTE, Scale, grok_row, lr_tag, no_analyses,
-    register, speedup_row)
+    FROM_SEED, Context, Experiment, Plan, Published, QUICK, Row, SMOKE, SMOKE_NOTE, Scale, grok_row, lr_tag,
+    no_analyses, register, speedup_row)
 from groklens.experiments.verdicts import fmt_ci, interval_verdict, speedup_verdict, undetermined, welch_log_ratio
 
 YILDIRIM = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md table)"
@@ -48,8 +48,14 @@ _PAPER_SPHERE_NOTE = "the published setup (post-norm baselines, PyTorch's defaul
 # ---------------------------------------------------------------------- bounded-sphere
 # Our additions at paper scale (not in the paper's table): the bounded sphere wd 0 with
 # TransformerLens' init, to show what the init scheme does to the grokking time.
+# And (issue 45) the paper's three headline arms on the paper's own split of each seed (its
+# make_dataset: split_rule python_shuffle from the run's seed), beside the official code's runs
+# (benchmarks/peer/sphere_official.py), to tell the split's share of the seeds' spread.
+PAPER_SPLIT = {"split_rule": "python_shuffle", "data_seed": FROM_SEED}
 SPHERE_OURS = {"sphere_wd0_tlinit": ({**ARCH["sphere_wd0"], "init_scheme": "tl"},
-                                     "bounded sphere, wd 0, TransformerLens init (our addition)", "sphere_wd0")}
+                                     "bounded sphere, wd 0, TransformerLens init (our addition)", "sphere_wd0"),
+               **{f"{a}_papersplit": ({**ARCH[a], **PAPER_SPLIT}, f"{ARCH_LABEL[a]}, the paper's split of each seed",
+                                      a) for a in ("ln", "sphere_wd1", "sphere_wd0")}}
 
 
 def _plan_sphere(sc: Scale, scale: str) -> Plan:
@@ -75,12 +81,38 @@ def _read_sphere(ctx: Context) -> list[Row]:
                                     Published(pub, f"{pub:.2f}x (derived: ratio of the table's arithmetic means)",
                                               YILDIRIM),
                                     f"ln_lr{tag}", f"{a}_lr{tag}", ctx.sc.note + "; ours: ratio of geometric means"))
-        for a in ctx.sc.extra.get("ours", ()):
+        ours = ctx.sc.extra.get("ours", ())
+        if any(a.endswith("_papersplit") for a in ours):
+            rows += _papersplit_rows(ctx, tag, at, pub_lr)
+        for a in (a for a in ours if not a.endswith("_papersplit")):
             _, label, ref = SPHERE_OURS[a]
             none = Published(None, "not in the paper (our addition)", YILDIRIM)
             rows.append(grok_row(ctx, f"grok epoch, {label}, {at}", none, f"{a}_lr{tag}", ctx.sc.note))
             rows.append(speedup_row(ctx, f"speed-up of {ARCH_LABEL[ref]} (PyTorch init) over {label}, {at}", none,
                                     f"{a}_lr{tag}", f"{ref}_lr{tag}", ctx.sc.note))
+    return rows
+
+
+def _papersplit_rows(ctx: Context, tag: str, at: str, pub_lr: float) -> list[Row]:
+    """The headline arms on the paper's split of each seed: grok epochs and speed-ups against the
+    table, and the weight-decay order (sphere wd 0 over wd 1) on both splits."""
+    note = ctx.sc.note + "; the paper's split: make_dataset's random.Random(seed) shuffle (split_rule python_shuffle)"
+    rows = []
+    for a in ("ln", "sphere_wd1", "sphere_wd0"):
+        pub = SPHERE_TABLE[(pub_lr, a)]
+        rows.append(grok_row(ctx, f"grok epoch, {ARCH_LABEL[a]}, the paper's split of each seed, {at}",
+                             Published(pub, f"{pub:,} (mean of 10 seeds)", YILDIRIM), f"{a}_papersplit_lr{tag}", note))
+    for a in ("sphere_wd1", "sphere_wd0"):
+        pub = SPHERE_TABLE[(pub_lr, "ln")] / SPHERE_TABLE[(pub_lr, a)]
+        rows.append(speedup_row(ctx, f"speed-up of {ARCH_LABEL[a]} over LayerNorm, the paper's split of each seed, {at}",
+                                Published(pub, f"{pub:.2f}x (derived: ratio of the table's arithmetic means)", YILDIRIM),
+                                f"ln_papersplit_lr{tag}", f"{a}_papersplit_lr{tag}", note, verdict=True))
+    pub = SPHERE_TABLE[(pub_lr, "sphere_wd1")] / SPHERE_TABLE[(pub_lr, "sphere_wd0")]
+    for suffix, split in (("", "data_seed 598 for every seed"), ("_papersplit", "the paper's split of each seed")):
+        rows.append(speedup_row(ctx, f"speed-up of the bounded sphere wd 0 over wd 1 (the weight-decay order), {split}, "
+                                f"{at}", Published(pub, f"{pub:.2f}x (derived: the table's wd 1 / wd 0)", YILDIRIM),
+                                f"sphere_wd1{suffix}_lr{tag}", f"sphere_wd0{suffix}_lr{tag}",
+                                note if suffix else ctx.sc.note, verdict=True))
     return rows
 
 
@@ -208,8 +240,10 @@ register(Experiment(
                         "evaluations after grokking, censored at 6000 steps", lrs=[3e-3], published_lrs=[6e-4]),
         "paper": Scale.of({**_SPHERE_PAPER, "steps": 100_000, "stop_after_grok": 2}, _PAPER_SPHERE_NOTE
                         + "; lr 6e-4 only (1e-4 does not fit a CPU); the data split is the same for every seed "
-                        "(data_seed 598; the paper draws it from the seed)", lrs=[6e-4], ours=["sphere_wd0_tlinit"],
-                        expect_grok=_published_grok([6e-4])),
+                        "(data_seed 598; the paper draws it from the seed, which the *_papersplit arms do)", lrs=[6e-4],
+                        ours=["sphere_wd0_tlinit", "ln_papersplit", "sphere_wd1_papersplit", "sphere_wd0_papersplit"],
+                        expect_grok={**_published_grok([6e-4]), **{f"{a}_papersplit_lr6e-4": SPHERE_TABLE[(6e-4, a)]
+                                                                   for a in ("ln", "sphere_wd1", "sphere_wd0")}}),
     },
     _plan_sphere, _read_sphere, no_analyses))
 

@@ -58,7 +58,13 @@ def test_paper_scale_is_the_published_sphere_setup():
     assert c.init_scheme == "torch" and c.eval_every == 200
     # the paper's five arms (post-norm baselines) at lr 6e-4, and our TL-init arm beside them
     assert set(cfgs) == {f"{a}_lr6e-4" for a in ("ln", "rms", "sphere_wd1", "sphere_wd0", "sphere_fourier_wd0",
-                                                  "sphere_wd0_tlinit")}
+                                                  "sphere_wd0_tlinit", "ln_papersplit", "sphere_wd1_papersplit",
+                                                  "sphere_wd0_papersplit")}
+    # the paper's split of each seed (its make_dataset), and data_seed 598 for the others
+    assert (cfgs["sphere_wd0_papersplit_lr6e-4"].split_rule, cfgs["sphere_wd0_papersplit_lr6e-4"].data_seed) == (
+        "python_shuffle", 1)
+    assert (c.split_rule, c.data_seed) == ("pcg64", 598)
+    assert E.run_configs(E.get_experiment("bounded-sphere"), "paper", 3)[-1][2].data_seed == 3
     assert (cfgs["ln_lr6e-4"].norm_placement, cfgs["rms_lr6e-4"].norm_placement) == ("post", "post")
     assert cfgs["sphere_wd0_tlinit_lr6e-4"].init_scheme == "tl"
     assert E.DEFAULT_SEEDS["paper"] == 10
@@ -122,7 +128,9 @@ def test_list_prints_every_experiment_with_costs():
         caps = [it["scales"][s]["cpu_seconds_cap"] for s in E.SCALES]
         assert caps[0] < caps[1] <= caps[2]
     sphere = next(i for i in items if i["name"] == "bounded-sphere")["scales"]["paper"]
-    assert sphere["stop_basis"]["ledger"] == sphere["runs"]  # every arm has runs in the committed ledger
+    # every arm with runs in the committed ledger is costed from them; the paper-split arms (no runs
+    # yet) to 2x the published grok epochs
+    assert sphere["stop_basis"]["ledger"] == 60 and sphere["stop_basis"]["expected"] == sphere["runs"] - 60
     grokfast = next(i for i in items if i["name"] == "grokfast")["scales"]["paper"]
     assert grokfast["stop_basis"]["cap"] == 0  # its recorded arms' last steps, else the published iterations
 
