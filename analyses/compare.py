@@ -7,8 +7,10 @@ and its sidecar of analysis results (never its parameters, unless `analyze=True`
 CSV or JSON; `groklens report` puts it on the report page.
 
 Definitions (REFERENCES.md, definition 7):
-- memorization / grokking step: first evaluated step with train / test accuracy >= threshold;
-  a run that never crosses is right-censored at its last evaluated step and shown `> N`, never
+- memorization step: first evaluated step with train accuracy >= threshold; grokking step: the
+  first of the run's grok_evals consecutive evaluations with test accuracy >= threshold (its
+  first crossing is shown apart, `first_crossing`, and noted when it differs: a crossing that
+  fell back is not grokking); a run that never crosses is right-censored at its last evaluated step and shown `> N`, never
   dropped. A group with censored members says how many.
 - gap: grokking step - memorization step (a lower bound when grokking is censored).
 - variant: the config fields whose values differ between the rows, found automatically
@@ -93,6 +95,8 @@ class RunSummary(PhaseTimes):
     memorization: int | None
     grokking: int | None
     last_step: int | None  # last evaluated step: where a censored run is censored
+    first_crossing: int | None = None  # first evaluated step with test accuracy >= threshold
+    grok_evals: int = 1  # consecutive evaluations that make grokking (the run's config)
     phase_steps: dict[str, int | None] = field(default_factory=dict)  # phase -> checkpoint step
     phase_notes: dict[str, str] = field(default_factory=dict)  # phase -> why it has no checkpoint
     values: dict[str, dict[str, float | None]] = field(default_factory=dict)  # measure -> phase -> value
@@ -117,7 +121,8 @@ def load_run(path: str | Path, threshold: float = GROK_THRESHOLD) -> RunSummary:
     run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status,
                      checkpoints=[int(s) for s in traj.steps], steps=np.asarray(metrics["step"]),
                      metrics=metrics, memorization=ph.memorization, grokking=ph.grokking,
-                     last_step=ph.last_step, phase_steps=ph.steps, phase_notes=ph.notes)
+                     last_step=ph.last_step, first_crossing=ph.first_crossing, grok_evals=ph.grok_evals,
+                     phase_steps=ph.steps, phase_notes=ph.notes)
     read_measures(run)
     return run
 
@@ -298,7 +303,9 @@ class Comparison:
                                       "censored": sum(r.mem_censored for r in g.runs)},
                 "grokking_step": {"mean": gm, "std": gs, "values": [r.grokking for r in g.runs],
                                   "censored": sum(r.grok_censored for r in g.runs),
-                                  "censored_at": [r.last_step if r.grok_censored else None for r in g.runs]},
+                                  "censored_at": [r.last_step if r.grok_censored else None for r in g.runs],
+                                  "first_crossing": [r.first_crossing for r in g.runs],
+                                  "grok_evals": [r.grok_evals for r in g.runs]},
                 "gap": {"mean": pm, "std": ps, "lower_bound": any(r.grok_censored for r in g.runs)},
                 "baseline": g.baseline,
                 "speedup": None,
@@ -432,6 +439,10 @@ def run_notes(runs: Sequence[RunSummary], threshold: float) -> list[str]:
         text = collapse_text(collapse(r.metrics, threshold))
         if text:
             out.append(f"{r.path.name}: {text} (threshold {threshold:g})")
+        if r.first_crossing is not None and r.first_crossing != r.grokking:
+            grokked = f"step {r.grokking}" if r.grokking is not None else f"> {r.last_step} (censored)"
+            out.append(f"{r.path.name}: first crossed {threshold:g} at step {r.first_crossing}; grokked (the first of "
+                       f"{r.grok_evals} consecutive evaluations >= {threshold:g}) at {grokked}")
         stored = r.stored.get("fourier")
         if stored is not None and "n_key_frequencies" in stored.values and r.config.get("p"):
             n = [float(np.asarray(v).reshape(-1)[0]) for v in stored.values["n_key_frequencies"]]

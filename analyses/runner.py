@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.grokking import grok_evals_of
 from groklens.analyses.phases import run_phases
 from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
@@ -247,7 +248,10 @@ def _run_level(traj, sidecar: Sidecar, jobs: list[_Job], store: bool) -> dict[st
     for j in jobs:
         if j.analysis.kind != "run":
             continue
-        values = _normalise(j.analysis.func(traj.metrics, **j.params), j.name)
+        params = dict(j.params)
+        if params.get("grok_evals") == 0:  # the grokking table reads the run's own N
+            params["grok_evals"] = grok_evals_of(traj.config_dict)
+        values = _normalise(j.analysis.func(traj.metrics, **params), j.name)
         last = int(values["last_step"]) if "last_step" in values else 0
         stored = sidecar.read(j.name, j.variant)
         same = matches(stored, j.attrs) and stored.steps == [last] and set(stored.values) == set(values) and all(

@@ -131,7 +131,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
     loggers.check_targets(specs, target)  # before the run file exists
     note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
     result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note)
-    from groklens.analyses.grokking import censored_text, run_summary
+    from groklens.analyses.grokking import censored_text, first_crossing_text, run_summary
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
@@ -144,7 +144,9 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         mstep = summary["memorization_step"][f"{thr:g}"]
         click.echo(
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
-            f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g})"
+            f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g}, "
+            f"{summary['grok_evals']} consecutive evaluations)"
+            + first_crossing_text(summary["first_crossing"][f"{thr:g}"], g)
         )
 
 
@@ -208,7 +210,9 @@ def info(run: str, as_json: bool) -> None:
     from groklens.checkpoints.validate import InvalidTrajectory
 
     try:
-        summary = run_summary(Trajectory(run))
+        traj = Trajectory(run)
+        # the run's own threshold beside PHASE_THRESHOLDS, as train's summary line reads it
+        summary = run_summary(traj, thresholds=tuple(sorted({*PHASE_THRESHOLDS, traj.config.grok_threshold})))
     except InvalidTrajectory as exc:
         if as_json:  # what is wrong, all of it, then exit 2 like any bad input
             click.echo(strict_json({"path": exc.path, "valid": False, "problems": exc.problems}))

@@ -14,7 +14,7 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
+    Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
 
 
 def _fmt_duration(s: float) -> str:
@@ -39,7 +39,7 @@ def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str,
     out = []
     for variant, over in plan.variants.items():
         for seed in range(1, seeds + 1):
-            cfg = config_from(preset_name, overrides={**base, **over, "seed": seed})
+            cfg = config_from(preset_name, overrides={**EXPERIMENT_DEFAULTS, **base, **over, "seed": seed})
             out.append((variant, f"{variant}_s{seed}", cfg))
     return out
 

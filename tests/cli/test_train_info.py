@@ -145,7 +145,7 @@ def test_every_command_has_help():
 def test_train_reports_the_runs_own_grokking_threshold(tmp_path):
     out = groklens("train", "-q", "--out", str(tmp_path / "r.h5"), *config_flags(tiny_config(steps=20, eval_every=10,
                    checkpoint_every=10, grok_threshold=0.5)), check=True)
-    assert "(threshold 0.5)" in out.stdout
+    assert "(threshold 0.5, 3 consecutive evaluations)" in out.stdout
     run = Trajectory(tmp_path / "r.h5")
     expected = run_summary(run, thresholds=(0.5,))["grokking_step"]["0.5"]
     assert f"grokked at {expected if expected is not None else '> 20'}" in out.stdout
