@@ -153,6 +153,7 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
         "grokking_step": times["grokking_step"],
         "first_crossing": times["first_crossing"],
         "grok_evals": evals,
+        "extensions": run.extensions,
         "censored_at": times["last_step"],
         "collapse": {**collapse(metrics, run.config_dict.get("grok_threshold", thresholds[0])),
                      "threshold": run.config_dict.get("grok_threshold", thresholds[0])},
@@ -199,6 +200,8 @@ def format_summary(summary: Mapping) -> str:
     )
     opt = {"adamw": "AdamW", "adam": "Adam (L2 weight decay)"}.get(cfg.get("optimizer", "adamw"), cfg.get("optimizer"))
     lines.append(f"optim    {opt} lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
+    for e in summary.get("extensions", []):
+        lines.append(f"extended cap {e['from_steps']} -> {e['steps']} at step {e['at_step']} (train --resume --steps)")
     span = f"{steps[0]}..{steps[-1]}" if steps else "none"
     lines.append(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
     last = summary["last"]

@@ -117,6 +117,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
     if resume_path is not None:
         if force:
             raise BadInput("--resume continues a run and --force starts one afresh; give one of them")
+        extend_to = overrides.pop("steps")  # --resume RUN --steps N raises a censored run's cap
         given = sorted(k for k, v in overrides.items() if v is not None)
         if given or config_file or preset_name or out:
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
@@ -124,13 +125,14 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
         target, cfg = Path(resume_path), None
     else:
+        extend_to = None
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
         target = Path(out)
     loggers.check_targets(specs, target)  # before the run file exists
     note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
-    result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note)
+    result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note, extend_to)
     from groklens.analyses.grokking import censored_text, first_crossing_text, run_summary
     from groklens.checkpoints import Trajectory
 
@@ -150,7 +152,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         )
 
 
-def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None):
+def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None,
+                     extend_to: int | None = None):
     """training.train (cfg given) or training.resume, with the --log loggers fed each evaluation row and
     the busy-machine note said once training starts; Ctrl-C says how to continue."""
     from groklens.checkpoints import Trajectory
@@ -178,7 +181,7 @@ def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, p
     first = [first_row]
     try:
         if cfg is None:
-            return training.resume(target, progress=progress, on_eval=on_eval)
+            return training.resume(target, progress=progress, on_eval=on_eval, steps=extend_to)
         return training.train(cfg, target, force=force, progress=progress, on_eval=on_eval)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_resume_hint(target)) from None
