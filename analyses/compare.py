@@ -104,6 +104,7 @@ class RunSummary(PhaseTimes):
     analysis_state: dict[str, str] = field(default_factory=dict)  # analysis -> what the sidecar holds
     stored: dict[str, Any] = field(default_factory=dict)  # analysis -> store.Stored (for figures)
     eps_dependent: dict[str, set] = field(default_factory=dict)  # measure -> phases whose value a norm's eps sets
+    llc_flagged: dict[str, set] = field(default_factory=dict)  # measure -> phases whose llc is negative or pinned
 
     @property
     def name(self) -> str:
@@ -326,7 +327,8 @@ class Comparison:
                     mean, std = mean_std(have)
                     per_phase[ph] = {"mean": mean, "std": std, "n": len(have), "values": vals,
                                      "missing": _missing_reason(g.runs, m, ph),
-                                     "eps_dependent": any(ph in r.eps_dependent.get(m.key, ()) for r in g.runs)}
+                                     "eps_dependent": any(ph in r.eps_dependent.get(m.key, ()) for r in g.runs),
+                                     "llc_flagged": any(ph in r.llc_flagged.get(m.key, ()) for r in g.runs)}
                 row["analyses"][m.key] = per_phase
             out.append(row)
         return out
@@ -427,6 +429,7 @@ def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = 
         r.stored.clear()
         r.analysis_state.clear()
         r.eps_dependent.clear()
+        r.llc_flagged.clear()
         read_measures(r)
     return notes
 

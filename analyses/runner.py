@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses.grokking import grok_evals_of
+from groklens.analyses.llc import DEFAULT_LOCALIZATION, DEFAULT_LR
 from groklens.analyses.phases import run_phases
 from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
@@ -483,7 +484,7 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
         warnings.simplefilter("ignore", EpsDependenceWarning)
         results = compute_many(traj, [(m, parsed.get(m, {})) for m in chosen], steps=steps, every=every,
                                recompute=recompute, progress=progress, notes=None if asked else notes)
-    notes += eps_notes(results) + key_notes(results, traj.config_dict.get("p"))
+    notes += eps_notes(results) + key_notes(results, traj.config_dict.get("p")) + llc_notes(results)
     return {name: r.to_json() for name, r in results.items()}, notes
 
 
@@ -504,6 +505,41 @@ def key_notes(results: dict[str, AnalysisResult], p: int | None) -> list[str]:
         return []
     note = trivial_key_note(r.steps, [float(np.asarray(v).reshape(-1)[0]) for v in r.values["n_key_frequencies"]], p)
     return [note] if note else []
+
+
+LLC_CALIBRATE_PROMPT = ("note: llc ran with its default lr and localization, calibrated on the README's p=23 "
+                        "transformer; on a new architecture run `groklens llc-calibrate RUN` first (docs/ANALYSES.md, "
+                        "'Calibrating')")
+
+
+def llc_notes(results: dict[str, AnalysisResult]) -> list[str]:
+    """The llc analysis' warnings from its stored flags (analyses/llc.py): negative estimates,
+    chains pinned by the localization, and the prompt to calibrate where the defaults ran."""
+    r = results.get("llc")
+    if r is None or "pinned" not in r.values:
+        return []
+
+    def flagged(key: str) -> list[int]:
+        return [s for s, v in zip(r.steps, r.values[key]) if np.any(np.asarray(v) == 1)]
+
+    out = []
+    negative, pinned = flagged("negative"), flagged("pinned")
+    if negative:
+        out.append(f"warning: llc is negative at step(s) {_step_list(negative)}: the chains found lower loss than the "
+                   "checkpoint (not a local minimum, or an uncalibrated sampler); not a learning coefficient")
+    if pinned:
+        where = "every checkpoint" if len(pinned) == len(r.steps) else f"step(s) {_step_list(pinned)}"
+        ratios = [float(np.asarray(v)) for v in r.values["distance_ratio"]]
+        out.append(f"warning: llc chains are pinned by the localization at {where} (distance from w* / sqrt(d/gamma) "
+                   f"= {min(ratios):.2f}-{max(ratios):.2f}): the localization dominates, the estimate reflects gamma, "
+                   "not the loss")
+    if (r.params.get("lr"), r.params.get("localization")) == (DEFAULT_LR, DEFAULT_LOCALIZATION):
+        out.append(LLC_CALIBRATE_PROMPT)
+    return out
+
+
+def _step_list(steps: list[int], shown: int = 6) -> str:
+    return ", ".join(map(str, steps[:shown])) + (f" and {len(steps) - shown} more" if len(steps) > shown else "")
 
 
 def eps_notes(results: dict[str, AnalysisResult]) -> list[str]:
