@@ -195,7 +195,7 @@ class RunConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise BadInput(f"unknown config key(s): {', '.join(map(str, unknown))}")
+            raise BadInput(f"unknown config key(s): {', '.join(did_you_mean(str(k), known) for k in unknown)}")
         values = (base or cls()).to_dict()
         for key, raw in data.items():
             values[key] = _coerce(key, known[key].type, raw)
@@ -344,6 +344,17 @@ def parse_freqs(text: str) -> tuple[int, ...]:
     _check(len(freqs) >= 1 and all(k >= 1 for k in freqs) and len(set(freqs)) == len(freqs),
            f"fourier_freqs must be distinct integers >= 1; got {text!r}")
     return freqs
+
+
+def did_you_mean(key: str, known) -> str:
+    """`key`, with the closest known name when there is one: a near spelling (difflib), or the
+    name its words' initials spell (learning_rate -> lr)."""
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    initials = "".join(w[0] for w in key.split("_") if w)
+    guess = close[0] if close else initials if "_" in key and initials in known else None
+    return f"{key} (did you mean {guess}?)" if guess else key
 
 
 def _check(ok: bool, message: str) -> None:
