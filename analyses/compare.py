@@ -76,6 +76,7 @@ from groklens.config import GROK_THRESHOLD, RunConfig, field_names
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.analyses.grokking import collapse, collapse_text
+from groklens.analyses.notes import one_per_kind
 from groklens.analyses.tables import comparison_frame
 
 SEED_FIELDS = ("seed", "data_seed")
@@ -495,4 +496,4 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
     variant_fields = differing_fields([g.runs[0].config for g in groups], exclude) if groups_by in (None, [GROUP_VARIANT]) \
         else list(groups_by)
     return Comparison(threshold=threshold, groups=groups, grouped=groups_by is not None, baseline=base,
-                      variant_fields=variant_fields, notes=notes)
+                      variant_fields=variant_fields, notes=one_per_kind(notes))

@@ -33,6 +33,7 @@ from groklens.errors import BadInput
 from groklens.fileio import staged_outputs
 from groklens.analyses.report_figures import FIGURE_NAMES, MISSING_NAMES
 from groklens.analyses.compare_format import dash_reasons, mark_notes
+from groklens.analyses.notes import one_per_kind
 
 FORMATS = ("png", "pdf", "svg")
 
@@ -263,7 +264,7 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
     notes: list[str] = []
     if analyze:
         run_paths = [r.path for g in comp.groups for r in g.runs]
-        notes += analyze_for_report(run_paths, metrics, every, progress=progress, params=params)
+        notes += one_per_kind(analyze_for_report(run_paths, metrics, every, progress=progress, params=params))
         comp = compare(paths, baseline=baseline, group_by=group_by, threshold=threshold)
     if any(np.any(np.asarray(r.metrics["step"]) > 0) for g in comp.groups for r in g.runs):
         specs, missing = make_figures(comp, steps)

@@ -383,7 +383,9 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
         notes.append(f"not trained (--no-train): {len(skipped)} run(s), {', '.join(r.name for r in skipped)}")
     notes.append(f"time: training {t_train:.0f} s, analyses {t_an:.0f} s, total {wall:.0f} s; "
                  f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
-    result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, notes, led.path,
+    from groklens.analyses.notes import one_per_kind
+
+    result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, one_per_kind(notes), led.path,
                     _run_wall(arms), len(todo), run_table(arms))
     from groklens.fileio import write_text_atomic
 
