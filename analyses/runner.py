@@ -566,6 +566,29 @@ def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] |
     return {"probe": result.to_json()}
 
 
+def summary_lines(run: str | Path, results: dict[str, Any], copy: int | None = None) -> list[str]:
+    """`analyze --summary`: a line per measure the computed analyses declare (compare's columns):
+    its value at the first analyzed checkpoint, at memorization and grokking (when their phase
+    checkpoints were analyzed: `--every K` takes them) and at the last analyzed checkpoint."""
+    from groklens.analyses.measures import MEASURES, measure_key, reduce_value
+
+    ph = run_phases(Trajectory(run, copy=copy))
+    lines = []
+    for m in MEASURES:
+        obj = results.get(m.analysis)
+        key = measure_key(m, [k for k in obj if k != "steps"]) if obj and obj.get("steps") else None
+        if key is None:
+            continue
+        at = dict(zip(obj["steps"], obj[key]))
+        t = f"@{GROK_THRESHOLD:g}"  # the phases `--every K` adds (with_phases)
+        points = (("start", obj["steps"][0]), ("memorization" + t, ph.steps.get("memorization")),
+                  ("grokking" + t, ph.steps.get("grokking")), ("end", obj["steps"][-1]))
+        cells = [f"{name} {_fmt(reduce_value(at[s], m.reduce))} (step {s})" if s in at else f"{name} —"
+                 for name, s in points]
+        lines.append(f"{m.label}: " + ", ".join(cells))
+    return lines or ["no measure among the analyses computed (the full table: without --summary)"]
+
+
 def format_results(results: dict[str, Any], max_items: int = 8) -> str:
     """A readable table per metric: one row per step, scalar and short values only."""
     lines = []

@@ -241,17 +241,25 @@ def info(run: str, as_json: bool) -> None:
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: metric -> {steps, values...}.")
+@click.option("--summary", is_flag=True,
+              help="One line per measure (compare's columns): its value at the first analyzed checkpoint, at "
+                   "memorization, at grokking and at the last, instead of the table of every step.")
 @click.option("--copy", "copy", type=int, default=None, metavar="M",
               help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
-def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy) -> None:
+def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+    if summary and as_json:
+        raise BadInput("--summary prints lines, --json the whole object; give one of them")
     _threads()
-    from groklens.analyses.runner import analyze_run, format_results
+    from groklens.analyses.runner import analyze_run, format_results, summary_lines
 
     results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
                                  recompute=recompute, progress=not quiet, copy=copy)
     for note in notes:
         click.echo(f"groklens: {note}", err=True)
+    if summary:
+        click.echo("\n".join(summary_lines(run, results, copy)))
+        return
     click.echo(strict_json(results) if as_json else format_results(results))
 
 
