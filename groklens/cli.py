@@ -393,20 +393,33 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         extra[key] = value
     slurm = {"partition": partition, "time_min": time_min, "extra": extra,
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+    if ensemble:  # the ensembles are sized by the runs' step times, measured once they are known to build
+        sweeps.check_buildable(spec.runs())
+    cost = _measured_cost(spec.runs(), quiet or as_json) if ensemble else None
     if dry_run:
         # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
-        sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm).check()
+        ex = sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
+        ex.check()
         runs = spec.runs()
         sweeps.check_buildable(runs)  # what training would refuse, refused now
         states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
                   for r in runs}
         plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
-        click.echo(strict_json(plan) if as_json else "\n".join(
+        groups = sweeps.dry_run_tasks(runs, states, Path(out_dir), ensemble_size=ensemble_size,
+                                      workers=getattr(ex, "workers", None) or workers or os.cpu_count() or 1,
+                                      threads=threads, cost=cost) if ensemble else None
+        if as_json:
+            click.echo(strict_json(plan if groups is None else {"runs": plan, "tasks": groups}))
+            return
+        click.echo("\n".join(
             f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
+        for i, t in enumerate(groups or []):
+            what = f"ensemble of {len(t['runs'])}" if t["ensemble"] else "single run"
+            click.echo(f"task {i + 1:<3} {what}, ~{t['cost']:.0f} s: {', '.join(t['runs'])}")
         return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
-                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm)
+                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost)
     c = report.counts
     if as_json:
         click.echo(strict_json(report.to_dict()))
@@ -423,6 +436,15 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             click.echo(f"failed   {name}: {error}{skipped}")
     if c["failed"]:
         raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
+
+
+def _measured_cost(runs, quiet: bool):
+    """cost(cfg) -> CPU seconds to its step cap, from step times measured here on one thread (and
+    cached; groklens/experiments/cost.py), for sizing a sweep's ensembles."""
+    from groklens.experiments.cost import cost_key, rates_for, run_seconds
+
+    rates = rates_for([r.config for r in runs], echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
+    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 @cli.command("scaling-law")

@@ -40,7 +40,7 @@ The pieces, one module each (this one runs them and re-exports what callers impo
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +91,10 @@ class SweepReport:
 def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor: str | Executor = "local",
               workers: int | None = None, ensemble: bool = False, ensemble_size: int = 64,
               address: str | None = None, gpus_per_run: float | None = None, retry_failed: bool = False,
-              threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None) -> SweepReport:
-    """Run every unfinished run of `sweep` into `out_dir`; see the module docstring.
+              threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None,
+              cost: Callable[[Any], float] | None = None) -> SweepReport:
+    """Run every unfinished run of `sweep` into `out_dir`; see the module docstring. `cost`:
+    the seconds a run's config takes, which sizes the ensembles (plan_tasks; default: its steps).
 
     `threads` is torch's intra-op thread count in each task. One is the default: small models
     gain little from more, and on a busy machine OpenMP threads that wait for each other's
@@ -110,11 +112,22 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
     todo, report = _classify(runs, out_dir, retry_failed)
     n_workers = getattr(ex, "workers", None) or workers or os.cpu_count() or 1
     tasks, report.single_fallback = plan_tasks(todo, out_dir, ensemble=ensemble, ensemble_size=ensemble_size,
-                                               workers=n_workers, threads=threads)
+                                               workers=n_workers, threads=threads, cost=cost)
     report.ensembles = sum(1 for t in tasks if t["ensemble"])
     if tasks:
         _execute(ex, tasks, report, total=len(runs), progress=progress)
     return report
+
+
+def dry_run_tasks(runs: Sequence[RunSpec], states: dict[str, tuple[str, str]], out_dir: Path, *,
+                  ensemble_size: int, workers: int, threads: int,
+                  cost: Callable[[Any], float] | None = None) -> list[dict[str, Any]]:
+    """`sweep --dry-run --ensemble`: the tasks the pending and interrupted runs would be cut into
+    (plan_tasks), each {runs: names, ensemble, cost}."""
+    todo = [r for r in runs if states[r.name][0] in ("pending", "interrupted")]
+    tasks, _ = plan_tasks(todo, out_dir, ensemble=True, ensemble_size=ensemble_size, workers=workers,
+                          threads=threads, cost=cost)
+    return [{"runs": [m["name"] for m in t["runs"]], "ensemble": t["ensemble"], "cost": t["cost"]} for t in tasks]
 
 
 MAX_THREADS = 1024  # torch threads per task on a remote node (ray, slurm); locally: the cores
