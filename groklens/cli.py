@@ -415,7 +415,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
         for i, t in enumerate(groups or []):
             what = f"ensemble of {len(t['runs'])}" if t["ensemble"] else "single run"
-            click.echo(f"task {i + 1:<3} {what}, ~{t['cost']:.0f} s: {', '.join(t['runs'])}")
+            click.echo(f"task {i + 1:<3} {what}, ~{t['cost']:.3g} s: {', '.join(t['runs'])}")
         return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
