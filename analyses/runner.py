@@ -24,6 +24,7 @@ import numpy as np
 
 from groklens.analyses.grokking import grok_evals_of
 from groklens.analyses.llc import DEFAULT_LOCALIZATION, DEFAULT_LR
+from groklens.analyses.measures import MEASURES, measure_key, reduce_value
 from groklens.analyses.phases import run_phases
 from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
@@ -570,8 +571,6 @@ def summary_lines(run: str | Path, results: dict[str, Any], copy: int | None = N
     """`analyze --summary`: a line per measure the computed analyses declare (compare's columns):
     its value at the first analyzed checkpoint, at memorization and grokking (when their phase
     checkpoints were analyzed: `--every K` takes them) and at the last analyzed checkpoint."""
-    from groklens.analyses.measures import MEASURES, measure_key, reduce_value
-
     ph = run_phases(Trajectory(run, copy=copy))
     lines = []
     for m in MEASURES:

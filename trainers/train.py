@@ -13,11 +13,13 @@ and checkpoint stay in the file).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from groklens import __version__
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
 from groklens.checkpoints.locking import describe_holder, writer_alive
 from groklens.checkpoints.validate import check_resources
@@ -185,10 +187,6 @@ def cap_extension(traj: Trajectory, steps: int) -> dict:
     """The extension record that raises `traj`'s step cap to `steps`; BadInput unless the run
     is censored at its cap or interrupted before it (a run its stop rule ended has grokked:
     more steps would not be the same run), and `steps` is above the cap."""
-    import time
-
-    from groklens import __version__
-
     cap = traj.config.steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= cap:
         raise BadInput(f"--steps {steps}: the run's cap is {cap} steps; an extension must raise it")
