@@ -202,28 +202,75 @@ def _execute(ex: Executor, tasks: list[dict], report: SweepReport, *, total: int
         bar.close()
 
 
+POLL_S = 5.0  # how often the progress bar reads the in-flight runs' files
+
+
+def member_progress(path: str | Path) -> tuple[int, bool]:
+    """(last committed checkpoint step, finished?) of a run file being trained, read as any
+    reader reads it (SWMR); (0, False) before its file exists or while it cannot be read."""
+    from groklens.checkpoints import constants as C
+    from groklens.checkpoints.reader import open_trajectory_file
+
+    try:
+        with open_trajectory_file(path, validate=False) as f:
+            steps = f[C.STEPS]
+            last = int(steps[len(steps) - 1]) if len(steps) else 0
+            status = f[C.STATUS][0].split(b"\0", 1)[0].decode(errors="replace")
+    except (BadInput, OSError, KeyError, ValueError, RuntimeError):  # not there yet, or mid-write
+        return 0, False
+    # finished: at its cap, ended by its stop rule, or left its ensemble diverged (not interrupted)
+    return last, status.startswith(("completed", "stopped: non-finite"))
+
+
+def in_flight_text(runs: Sequence[dict]) -> str:
+    """What the runs of the tasks in flight ({path, config}) have done: their committed steps of
+    their caps, and how many have finished (an ensemble's members stop on their own)."""
+    done = [member_progress(r["path"]) for r in runs]
+    cap = sum(int(r["config"]["steps"]) for r in runs)
+    finished = sum(f for _, f in done)
+    return f"in flight: {sum(s for s, _ in done):,}/{cap:,} steps, {finished} of {len(runs)} runs finished"
+
+
 class _Progress:
-    """The sweep's progress bar; counts each task's outcomes into the report as it ends."""
+    """The sweep's progress bar; counts each task's outcomes into the report as it ends, and,
+    every POLL_S seconds, the committed steps and finished members of the tasks in flight."""
 
     def __init__(self, report: SweepReport, total: int, enabled: bool):
+        import threading
+
         from tqdm.auto import tqdm
 
         self.report = report
-        self.in_flight = 0  # runs of the tasks handed out and not yet ended
+        self.active: dict[int, list[dict]] = {}  # id(task) -> its runs, for the tasks handed out and not ended
         self.bar = tqdm(total=total, initial=report.counts["done"], disable=not enabled, unit="run", desc="sweep",
                         dynamic_ncols=True)
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self.poller = threading.Thread(target=self._poll, daemon=True) if enabled else None
+        if self.poller is not None:
+            self.poller.start()
 
-    def show(self) -> None:
+    @property
+    def in_flight(self) -> int:
+        return sum(len(runs) for runs in self.active.values())
+
+    def show(self, flight: str = "") -> None:
         counts = self.report.counts
-        self.bar.set_postfix_str(f"done {counts['done']} running {self.in_flight + counts['running']} "
-                                 f"failed {counts['failed']}", refresh=True)
+        with self.lock:
+            self.bar.set_postfix_str(f"done {counts['done']} running {self.in_flight + counts['running']} "
+                                     f"failed {counts['failed']}" + (f"; {flight}" if flight else ""), refresh=True)
+
+    def _poll(self) -> None:
+        while not self.stopped.wait(POLL_S):
+            runs = [r for runs in list(self.active.values()) for r in runs]
+            if runs:
+                self.show(in_flight_text(runs))
 
     def on_start(self, task: dict) -> None:
-        self.in_flight += len(task["runs"])
+        self.active[id(task)] = list(task["runs"])
         self.show()
 
     def on_done(self, task: dict, result: list[dict] | BaseException) -> None:
-        self.in_flight -= len(task["runs"])
+        self.active.pop(id(task), None)
         if isinstance(result, BaseException):  # the task itself broke (worker died, job failed)
             result = _outcomes_of_broken_task(self.report.out_dir, task, result)
         counts = self.report.counts
@@ -239,6 +286,9 @@ class _Progress:
         self.show()
 
     def close(self) -> None:
+        self.stopped.set()
+        if self.poller is not None:
+            self.poller.join()
         self.bar.close()
 
 

@@ -67,3 +67,18 @@ def test_dry_run_with_ensemble_shows_the_grouping(tmp_path, monkeypatch):
                                "--json", check=True).stdout)
     assert len(data["runs"]) == 4 and sum(len(t["runs"]) for t in data["tasks"]) == 4
     assert not out.exists()  # a dry run writes nothing
+
+
+def test_progress_counts_the_committed_steps_and_finished_members_in_flight(tmp_path):
+    """What the sweep's bar shows of the tasks in flight, read from their files as any reader."""
+    from groklens.trainers.sweeps import in_flight_text
+    from tests.helpers import tiny_config, train_interrupted, train_tiny
+
+    done, stopped, half = tmp_path / "done.h5", tmp_path / "stopped.h5", tmp_path / "half.h5"
+    train_tiny(done)  # 60 steps: completed at its cap
+    train_tiny(stopped, steps=2000, eval_every=10, checkpoint_every=1000, grok_threshold=0.05, stop_after_grok=2)
+    train_interrupted(tiny_config(), half, at_step=45)  # checkpoints at 0, 20, 40 committed
+    runs = [{"path": str(p), "config": {"steps": s}} for p, s in ((done, 60), (stopped, 2000), (half, 60))]
+    runs.append({"path": str(tmp_path / "not-yet.h5"), "config": {"steps": 60}})
+    # stopped: its stop rule ended it at step 130 (test_grok_evals.py); not-yet: no file, 0 steps
+    assert in_flight_text(runs) == "in flight: 230/2,180 steps, 2 of 4 runs finished"
