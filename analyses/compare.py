@@ -7,8 +7,10 @@ and its sidecar of analysis results (never its parameters, unless `analyze=True`
 CSV or JSON; `groklens report` puts it on the report page.
 
 Definitions (REFERENCES.md, definition 7):
-- memorization / grokking step: first evaluated step with train / test accuracy >= threshold;
-  a run that never crosses is right-censored at its last evaluated step and shown `> N`, never
+- memorization step: first evaluated step with train accuracy >= threshold; grokking step: the
+  first of the run's grok_evals consecutive evaluations with test accuracy >= threshold (its
+  first crossing is shown apart, `first_crossing`, and noted when it differs: a crossing that
+  fell back is not grokking); a run that never crosses is right-censored at its last evaluated step and shown `> N`, never
   dropped. A group with censored members says how many.
 - gap: grokking step - memorization step (a lower bound when grokking is censored).
 - variant: the config fields whose values differ between the rows, found automatically
@@ -74,6 +76,7 @@ from groklens.config import GROK_THRESHOLD, RunConfig, field_names
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.analyses.grokking import collapse, collapse_text
+from groklens.analyses.notes import one_per_kind
 from groklens.analyses.tables import comparison_frame
 
 SEED_FIELDS = ("seed", "data_seed")
@@ -93,6 +96,8 @@ class RunSummary(PhaseTimes):
     memorization: int | None
     grokking: int | None
     last_step: int | None  # last evaluated step: where a censored run is censored
+    first_crossing: int | None = None  # first evaluated step with test accuracy >= threshold
+    grok_evals: int = 1  # consecutive evaluations that make grokking (the run's config)
     phase_steps: dict[str, int | None] = field(default_factory=dict)  # phase -> checkpoint step
     phase_notes: dict[str, str] = field(default_factory=dict)  # phase -> why it has no checkpoint
     values: dict[str, dict[str, float | None]] = field(default_factory=dict)  # measure -> phase -> value
@@ -100,6 +105,7 @@ class RunSummary(PhaseTimes):
     analysis_state: dict[str, str] = field(default_factory=dict)  # analysis -> what the sidecar holds
     stored: dict[str, Any] = field(default_factory=dict)  # analysis -> store.Stored (for figures)
     eps_dependent: dict[str, set] = field(default_factory=dict)  # measure -> phases whose value a norm's eps sets
+    llc_flagged: dict[str, set] = field(default_factory=dict)  # measure -> phases whose llc is negative or pinned
 
     @property
     def name(self) -> str:
@@ -117,7 +123,8 @@ def load_run(path: str | Path, threshold: float = GROK_THRESHOLD) -> RunSummary:
     run = RunSummary(path=Path(path), config=traj.config_dict, status=traj.status,
                      checkpoints=[int(s) for s in traj.steps], steps=np.asarray(metrics["step"]),
                      metrics=metrics, memorization=ph.memorization, grokking=ph.grokking,
-                     last_step=ph.last_step, phase_steps=ph.steps, phase_notes=ph.notes)
+                     last_step=ph.last_step, first_crossing=ph.first_crossing, grok_evals=ph.grok_evals,
+                     phase_steps=ph.steps, phase_notes=ph.notes)
     read_measures(run)
     return run
 
@@ -298,7 +305,9 @@ class Comparison:
                                       "censored": sum(r.mem_censored for r in g.runs)},
                 "grokking_step": {"mean": gm, "std": gs, "values": [r.grokking for r in g.runs],
                                   "censored": sum(r.grok_censored for r in g.runs),
-                                  "censored_at": [r.last_step if r.grok_censored else None for r in g.runs]},
+                                  "censored_at": [r.last_step if r.grok_censored else None for r in g.runs],
+                                  "first_crossing": [r.first_crossing for r in g.runs],
+                                  "grok_evals": [r.grok_evals for r in g.runs]},
                 "gap": {"mean": pm, "std": ps, "lower_bound": any(r.grok_censored for r in g.runs)},
                 "baseline": g.baseline,
                 "speedup": None,
@@ -319,7 +328,8 @@ class Comparison:
                     mean, std = mean_std(have)
                     per_phase[ph] = {"mean": mean, "std": std, "n": len(have), "values": vals,
                                      "missing": _missing_reason(g.runs, m, ph),
-                                     "eps_dependent": any(ph in r.eps_dependent.get(m.key, ()) for r in g.runs)}
+                                     "eps_dependent": any(ph in r.eps_dependent.get(m.key, ()) for r in g.runs),
+                                     "llc_flagged": any(ph in r.llc_flagged.get(m.key, ()) for r in g.runs)}
                 row["analyses"][m.key] = per_phase
             out.append(row)
         return out
@@ -420,6 +430,7 @@ def compute_missing(runs: Sequence[RunSummary], metrics: Sequence[str] | None = 
         r.stored.clear()
         r.analysis_state.clear()
         r.eps_dependent.clear()
+        r.llc_flagged.clear()
         read_measures(r)
     return notes
 
@@ -432,6 +443,10 @@ def run_notes(runs: Sequence[RunSummary], threshold: float) -> list[str]:
         text = collapse_text(collapse(r.metrics, threshold))
         if text:
             out.append(f"{r.path.name}: {text} (threshold {threshold:g})")
+        if r.first_crossing is not None and r.first_crossing != r.grokking:
+            grokked = f"step {r.grokking}" if r.grokking is not None else f"> {r.last_step} (censored)"
+            out.append(f"{r.path.name}: first crossed {threshold:g} at step {r.first_crossing}; grokked (the first of "
+                       f"{r.grok_evals} consecutive evaluations >= {threshold:g}) at {grokked}")
         stored = r.stored.get("fourier")
         if stored is not None and "n_key_frequencies" in stored.values and r.config.get("p"):
             n = [float(np.asarray(v).reshape(-1)[0]) for v in stored.values["n_key_frequencies"]]
@@ -481,4 +496,4 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
     variant_fields = differing_fields([g.runs[0].config for g in groups], exclude) if groups_by in (None, [GROUP_VARIANT]) \
         else list(groups_by)
     return Comparison(threshold=threshold, groups=groups, grouped=groups_by is not None, baseline=base,
-                      variant_fields=variant_fields, notes=notes)
+                      variant_fields=variant_fields, notes=one_per_kind(notes))

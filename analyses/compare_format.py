@@ -43,8 +43,7 @@ def analysis_cells(comp: Comparison) -> tuple[list[str], list[list[str]]]:
             name = g.runs[0].name
             label = g.label if comp.grouped or g.label == name else f"{g.label} ({name})"
             body.append([m.label if i == 0 else "", label]
-                        + [fmt_measure(row["analyses"][m.key][ph]) + (EPS_MARK if row["analyses"][m.key][ph].get(
-                            "eps_dependent") and row["analyses"][m.key][ph]["mean"] is not None else "")
+                        + [fmt_measure(row["analyses"][m.key][ph]) + cell_marks(row["analyses"][m.key][ph])
                            for ph in PHASES])
     return head, body
 
@@ -52,6 +51,22 @@ def analysis_cells(comp: Comparison) -> tuple[list[str], list[list[str]]]:
 EPS_MARK = " †"
 EPS_NOTE = ("† = set by a scale-invariant norm's eps, not by the loss's geometry (eps_dependent = 1; "
             "docs/ANALYSES.md, 'Where radial and sharpness mean something')")
+LLC_MARK = " ‡"
+LLC_NOTE = ("‡ = an LLC estimate flagged negative, or with its chains pinned by the localization (distance from w* "
+            "~ sqrt(d/gamma)): not a learning coefficient; calibrate with `groklens llc-calibrate` "
+            "(docs/ANALYSES.md, 'llc')")
+# a table cell's marks: (mark, the cell's flag, the note under the table)
+MARKS = ((EPS_MARK, "eps_dependent", EPS_NOTE), (LLC_MARK, "llc_flagged", LLC_NOTE))
+
+
+def cell_marks(cell: dict) -> str:
+    """The marks of an analyses-table cell with a value (MARKS)."""
+    return "".join(mark for mark, flag, _ in MARKS if cell.get(flag) and cell["mean"] is not None)
+
+
+def mark_notes(body: list[list[str]]) -> list[str]:
+    """The notes of the marks present in a table's cells."""
+    return [note for mark, _, note in MARKS if any(mark in c for r in body for c in r)]
 NEVER = ("never grokked", "never memorized")
 
 
@@ -117,8 +132,7 @@ def format_table(comp: Comparison) -> str:
             "of the n seeds have it)", WIDTH)
         lines += text_table(head, body)
         lines += [w for r in dash_reasons(comp) for w in textwrap.wrap(r, WIDTH, subsequent_indent="    ")]
-        if any(EPS_MARK in c for r in body for c in r):
-            lines += textwrap.wrap(EPS_NOTE, WIDTH)
+        lines += [w for n in mark_notes(body) for w in textwrap.wrap(n, WIDTH)]
     lines += missing_hint(comp)
     lines += [f"note: {n}" for n in comp.notes]
     return "\n".join(lines)

@@ -61,10 +61,12 @@ RESTRICTED_SKIP = ("mean", "keep")
 
 def trivial_key_note(steps: Sequence[int], n_keys: Sequence[float], p: int, where: str = "") -> str | None:
     """A warning when Nanda's key set covers more than TRIVIAL_KEY_SHARE of the p//2 frequencies
-    at some checkpoint (at small p every frequency owns a neuron, even at initialization): the
+    at some trained checkpoint (at small p every frequency owns a neuron): the
     key-set means (neuron and embedding FVE, the LS key mean, restricted loss) then say little."""
     m = p // 2
-    hit = [(int(s), int(n)) for s, n in zip(steps, n_keys) if n is not None and np.isfinite(n) and n > TRIVIAL_KEY_SHARE * m]
+    # step 0 left out: at initialization the key set holds most frequencies in every run
+    hit = [(int(s), int(n)) for s, n in zip(steps, n_keys)
+           if s > 0 and n is not None and np.isfinite(n) and n > TRIVIAL_KEY_SHARE * m]
     if not hit:
         return None
     shown = ", ".join(f"{n} at step {s}" for s, n in hit[:3]) + (f", ... ({len(hit)} checkpoints)" if len(hit) > 3 else "")

@@ -1,11 +1,14 @@
 """Grokking and memorization times (docs/ANALYSES.md, "grokking").
 
-The grokking step is the first evaluated step with test accuracy >= threshold; memorization
-likewise on train accuracy. The rule is `>=`: the bounded-sphere paper's code uses a strict
+A run has grokked at the first of N consecutive evaluations with test accuracy >= threshold,
+N the run's `grok_evals` (config; 3 by default, 1 in files from before the field: their
+first crossing), so a crossing that a loss spike undoes is not grokking; the first crossing is
+kept as its own figure (`first_crossing`). Memorization is the first evaluated step with train
+accuracy >= threshold. The rule is `>=`: the bounded-sphere paper's code uses a strict
 `>` (test accuracy > threshold), so a run whose accuracy sits exactly at the threshold (e.g.
 0.95 on a test set of a size where 0.95 is an attainable value) groks here one evaluation
-earlier than there. A run that never crosses is right-censored: None here, reported as
-`> last step` by the CLI, never dropped.
+earlier than there. A run that never crosses (or not for N evaluations in a row) is
+right-censored: None here, reported as `> last step` by the CLI, never dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from groklens.config import GROK_THRESHOLD, PHASE_THRESHOLDS
+from groklens.config import GROK_THRESHOLD, PHASE_THRESHOLDS, STORED_LEGACY, first_sustained
 from groklens.analyses.registry import analysis
 
 
@@ -25,14 +28,31 @@ def first_crossing(steps: Sequence[int], values: Sequence[float], threshold: flo
     return int(np.asarray(steps)[hits[0]]) if len(hits) else None
 
 
-def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
-    """memorization_step / grokking_step keyed by threshold as a string ("0.95"), int or None."""
+def grokked_at(steps: Sequence[int], values: Sequence[float], threshold: float, evals: int) -> int | None:
+    """The grokking step: the first of `evals` consecutive evaluations with value >= threshold
+    (None when there is no such run; `evals` 1 is the first crossing)."""
+    start = first_sustained(np.asarray(values, dtype=float) >= threshold, evals)
+    return None if start is None else int(np.asarray(steps)[start])
+
+
+def grok_evals_of(config: Mapping) -> int:
+    """A run's N (`grok_evals`); a config from before the field (a ledger entry's) meant 1."""
+    return int(config.get("grok_evals", STORED_LEGACY["grok_evals"]))
+
+
+def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS,
+                   evals: int = 1) -> dict:
+    """memorization_step / grokking_step (`evals` consecutive evaluations) / first_crossing keyed
+    by threshold as a string ("0.95"), int or None; grok_evals; last_step."""
     steps = metrics["step"]
-    out: dict = {"memorization_step": {}, "grokking_step": {}, "last_step": int(steps[-1]) if len(steps) else None}
+    out: dict = {"memorization_step": {}, "grokking_step": {}, "first_crossing": {}, "grok_evals": evals,
+                 "last_step": int(steps[-1]) if len(steps) else None}
+    test = metrics.get("test_acc", [])
     for t in thresholds:
         key = f"{t:g}"
         out["memorization_step"][key] = first_crossing(steps, metrics.get("train_acc", []), t) if len(steps) else None
-        out["grokking_step"][key] = first_crossing(steps, metrics.get("test_acc", []), t) if len(steps) else None
+        out["grokking_step"][key] = grokked_at(steps, test, t, evals) if len(steps) else None
+        out["first_crossing"][key] = first_crossing(steps, test, t) if len(steps) else None
     return out
 
 
@@ -67,20 +87,25 @@ def collapse_text(c: Mapping) -> str:
     return f"crossed at {c['crossed']}, fell below{at}, recovered (final test acc {final})"
 
 
-@analysis("grokking", "memorization and grokking steps per accuracy threshold (test accuracy >= threshold), with censoring",
-          kind="run")
-def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
-    """Per threshold (in the given order): memorization and grokking steps, -1 where censored,
-    and whether each is censored (never crossed by `last_step`, the last evaluated step)."""
-    times = grokking_times(metrics, thresholds)
+@analysis("grokking", "memorization and grokking steps per accuracy threshold (grokked: grok_evals consecutive "
+          "evaluations with test accuracy >= threshold; the first crossing apart), with censoring", kind="run")
+def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS,
+                   grok_evals: int = 0) -> dict:
+    """Per threshold (in the given order): memorization and grokking steps and the first
+    crossing, -1 where censored, and whether each is censored (never crossed by `last_step`, the
+    last evaluated step). grok_evals 0: the run's own (the runner passes its config's)."""
+    times = grokking_times(metrics, thresholds, max(grok_evals, 1))
     mem = [times["memorization_step"][f"{t:g}"] for t in thresholds]
     grok = [times["grokking_step"][f"{t:g}"] for t in thresholds]
+    first = [times["first_crossing"][f"{t:g}"] for t in thresholds]
     return {
         "thresholds": np.asarray(thresholds, dtype=np.float64),
         "memorization_step": np.array([-1 if s is None else s for s in mem], dtype=np.int64),
         "memorization_censored": np.array([s is None for s in mem], dtype=np.int64),
         "grokking_step": np.array([-1 if s is None else s for s in grok], dtype=np.int64),
         "grokking_censored": np.array([s is None for s in grok], dtype=np.int64),
+        "first_crossing": np.array([-1 if s is None else s for s in first], dtype=np.int64),
+        "grok_evals": int(times["grok_evals"]),
         "last_step": -1 if times["last_step"] is None else int(times["last_step"]),
     }
 
@@ -95,7 +120,8 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
     metrics = run.metrics
     steps = run.steps
     last = {k: _plain(v[-1]) for k, v in metrics.items()} if len(metrics["step"]) else None
-    times = grokking_times(metrics, thresholds)
+    evals = grok_evals_of(run.config_dict)
+    times = grokking_times(metrics, thresholds, evals)
     live = run.is_live
     status = run.status
     if status == "running" and not live and not len(steps):
@@ -108,7 +134,7 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
         def grok_of(prefix: str) -> dict:
             series = {"step": metrics["step"], "test_acc": metrics.get(prefix + "test_acc", []),
                       "train_acc": metrics.get(prefix + "train_acc", [])}
-            return grokking_times(series, thresholds)["grokking_step"]
+            return grokking_times(series, thresholds, evals)["grokking_step"]
 
         routing = {"copies": run.n_copies, "copy": run.copy,
                    "copy_grokking_step": [grok_of(f"copy{m}.") for m in range(run.n_copies)],
@@ -125,6 +151,9 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
         "last": last,
         "memorization_step": times["memorization_step"],
         "grokking_step": times["grokking_step"],
+        "first_crossing": times["first_crossing"],
+        "grok_evals": evals,
+        "extensions": run.extensions,
         "censored_at": times["last_step"],
         "collapse": {**collapse(metrics, run.config_dict.get("grok_threshold", thresholds[0])),
                      "threshold": run.config_dict.get("grok_threshold", thresholds[0])},
@@ -148,6 +177,11 @@ def censored_text(step: int | None, summary: Mapping) -> str:
     return f"> {last} (censored)" if last is not None else "n/a"
 
 
+def first_crossing_text(first: int | None, grokked: int | None) -> str:
+    """' (first crossing at step N)' when the first crossing is not the grokking step ('' else)."""
+    return "" if first is None or first == grokked else f" (first crossing at step {first})"
+
+
 def _num(value, spec: str) -> str:
     """A stored metric; None where it was not finite (a diverged run)."""
     return "non-finite" if value is None else format(value, spec)
@@ -166,6 +200,8 @@ def format_summary(summary: Mapping) -> str:
     )
     opt = {"adamw": "AdamW", "adam": "Adam (L2 weight decay)"}.get(cfg.get("optimizer", "adamw"), cfg.get("optimizer"))
     lines.append(f"optim    {opt} lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
+    for e in summary.get("extensions", []):
+        lines.append(f"extended cap {e['from_steps']} -> {e['steps']} at step {e['at_step']} (train --resume --steps)")
     span = f"{steps[0]}..{steps[-1]}" if steps else "none"
     lines.append(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
     last = summary["last"]
@@ -175,10 +211,13 @@ def format_summary(summary: Mapping) -> str:
             f"{_num(last['train_acc'], '.4f')} | test loss {_num(last['test_loss'], '.4g')} acc "
             f"{_num(last['test_acc'], '.4f')}"
         )
+    lines.append(f"grokked  the first of {summary['grok_evals']} consecutive evaluations with test accuracy "
+                 ">= the threshold (config grok_evals)")
     for key in summary["grokking_step"]:
         lines.append(
             f"@{key:<7} memorized {censored_text(summary['memorization_step'][key], summary)}, "
             f"grokked {censored_text(summary['grokking_step'][key], summary)}"
+            + first_crossing_text(summary["first_crossing"][key], summary["grokking_step"][key])
         )
     c = summary.get("collapse") or {}
     if collapse_text(c):

@@ -30,6 +30,15 @@ Diagnostics (devinterp 2.x computes no MALA acceptance; these show an uncalibrat
   distance      [chains] ||w - w*|| at the last step (vmap; devinterp: with save_metrics)
   grad_noise    [chains] the mean over the draws of ||gradient step|| / ||noise step||
                 (NaN unless save_metrics; devinterp's save_metrics makes a step ~2.5x slower)
+
+Flags (1 / 0 per checkpoint; `analyze`, the compare / report tables and fig_llc mark them):
+  negative      llc_mean < 0: the chains found lower loss than w* (not a local minimum, or the
+                sampler is uncalibrated): not a learning coefficient
+  pinned        the chains' mean distance from w* is within PINNED_BAND of sqrt(d / gamma), where
+                the localization term alone would hold them (d parameters, gamma = localization):
+                the localization dominates, the loss barely moves the chains, and the estimate
+                says more about gamma than about the loss landscape
+  distance_ratio  that mean distance / sqrt(d / gamma) (NaN without distances or with gamma 0)
 """
 
 from __future__ import annotations
@@ -71,6 +80,9 @@ DEFAULT_LOCALIZATION = 1e5
 LIMITS = {"lr": 1.0, "localization": 1e12, "nbeta": 1e15, "chains": 1024, "draws": 1_000_000,
           "burnin": 1_000_000, "seed": 2**32 - 1}
 MAX_TOTAL_STEPS = 10_000_000  # chains x (burnin + draws) SGLD steps
+# a chain at sqrt(d / gamma) +- 10% sits where the localization alone would hold it (the chi
+# distribution of d dimensions has a relative spread of ~1/sqrt(2d), far below this at d >= 100)
+PINNED_BAND = 0.1
 
 
 def _positive_int(name: str, v, lo: int) -> int:
@@ -324,6 +336,17 @@ def llc(
     out = sgld_llc(model, task_row_loss(model, data, rows, check_loss(loss)), len(rows), **params,
                    save_metrics=save_metrics)
     out["n_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return with_flags(out, localization)
+
+
+def with_flags(out: dict, localization: float) -> dict:
+    """`out` with its flags (module docstring): negative, pinned, distance_ratio."""
+    d, distance = out["n_params"], np.asarray(out["distance"], dtype=float)
+    finite = distance[np.isfinite(distance)]
+    ratio = float(finite.mean() / math.sqrt(d / localization)) if localization > 0 and len(finite) else float("nan")
+    out["distance_ratio"] = ratio
+    out["pinned"] = int(math.isfinite(ratio) and abs(ratio - 1) <= PINNED_BAND)
+    out["negative"] = int(math.isfinite(out["llc_mean"]) and out["llc_mean"] < 0)
     return out
 
 
@@ -358,6 +381,6 @@ def llc_many(models: list, data: TaskData, **params) -> list[dict]:
             r = summarise(res["trace"][k, 0], float(res["init_loss"][k]), nb, hp["burnin"],
                           {"distance": res["distance"][k, 0], "grad_noise": res["grad_noise"][k, 0]})
             r["n_params"] = int(sum(p.numel() for p in m.parameters() if p.requires_grad))
-            out.append(r)
+            out.append(with_flags(r, float(hp["localization"])))
     return out
 

@@ -102,6 +102,12 @@ def read_measures(run) -> None:
                 run.values[m.key][ph] = reduce_value(stored.values[key][where[s]], m.reduce)
                 if flag is not None and np.any(np.asarray(stored.values[flag][where[s]]) == 1):
                     run.eps_dependent.setdefault(m.key, set()).add(ph)
+                if any(np.any(np.asarray(stored.values[k][where[s]]) == 1)
+                       for k in LLC_FLAGS if m.analysis == "llc" and k in stored.values):
+                    run.llc_flagged.setdefault(m.key, set()).add(ph)
+
+
+LLC_FLAGS = ("negative", "pinned")  # the llc analysis' flags (analyses/llc.py)
 
 
 def eps_key(value_key: str, keys: Sequence[str]) -> str | None:

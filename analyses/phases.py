@@ -1,5 +1,6 @@
-"""A run's phases: when it memorized and grokked (first evaluation with train / test accuracy >=
-a threshold, right-censored at the last evaluation), and the checkpoints that stand for them.
+"""A run's phases: when it memorized (first evaluation with train accuracy >= a threshold) and
+grokked (the first of the run's grok_evals consecutive evaluations with test accuracy >= it;
+analyses/grokking.py), right-censored at the last evaluation, and the checkpoints that stand for them.
 
 "At" a phase means less than one evaluation interval (`eval_every`) from its step: the trainer's
 phase checkpoints are exactly there; in a file without them only a periodic checkpoint that
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from groklens.analyses.grokking import first_crossing
+from groklens.analyses.grokking import first_crossing, grok_evals_of, grokked_at
 from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 
@@ -72,10 +73,12 @@ def phase_checkpoint(checkpoints: Sequence[int], step: int | None, interval: int
 @dataclass
 class Phases:
     memorization: int | None  # first evaluated step with train accuracy >= threshold
-    grokking: int | None  # ... with test accuracy >= threshold
+    grokking: int | None  # the first of grok_evals consecutive evaluations with test accuracy >= threshold
     last_step: int | None  # last evaluated step: where a censored run is censored
     steps: dict[str, int | None] = field(default_factory=dict)  # phase -> checkpoint step
     notes: dict[str, str] = field(default_factory=dict)  # phase -> why it has no checkpoint
+    first_crossing: int | None = None  # first evaluated step with test accuracy >= threshold
+    grok_evals: int = 1
 
     def checkpoint_steps(self) -> list[int]:
         return sorted({s for s in self.steps.values() if s is not None})
@@ -89,8 +92,10 @@ def run_phases(traj, threshold: float = GROK_THRESHOLD) -> Phases:
         raise BadInput(f"{traj.path}: the run logs no train_acc / test_acc, so it has no grokking time")
     checkpoints = [int(s) for s in traj.steps]
     mem = first_crossing(steps, metrics["train_acc"], threshold) if len(steps) else None
-    grok = first_crossing(steps, metrics["test_acc"], threshold) if len(steps) else None
-    out = Phases(mem, grok, int(steps[-1]) if len(steps) else None)
+    evals = grok_evals_of(traj.config_dict)
+    grok = grokked_at(steps, metrics["test_acc"], threshold, evals) if len(steps) else None
+    first = first_crossing(steps, metrics["test_acc"], threshold) if len(steps) else None
+    out = Phases(mem, grok, int(steps[-1]) if len(steps) else None, first_crossing=first, grok_evals=evals)
     interval = int(traj.config_dict.get("eval_every") or 1)
     for phase, step in (("memorization", mem), ("grokking", grok)):
         out.steps[phase], note = phase_checkpoint(checkpoints, step, interval, phase)

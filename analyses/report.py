@@ -32,7 +32,8 @@ from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 from groklens.fileio import staged_outputs
 from groklens.analyses.report_figures import FIGURE_NAMES, MISSING_NAMES
-from groklens.analyses.compare_format import EPS_MARK, EPS_NOTE, dash_reasons
+from groklens.analyses.compare_format import dash_reasons, mark_notes
+from groklens.analyses.notes import one_per_kind
 
 FORMATS = ("png", "pdf", "svg")
 
@@ -91,7 +92,7 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
                      "happened. Groups: mean ± std over seeds.</p>")
         parts.append(_table(head, body, "analyses"))
 
-        notes_below = dash_reasons(comp) + ([EPS_NOTE] if any(EPS_MARK in c for r in body for c in r) else [])
+        notes_below = dash_reasons(comp) + mark_notes(body)
         if notes_below:
             parts.append('<ul class="note" id="analyses-notes">' + "".join(f"<li>{e(n)}</li>" for n in notes_below)
                          + "</ul>")
@@ -263,7 +264,7 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
     notes: list[str] = []
     if analyze:
         run_paths = [r.path for g in comp.groups for r in g.runs]
-        notes += analyze_for_report(run_paths, metrics, every, progress=progress, params=params)
+        notes += one_per_kind(analyze_for_report(run_paths, metrics, every, progress=progress, params=params))
         comp = compare(paths, baseline=baseline, group_by=group_by, threshold=threshold)
     if any(np.any(np.asarray(r.metrics["step"]) > 0) for g in comp.groups for r in g.runs):
         specs, missing = make_figures(comp, steps)

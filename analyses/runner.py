@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from groklens.analyses.grokking import grok_evals_of
+from groklens.analyses.llc import DEFAULT_LOCALIZATION, DEFAULT_LR
+from groklens.analyses.measures import MEASURES, measure_key, reduce_value
 from groklens.analyses.phases import run_phases
 from groklens.analyses.radial import EpsDependenceWarning
 from groklens.analyses.registry import Analysis, canonical_params, default_names, get, params_json
@@ -247,7 +250,10 @@ def _run_level(traj, sidecar: Sidecar, jobs: list[_Job], store: bool) -> dict[st
     for j in jobs:
         if j.analysis.kind != "run":
             continue
-        values = _normalise(j.analysis.func(traj.metrics, **j.params), j.name)
+        params = dict(j.params)
+        if params.get("grok_evals") == 0:  # the grokking table reads the run's own N
+            params["grok_evals"] = grok_evals_of(traj.config_dict)
+        values = _normalise(j.analysis.func(traj.metrics, **params), j.name)
         last = int(values["last_step"]) if "last_step" in values else 0
         stored = sidecar.read(j.name, j.variant)
         same = matches(stored, j.attrs) and stored.steps == [last] and set(stored.values) == set(values) and all(
@@ -479,7 +485,7 @@ def analyze_run(run: str | Path, *, metrics: Sequence[str] = (), steps: Iterable
         warnings.simplefilter("ignore", EpsDependenceWarning)
         results = compute_many(traj, [(m, parsed.get(m, {})) for m in chosen], steps=steps, every=every,
                                recompute=recompute, progress=progress, notes=None if asked else notes)
-    notes += eps_notes(results) + key_notes(results, traj.config_dict.get("p"))
+    notes += eps_notes(results) + key_notes(results, traj.config_dict.get("p")) + llc_notes(results)
     return {name: r.to_json() for name, r in results.items()}, notes
 
 
@@ -500,6 +506,41 @@ def key_notes(results: dict[str, AnalysisResult], p: int | None) -> list[str]:
         return []
     note = trivial_key_note(r.steps, [float(np.asarray(v).reshape(-1)[0]) for v in r.values["n_key_frequencies"]], p)
     return [note] if note else []
+
+
+LLC_CALIBRATE_PROMPT = ("note: llc ran with its default lr and localization, calibrated on the README's p=23 "
+                        "transformer; on a new architecture run `groklens llc-calibrate RUN` first (docs/ANALYSES.md, "
+                        "'Calibrating')")
+
+
+def llc_notes(results: dict[str, AnalysisResult]) -> list[str]:
+    """The llc analysis' warnings from its stored flags (analyses/llc.py): negative estimates,
+    chains pinned by the localization, and the prompt to calibrate where the defaults ran."""
+    r = results.get("llc")
+    if r is None or "pinned" not in r.values:
+        return []
+
+    def flagged(key: str) -> list[int]:
+        return [s for s, v in zip(r.steps, r.values[key]) if np.any(np.asarray(v) == 1)]
+
+    out = []
+    negative, pinned = flagged("negative"), flagged("pinned")
+    if negative:
+        out.append(f"warning: llc is negative at step(s) {_step_list(negative)}: the chains found lower loss than the "
+                   "checkpoint (not a local minimum, or an uncalibrated sampler); not a learning coefficient")
+    if pinned:
+        where = "every checkpoint" if len(pinned) == len(r.steps) else f"step(s) {_step_list(pinned)}"
+        ratios = [float(np.asarray(v)) for v in r.values["distance_ratio"]]
+        out.append(f"warning: llc chains are pinned by the localization at {where} (distance from w* / sqrt(d/gamma) "
+                   f"= {min(ratios):.2f}-{max(ratios):.2f}): the localization dominates, the estimate reflects gamma, "
+                   "not the loss")
+    if (r.params.get("lr"), r.params.get("localization")) == (DEFAULT_LR, DEFAULT_LOCALIZATION):
+        out.append(LLC_CALIBRATE_PROMPT)
+    return out
+
+
+def _step_list(steps: list[int], shown: int = 6) -> str:
+    return ", ".join(map(str, steps[:shown])) + (f" and {len(steps) - shown} more" if len(steps) > shown else "")
 
 
 def eps_notes(results: dict[str, AnalysisResult]) -> list[str]:
@@ -524,6 +565,27 @@ def probe_run(run: str | Path, *, site: str, target: str, steps: Iterable[Any] |
     result = compute(traj, "probe", steps=steps, every=every, recompute=recompute, progress=progress,
                      site=site, target=target, **params)
     return {"probe": result.to_json()}
+
+
+def summary_lines(run: str | Path, results: dict[str, Any], copy: int | None = None) -> list[str]:
+    """`analyze --summary`: a line per measure the computed analyses declare (compare's columns):
+    its value at the first analyzed checkpoint, at memorization and grokking (when their phase
+    checkpoints were analyzed: `--every K` takes them) and at the last analyzed checkpoint."""
+    ph = run_phases(Trajectory(run, copy=copy))
+    lines = []
+    for m in MEASURES:
+        obj = results.get(m.analysis)
+        key = measure_key(m, [k for k in obj if k != "steps"]) if obj and obj.get("steps") else None
+        if key is None:
+            continue
+        at = dict(zip(obj["steps"], obj[key]))
+        t = f"@{GROK_THRESHOLD:g}"  # the phases `--every K` adds (with_phases)
+        points = (("start", obj["steps"][0]), ("memorization" + t, ph.steps.get("memorization")),
+                  ("grokking" + t, ph.steps.get("grokking")), ("end", obj["steps"][-1]))
+        cells = [f"{name} {_fmt(reduce_value(at[s], m.reduce))} (step {s})" if s in at else f"{name} —"
+                 for name, s in points]
+        lines.append(f"{m.label}: " + ", ".join(cells))
+    return lines or ["no measure among the analyses computed (the full table: without --summary)"]
 
 
 def format_results(results: dict[str, Any], max_items: int = 8) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from groklens.analyses.grokking import grokking_times
+from groklens.analyses.grokking import grok_evals_of, grokking_times
 from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
 from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
@@ -126,7 +126,7 @@ def collect_runs(directory: str | Path, variables: Sequence[str], threshold: flo
             if "n_train" in variables:
                 n_train = len(traj.dataset().train_idx)
             values = {v: variable_value(v, cfg, n_train) for v in variables}
-            times = grokking_times(traj.metrics, (threshold,))
+            times = grokking_times(traj.metrics, (threshold,), grok_evals_of(traj.config_dict))
         except BadInput as exc:
             if "scaling variable" in str(exc) or "'width'" in str(exc):
                 raise

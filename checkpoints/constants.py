@@ -10,6 +10,9 @@ ATTR_GROKLENS_VERSION = "groklens_version"
 ATTR_CONFIG = "config"  # RunConfig as JSON
 ATTR_CREATED = "created"
 ATTR_CONFIG_SHA256 = "config_sha256"  # sha256 of the config attribute (since 1.1; absent in older files)
+# JSON list of step-cap extensions (`train --resume RUN --steps N`), oldest first: the config
+# attribute stays as the run began (its checksum verifies), the last extension's steps is the cap
+ATTR_EXTENSIONS = "extensions"
 
 # groups and datasets
 STEPS = "steps"  # int64 [n_checkpoints]; its length commits a checkpoint

@@ -21,7 +21,7 @@ import numpy as np
 
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import writer_alive
-from groklens.checkpoints.validate import check_file
+from groklens.checkpoints.validate import check_file, stored_extensions
 from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput, require_pandas
 from groklens.tasks import TaskData
@@ -336,7 +336,20 @@ class Trajectory:
         except (TypeError, ValueError):
             raise BadInput(f"{self.path}: damaged trajectory (stored config is not JSON)") from None
 
-        return stored_dict(data)  # an older file's missing keys read as that file meant them
+        # an older file's missing keys read as that file meant them; a raised cap is the last extension's
+        cfg = stored_dict(data)
+        extensions = self.extensions
+        return {**cfg, "steps": extensions[-1]["steps"]} if extensions and isinstance(cfg, dict) else cfg
+
+    @cached_property
+    def extensions(self) -> list[dict]:
+        """The step-cap extensions of the run (`train --resume RUN --steps N`), oldest first:
+        {steps, from_steps, at_step, groklens_version, when}; [] for a run trained to its first cap."""
+        with self._open() as f:
+            try:
+                return stored_extensions(f)
+            except BadInput as exc:
+                raise BadInput(f"{self.path}: invalid trajectory: {exc}") from None
 
     @cached_property
     def config(self) -> "RunConfig":

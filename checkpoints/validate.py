@@ -133,6 +133,24 @@ def config_checksum(config_json: str) -> str:
     return hashlib.sha256(config_json.encode("utf-8")).hexdigest()
 
 
+def stored_extensions(f) -> list[dict]:
+    """The file's step-cap extensions (ATTR_EXTENSIONS), oldest first; [] when it has none.
+    BadInput when the record is not a list of {steps, from_steps, at_step, ...} with rising caps."""
+    raw = f.attrs.get(C.ATTR_EXTENSIONS)
+    if raw is None:
+        return []
+    try:
+        data = json.loads(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+    except (TypeError, ValueError, RecursionError):
+        data = None
+    ok = isinstance(data, list) and all(
+        isinstance(e, dict) and all(type(e.get(k)) is int for k in ("steps", "from_steps", "at_step"))
+        and e["from_steps"] < e["steps"] for e in data)
+    if not ok or any(a["steps"] != b["from_steps"] for a, b in zip(data, data[1:])):
+        raise BadInput(f"the {C.ATTR_EXTENSIONS} attribute is not a record of rising step caps")
+    return data
+
+
 def _config(f, problems: list[str]):
     raw = f.attrs.get(C.ATTR_CONFIG)
     if isinstance(raw, bytes):
@@ -158,6 +176,15 @@ def _config(f, problems: list[str]):
     except (RecursionError, TypeError, ValueError, OverflowError) as exc:
         problems.append(f"stored config: {type(exc).__name__}")
         return None
+    try:
+        extensions = stored_extensions(f)
+    except BadInput as exc:
+        problems.append(str(exc))
+        return None
+    if extensions and extensions[0]["from_steps"] != cfg.steps:
+        problems.append(f"the first step-cap extension starts from {extensions[0]['from_steps']} steps, not the "
+                        f"config's {cfg.steps}")
+        return None
     stored = f.attrs.get(C.ATTR_CONFIG_SHA256)
     if stored is not None:  # absent: a file written before the checksum (legacy, accepted)
         stored = stored.decode(errors="replace") if isinstance(stored, bytes) else stored
@@ -165,7 +192,7 @@ def _config(f, problems: list[str]):
             problems.append(f"the stored config does not match its checksum ({C.ATTR_CONFIG_SHA256}): it was "
                             "edited after the run was written")
             return None
-    return cfg
+    return cfg.replace(steps=extensions[-1]["steps"]) if extensions else cfg
 
 
 def _steps(f, key: str, where: str, problems: list[str]) -> int:

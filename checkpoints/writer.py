@@ -26,7 +26,7 @@ from groklens import __version__
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
 from groklens.checkpoints.locking import WriterLock, describe_holder, not_writable, writer_alive
-from groklens.checkpoints.validate import config_checksum
+from groklens.checkpoints.validate import config_checksum, stored_extensions
 from groklens.errors import BadInput, RunFailure
 from groklens.fileio import check_writable_dir, remove_quietly, stale_temporaries
 
@@ -130,8 +130,10 @@ class TrajectoryWriter:
         return cls(f, lock, path if replace else target, replaces=target if replace else None)
 
     @classmethod
-    def reopen(cls, path: str | Path) -> "TrajectoryWriter":
-        """Open a clean (recovered) file to append to, in SWMR mode."""
+    def reopen(cls, path: str | Path, extension: Mapping | None = None) -> "TrajectoryWriter":
+        """Open a clean (recovered) file to append to, in SWMR mode; `extension` (a raised step
+        cap) is appended to the file's extension record first, under the writer's lock (SWMR
+        cannot write attributes)."""
         try:
             lock = WriterLock(path)
         except OSError as exc:
@@ -143,6 +145,8 @@ class TrajectoryWriter:
             f = h5py.File(path, "r+", libver="latest")
             if C.CPU_SECONDS not in f:  # a file from before it was kept: SWMR cannot add it later
                 f.create_dataset(C.CPU_SECONDS, data=np.full(1, np.nan))
+            if extension is not None:
+                f.attrs[C.ATTR_EXTENSIONS] = json.dumps([*stored_extensions(f), dict(extension)])
             f.swmr_mode = True
         except BaseException:
             lock.release()

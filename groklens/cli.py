@@ -117,6 +117,7 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
     if resume_path is not None:
         if force:
             raise BadInput("--resume continues a run and --force starts one afresh; give one of them")
+        extend_to = overrides.pop("steps")  # --resume RUN --steps N raises a censored run's cap
         given = sorted(k for k, v in overrides.items() if v is not None)
         if given or config_file or preset_name or out:
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
@@ -124,14 +125,15 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
         target, cfg = Path(resume_path), None
     else:
+        extend_to = None
         if out is None:
             raise BadInput("missing --out RUN.h5 (where to write the trajectory)")
         cfg = config_from(preset_name, config_file, overrides)
         target = Path(out)
     loggers.check_targets(specs, target)  # before the run file exists
     note = None if quiet or as_json or not choice.note else f"groklens: {choice.note}"
-    result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note)
-    from groklens.analyses.grokking import censored_text, run_summary
+    result = _train_or_resume(training, loggers, specs, cfg, target, force, not quiet, note, extend_to)
+    from groklens.analyses.grokking import censored_text, first_crossing_text, run_summary
     from groklens.checkpoints import Trajectory
 
     run = Trajectory(result.path)
@@ -144,11 +146,14 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         mstep = summary["memorization_step"][f"{thr:g}"]
         click.echo(
             f"{result.path}: {result.status} at step {result.last_step}, {summary['n_checkpoints']} checkpoints; "
-            f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g})"
+            f"memorized at {censored_text(mstep, summary)}, grokked at {censored_text(g, summary)} (threshold {thr:g}, "
+            f"{summary['grok_evals']} consecutive evaluations)"
+            + first_crossing_text(summary["first_crossing"][f"{thr:g}"], g)
         )
 
 
-def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None):
+def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, progress: bool, note: str | None,
+                     extend_to: int | None = None):
     """training.train (cfg given) or training.resume, with the --log loggers fed each evaluation row and
     the busy-machine note said once training starts; Ctrl-C says how to continue."""
     from groklens.checkpoints import Trajectory
@@ -176,7 +181,7 @@ def _train_or_resume(training, loggers, specs, cfg, target: Path, force: bool, p
     first = [first_row]
     try:
         if cfg is None:
-            return training.resume(target, progress=progress, on_eval=on_eval)
+            return training.resume(target, progress=progress, on_eval=on_eval, steps=extend_to)
         return training.train(cfg, target, force=force, progress=progress, on_eval=on_eval)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_resume_hint(target)) from None
@@ -208,7 +213,9 @@ def info(run: str, as_json: bool) -> None:
     from groklens.checkpoints.validate import InvalidTrajectory
 
     try:
-        summary = run_summary(Trajectory(run))
+        traj = Trajectory(run)
+        # the run's own threshold beside PHASE_THRESHOLDS, as train's summary line reads it
+        summary = run_summary(traj, thresholds=tuple(sorted({*PHASE_THRESHOLDS, traj.config.grok_threshold})))
     except InvalidTrajectory as exc:
         if as_json:  # what is wrong, all of it, then exit 2 like any bad input
             click.echo(strict_json({"path": exc.path, "valid": False, "problems": exc.problems}))
@@ -234,17 +241,25 @@ def info(run: str, as_json: bool) -> None:
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: metric -> {steps, values...}.")
+@click.option("--summary", is_flag=True,
+              help="One line per measure (compare's columns): its value at the first analyzed checkpoint, at "
+                   "memorization, at grokking and at the last, instead of the table of every step.")
 @click.option("--copy", "copy", type=int, default=None, metavar="M",
               help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
-def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, copy) -> None:
+def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+    if summary and as_json:
+        raise BadInput("--summary prints lines, --json the whole object; give one of them")
     _threads()
-    from groklens.analyses.runner import analyze_run, format_results
+    from groklens.analyses.runner import analyze_run, format_results, summary_lines
 
     results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
                                  recompute=recompute, progress=not quiet, copy=copy)
     for note in notes:
         click.echo(f"groklens: {note}", err=True)
+    if summary:
+        click.echo("\n".join(summary_lines(run, results, copy)))
+        return
     click.echo(strict_json(results) if as_json else format_results(results))
 
 
@@ -378,20 +393,33 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         extra[key] = value
     slurm = {"partition": partition, "time_min": time_min, "extra": extra,
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+    if ensemble:  # the ensembles are sized by the runs' step times, measured once they are known to build
+        sweeps.check_buildable(spec.runs())
+    cost = _measured_cost(spec.runs(), quiet or as_json) if ensemble else None
     if dry_run:
         # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
-        sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm).check()
+        ex = sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
+        ex.check()
         runs = spec.runs()
         sweeps.check_buildable(runs)  # what training would refuse, refused now
         states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
                   for r in runs}
         plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
-        click.echo(strict_json(plan) if as_json else "\n".join(
+        groups = sweeps.dry_run_tasks(runs, states, Path(out_dir), ensemble_size=ensemble_size,
+                                      workers=getattr(ex, "workers", None) or workers or os.cpu_count() or 1,
+                                      threads=threads, cost=cost) if ensemble else None
+        if as_json:
+            click.echo(strict_json(plan if groups is None else {"runs": plan, "tasks": groups}))
+            return
+        click.echo("\n".join(
             f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
+        for i, t in enumerate(groups or []):
+            what = f"ensemble of {len(t['runs'])}" if t["ensemble"] else "single run"
+            click.echo(f"task {i + 1:<3} {what}, ~{t['cost']:.3g} s: {', '.join(t['runs'])}")
         return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
-                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm)
+                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost)
     c = report.counts
     if as_json:
         click.echo(strict_json(report.to_dict()))
@@ -408,6 +436,15 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             click.echo(f"failed   {name}: {error}{skipped}")
     if c["failed"]:
         raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
+
+
+def _measured_cost(runs, quiet: bool):
+    """cost(cfg) -> CPU seconds to its step cap, from step times measured here on one thread (and
+    cached; groklens/experiments/cost.py), for sizing a sweep's ensembles."""
+    from groklens.experiments.cost import cost_key, rates_for, run_seconds
+
+    rates = rates_for([r.config for r in runs], echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
+    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 @cli.command("scaling-law")

@@ -22,6 +22,19 @@ from groklens.errors import BadInput
 GROK_THRESHOLD = 0.95
 PHASE_THRESHOLDS = (GROK_THRESHOLD, 0.99)
 
+
+def first_sustained(hits, n: int) -> int | None:
+    """Index of the first of `n` consecutive true values, None when there is no such run: the one
+    definition of grokked (the first of grok_evals evaluations in a row with test accuracy >=
+    threshold), shared by the stop rule and every reading of a run."""
+    streak = 0
+    for i, hit in enumerate(hits):
+        streak = streak + 1 if hit else 0
+        if streak == n:
+            return i - n + 1
+    return None
+
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "model": ("transformer", "mlp"),
     "act_fn": ("relu", "gelu"),
@@ -46,6 +59,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # meant: a key missing from a stored config is read as this, not as today's default.
 STORED_LEGACY = {
     "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
+    "grok_evals": 1,  # grokked at the first crossing, before a sustained crossing was asked for
 }
 ROUTING_MAX_COPIES = 64
 GROKFAST_MAX_WINDOW = 1_000  # grokfast_filter=ma keeps this many gradients of every parameter in memory
@@ -158,7 +172,12 @@ class RunConfig:
     checkpoint_every: int = 100  # store the weights each this many steps (and at every phase event)
     log_checkpoints: int = 0  # extra log-spaced checkpoints before the first regular one
     grok_threshold: float = GROK_THRESHOLD  # test accuracy that counts as grokked (and train accuracy as memorized)
-    stop_after_grok: int = 0  # >0: stop this many evaluations after test acc >= grok_threshold
+    # grokked = the first of this many consecutive evaluations with test accuracy >= grok_threshold:
+    # 3 so that one evaluation lifted by a loss spike (or a first crossing that falls back) is
+    # not grokking, at the cost of 2 evaluations more before the stop rule can end a run; 1 is
+    # the first crossing (what files and ledgers from before this field recorded)
+    grok_evals: int = 3
+    stop_after_grok: int = 0  # >0: stop this many evaluations after grokking (grok_evals above)
     stop_test_loss: float = 0.0  # >0: the stop rule counts evaluations after test loss <= this instead
     stop_min_steps: int = 0  # the stop rule never ends a run before this step
     device: str = "auto"  # auto (cuda when available), cpu or cuda
@@ -181,7 +200,7 @@ class RunConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise BadInput(f"unknown config key(s): {', '.join(map(str, unknown))}")
+            raise BadInput(f"unknown config key(s): {', '.join(did_you_mean(str(k), known) for k in unknown)}")
         values = (base or cls()).to_dict()
         for key, raw in data.items():
             values[key] = _coerce(key, known[key].type, raw)
@@ -196,6 +215,11 @@ class RunConfig:
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
         return cls.from_dict(json.loads(text))
+
+    def stop_event_evals(self) -> int:
+        """Consecutive evaluations with the stop event that start the stop rule's count: grok_evals
+        for grokking, 1 for the stop_test_loss event (its first evaluation)."""
+        return 1 if self.stop_test_loss > 0 else self.grok_evals
 
     def replace(self, **changes: Any) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **changes})
@@ -233,6 +257,7 @@ class RunConfig:
                "stop_test_loss is for single runs; a routed run stops on its copies' test accuracy")
         _check(0.0 < self.grok_threshold <= 1.0,
                f"grok_threshold must be in (0, 1]; got {self.grok_threshold}")
+        _check(self.grok_evals >= 1, f"grok_evals must be >= 1; got {self.grok_evals}")
         self._validate_variants()
         # task-specific checks (p prime for division, ...) live with the task
         from groklens.tasks import MODULAR_TASKS, TASKS
@@ -324,6 +349,17 @@ def parse_freqs(text: str) -> tuple[int, ...]:
     _check(len(freqs) >= 1 and all(k >= 1 for k in freqs) and len(set(freqs)) == len(freqs),
            f"fourier_freqs must be distinct integers >= 1; got {text!r}")
     return freqs
+
+
+def did_you_mean(key: str, known) -> str:
+    """`key`, with the closest known name when there is one: a near spelling (difflib), or the
+    name its words' initials spell (learning_rate -> lr)."""
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    initials = "".join(w[0] for w in key.split("_") if w)
+    guess = close[0] if close else initials if "_" in key and initials in known else None
+    return f"{key} (did you mean {guess}?)" if guess else key
 
 
 def _check(ok: bool, message: str) -> None:

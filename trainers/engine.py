@@ -11,12 +11,16 @@ Checkpoints: step 0, the periodic schedule (`checkpoint_schedule`), and phase ch
 the first evaluation where train accuracy reaches each phase threshold (memorization) and
 where test accuracy does (grokking), per copy of a routed run, so that "at memorization" and
 "at grokking" read a checkpoint at that step. The thresholds are the ones the grokking
-analysis reports (0.95, 0.99) and the run's grok_threshold.
+analysis reports (0.95, 0.99) and the run's grok_threshold. With grok_evals > 1 every later
+evaluation where test accuracy crosses a threshold again from below is a phase checkpoint too:
+any crossing may start the grok_evals evaluations in a row that make grokking.
 
 Step s means "after s optimizer updates": step 0 is the initialisation. A member stops when
 its loss or gradient is not finite (its last good checkpoint stays), or `stop_after_grok`
-evaluations after its test accuracy first reached `grok_threshold` (or, with `stop_test_loss`,
-after its test loss first fell to that value), never before step `stop_min_steps`.
+evaluations after it grokked: the first of `grok_evals` consecutive evaluations with test
+accuracy >= `grok_threshold` (groklens.config.first_sustained), never before grokking is
+confirmed (or, with `stop_test_loss`, after its test loss first fell to that value: Nanda's
+cleanup, a loss event that grok_evals does not touch), never before step `stop_min_steps`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from groklens.config import PHASE_THRESHOLDS  # those the grokking analysis reports
+from groklens.config import PHASE_THRESHOLDS, first_sustained  # the thresholds the grokking analysis reports
 from groklens.errors import BadInput, RunFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +62,9 @@ class Member:
     path: Path
     writer: "TrajectoryWriter | None" = None
     grad_norm: float = math.nan  # of the last step (logged at the next evaluation)
-    evals_after_grok: int | None = None  # evaluations since test accuracy first crossed the threshold
+    evals_after_grok: int | None = None  # evaluations since it grokked (None: not yet grokked)
+    event_streak: int = 0  # consecutive evaluations, up to the last, with the stop event
+    last_row: dict | None = None  # the previous evaluation row (a crossing from below is a phase event)
     phases: set[str] = field(default_factory=set)  # the phase events reached so far (`phases_reached`)
     result: TrainResult | None = None
     error: BaseException | None = None
@@ -140,6 +146,16 @@ def phases_reached(row: dict, cfg: "RunConfig") -> set[str]:
     prefixes = [""] if cfg.routing_copies == 1 else [f"copy{m}." for m in range(cfg.routing_copies)]
     return {f"{prefix}{split}>={t:g}" for prefix in prefixes for split in ("train_acc", "test_acc")
             for t in sorted({*PHASE_THRESHOLDS, cfg.grok_threshold}) if np.any(np.asarray(row[prefix + split]) >= t)}
+
+
+def crossed_again(row: dict, last: dict | None, cfg: "RunConfig") -> bool:
+    """With grok_evals > 1: whether test accuracy crossed a phase threshold from below between the
+    last row and this one (the start of what may be grokking needs a checkpoint)."""
+    if cfg.grok_evals == 1 or last is None:
+        return False
+    prefixes = [""] if cfg.routing_copies == 1 else [f"copy{m}." for m in range(cfg.routing_copies)]
+    return any(row[p + "test_acc"] >= t > last[p + "test_acc"]
+               for p in prefixes for t in {*PHASE_THRESHOLDS, cfg.grok_threshold})
 
 
 def nonfinite_reason(what: str, value: float, step: int) -> str:
@@ -231,18 +247,26 @@ def _evaluate(strategy: Strategy, step: int, bar, on_eval=None) -> tuple[list[in
             on_eval(member, row)
         cfg = member.cfg
         new = phases_reached(row, cfg) - member.phases
-        if new:
+        if new or crossed_again(row, member.last_row, cfg):
             member.phases |= new
             phase.append(i)
-        if member.evals_after_grok is not None:
-            member.evals_after_grok += 1
-        elif bool(stop_event(row, cfg)):
-            member.evals_after_grok = 0
+        member.last_row = row
+        _count_stop_event(member, bool(stop_event(row, cfg)))
         if cfg.stop_after_grok and member.evals_after_grok is not None \
                 and member.evals_after_grok >= cfg.stop_after_grok and step >= cfg.stop_min_steps:
             stopping.append(i)
     bar.set_postfix_str(_postfix(rows[0]), refresh=False)
     return stopping, phase
+
+
+def _count_stop_event(member: Member, event: bool) -> None:
+    """Advance the stop rule's counters by one evaluation: grokked once the event held grok_evals
+    evaluations in a row, at the first of them (so then grok_evals - 1 evaluations ago)."""
+    member.event_streak = member.event_streak + 1 if event else 0
+    if member.evals_after_grok is not None:
+        member.evals_after_grok += 1
+    elif member.event_streak == member.cfg.stop_event_evals():
+        member.evals_after_grok = member.cfg.stop_event_evals() - 1
 
 
 def _commit(strategy: Strategy, indices: list[int], step: int, on_commit) -> None:
@@ -294,9 +318,12 @@ def restore_counters(member: Member, metrics: dict[str, np.ndarray], cpu_s: floa
     (`Trajectory.metrics`, read before the writer reopens the file) and the stored CPU time
     (`Trajectory.cpu_seconds`; None in a file from before it was kept: it stays unknown, NaN)."""
     member.cpu_s = math.nan if cpu_s is None else cpu_s
-    events = stop_event(metrics, member.cfg)
-    hits = np.nonzero(events)[0]
-    member.evals_after_grok = None if len(hits) == 0 else int(len(events) - 1 - hits[0])
+    events = np.atleast_1d(stop_event(metrics, member.cfg))
+    start = first_sustained(events, member.cfg.stop_event_evals())
+    member.evals_after_grok = None if start is None else int(len(events) - 1 - start)
+    below = np.nonzero(~events)[0]  # the trailing run of events (grokking not yet confirmed)
+    member.event_streak = int(len(events) - 1 - below[-1]) if len(below) else int(len(events))
+    member.last_row = {k: v[-1] for k, v in metrics.items()} if len(metrics["step"]) else None
     # recovery kept the rows up to the last checkpoint: a phase reached in them has its checkpoint
     member.phases = phases_reached(metrics, member.cfg) if len(metrics["step"]) else set()
 

@@ -44,8 +44,8 @@ from groklens.trainers.step import (
 
 # Fields that may differ between members: the loop's (init and split seeds, optimizer strength,
 # the stop rule; each member's own in trainers/engine.py) and those its regularizers declare.
-PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "stop_after_grok",
-                     "stop_test_loss", "stop_min_steps") + MEMBER_FIELDS
+PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "grok_evals",
+                     "stop_after_grok", "stop_test_loss", "stop_min_steps") + MEMBER_FIELDS
 # Fields of a strategy of their own: a config that sets one trains alone (`ensemble_key` None);
 # compile: a vmapped step is not compiled, a compiled config trains as a single run.
 SOLO_FIELDS = ("routing_copies", "routing_width", "routing_unit", "compile")

@@ -2,17 +2,14 @@
 ensemble of runs that can share one batched loop), `execute_task` runs one task in a worker.
 
 A task is a plain dict, so every executor can pickle it:
-{"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int}.
+{"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int, "cost": float}.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-
-import numpy as np
 
 from groklens.config import RunConfig
 from groklens.trainers.sweep_files import (
@@ -57,16 +54,25 @@ def check_buildable(runs: Sequence[RunSpec]) -> None:
 
 
 def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemble_size: int,
-               workers: int, threads: int) -> tuple[list[dict], dict[str, str]]:
-    """Tasks for an executor: one per run, or ensembles of runs sharing `ensemble_key`.
+               workers: int, threads: int, cost: Callable[[RunConfig], float] | None = None
+               ) -> tuple[list[dict], dict[str, str]]:
+    """Tasks for an executor: one per run, or ensembles of runs sharing `ensemble_key`, sized
+    by `cost` (seconds a run takes; default its step count) so that the workers finish together
+    (`balanced_chunks`), the costliest task first. Each task carries its `cost`.
 
     Returns (tasks, fallback) where fallback maps runs that cannot join an ensemble to why.
     """
+    cost = cost or (lambda cfg: float(cfg.steps))
+
     def entry(r: RunSpec) -> dict:
         return {"name": r.name, "config": r.config.to_dict(), "path": str(run_path(out_dir, r.name))}
 
+    def task(members: list[RunSpec]) -> dict:
+        return {"runs": [entry(m) for m in members], "ensemble": len(members) > 1, "threads": threads,
+                "cost": sum(cost(m.config) for m in members)}
+
     if not ensemble:
-        return [{"runs": [entry(r)], "ensemble": False, "threads": threads} for r in runs], {}
+        return [task([r]) for r in runs], {}
     from groklens.trainers.ensemble import ensemble_key, unsupported_reason
 
     groups: dict[tuple, list[RunSpec]] = {}
@@ -79,27 +85,43 @@ def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemb
             fallback[r.name] = unsupported_reason(r.config) or "not supported"
         else:
             groups.setdefault(key, []).append(r)
-    # chunks of at most ensemble_size; split further while fewer chunks than workers
-    counts = {k: math.ceil(len(g) / ensemble_size) for k, g in groups.items()}
-    while sum(counts.values()) + len(singles) < workers:
-        splittable = [k for k, g in groups.items() if counts[k] < len(g)]
-        if not splittable:
-            break
-        k = max(splittable, key=lambda k: len(groups[k]) / counts[k])
-        counts[k] += 1
-    tasks = []
-    for k, g in groups.items():
-        for chunk in np.array_split(np.arange(len(g)), counts[k]):
-            members = [g[i] for i in chunk]
-            tasks.append({"runs": [entry(m) for m in members], "ensemble": len(members) > 1, "threads": threads})
-    tasks += [{"runs": [entry(r)], "ensemble": False, "threads": threads} for r in singles]
-    return tasks, fallback
+    chunks = balanced_chunks([[(r, cost(r.config)) for r in g] for g in groups.values()],
+                             [cost(r.config) for r in singles], workers, ensemble_size)
+    tasks = [task(c) for c in chunks] + [task([r]) for r in singles]
+    return sorted(tasks, key=lambda t: -t["cost"]), fallback  # stable: the plan's order among equals
+
+
+def balanced_chunks(groups: list[list[tuple[RunSpec, float]]], singles: list[float], workers: int,
+                    size: int) -> list[list[RunSpec]]:
+    """Cut each group of (run, cost) into ensembles of at most `size` members so that `workers`
+    workers, each taking the costliest task left, finish together: every worker gets an equal
+    share of the total cost (singles included), filled costliest group first into the least
+    loaded worker, a chunk at least one run. So no worker idles while another has more than one
+    run's work left (9 equal runs in groups of 3 and 6 on 2 workers: 5 and 4, not 6 and 3)."""
+    total = sum(c for g in groups for _, c in g) + sum(singles)
+    share = total / max(workers, 1)
+    loads = [0.0] * max(workers, 1)
+    for c in sorted(singles, reverse=True):  # singles take a worker each, as the executor hands them
+        loads[loads.index(min(loads))] += c
+    chunks = []
+    for g in sorted(groups, key=lambda g: -sum(c for _, c in g)):
+        rest = list(g)
+        while rest:
+            i = loads.index(min(loads))
+            room, n, used = share - loads[i], 0, 0.0
+            while n < len(rest) and n < size and (n == 0 or used + rest[n][1] <= room + 1e-9):
+                used += rest[n][1]
+                n += 1
+            chunks.append([r for r, _ in rest[:n]])
+            loads[i] += used
+            rest = rest[n:]
+    return chunks
 
 
 def execute_task(task: dict) -> list[dict]:
     """Run one task (a single run, or an ensemble of runs) in this process.
 
-    `task` = {"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int}.
+    `task` = {"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int, "cost": float}.
     Returns one outcome per run: {"name", "state": done|failed|running, "detail"}. Errors are
     written to the run's error file here, so they survive a lost coordinator.
     """

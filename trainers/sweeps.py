@@ -40,7 +40,7 @@ The pieces, one module each (this one runs them and re-exports what callers impo
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +91,10 @@ class SweepReport:
 def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor: str | Executor = "local",
               workers: int | None = None, ensemble: bool = False, ensemble_size: int = 64,
               address: str | None = None, gpus_per_run: float | None = None, retry_failed: bool = False,
-              threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None) -> SweepReport:
-    """Run every unfinished run of `sweep` into `out_dir`; see the module docstring.
+              threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None,
+              cost: Callable[[Any], float] | None = None) -> SweepReport:
+    """Run every unfinished run of `sweep` into `out_dir`; see the module docstring. `cost`:
+    the seconds a run's config takes, which sizes the ensembles (plan_tasks; default: its steps).
 
     `threads` is torch's intra-op thread count in each task. One is the default: small models
     gain little from more, and on a busy machine OpenMP threads that wait for each other's
@@ -110,11 +112,22 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
     todo, report = _classify(runs, out_dir, retry_failed)
     n_workers = getattr(ex, "workers", None) or workers or os.cpu_count() or 1
     tasks, report.single_fallback = plan_tasks(todo, out_dir, ensemble=ensemble, ensemble_size=ensemble_size,
-                                               workers=n_workers, threads=threads)
+                                               workers=n_workers, threads=threads, cost=cost)
     report.ensembles = sum(1 for t in tasks if t["ensemble"])
     if tasks:
         _execute(ex, tasks, report, total=len(runs), progress=progress)
     return report
+
+
+def dry_run_tasks(runs: Sequence[RunSpec], states: dict[str, tuple[str, str]], out_dir: Path, *,
+                  ensemble_size: int, workers: int, threads: int,
+                  cost: Callable[[Any], float] | None = None) -> list[dict[str, Any]]:
+    """`sweep --dry-run --ensemble`: the tasks the pending and interrupted runs would be cut into
+    (plan_tasks), each {runs: names, ensemble, cost}."""
+    todo = [r for r in runs if states[r.name][0] in ("pending", "interrupted")]
+    tasks, _ = plan_tasks(todo, out_dir, ensemble=True, ensemble_size=ensemble_size, workers=workers,
+                          threads=threads, cost=cost)
+    return [{"runs": [m["name"] for m in t["runs"]], "ensemble": t["ensemble"], "cost": t["cost"]} for t in tasks]
 
 
 MAX_THREADS = 1024  # torch threads per task on a remote node (ray, slurm); locally: the cores
@@ -189,28 +202,75 @@ def _execute(ex: Executor, tasks: list[dict], report: SweepReport, *, total: int
         bar.close()
 
 
+POLL_S = 5.0  # how often the progress bar reads the in-flight runs' files
+
+
+def member_progress(path: str | Path) -> tuple[int, bool]:
+    """(last committed checkpoint step, finished?) of a run file being trained, read as any
+    reader reads it (SWMR); (0, False) before its file exists or while it cannot be read."""
+    from groklens.checkpoints import constants as C
+    from groklens.checkpoints.reader import open_trajectory_file
+
+    try:
+        with open_trajectory_file(path, validate=False) as f:
+            steps = f[C.STEPS]
+            last = int(steps[len(steps) - 1]) if len(steps) else 0
+            status = f[C.STATUS][0].split(b"\0", 1)[0].decode(errors="replace")
+    except (BadInput, OSError, KeyError, ValueError, RuntimeError):  # not there yet, or mid-write
+        return 0, False
+    # finished: at its cap, ended by its stop rule, or left its ensemble diverged (not interrupted)
+    return last, status.startswith(("completed", "stopped: non-finite"))
+
+
+def in_flight_text(runs: Sequence[dict]) -> str:
+    """What the runs of the tasks in flight ({path, config}) have done: their committed steps of
+    their caps, and how many have finished (an ensemble's members stop on their own)."""
+    done = [member_progress(r["path"]) for r in runs]
+    cap = sum(int(r["config"]["steps"]) for r in runs)
+    finished = sum(f for _, f in done)
+    return f"in flight: {sum(s for s, _ in done):,}/{cap:,} steps, {finished} of {len(runs)} runs finished"
+
+
 class _Progress:
-    """The sweep's progress bar; counts each task's outcomes into the report as it ends."""
+    """The sweep's progress bar; counts each task's outcomes into the report as it ends, and,
+    every POLL_S seconds, the committed steps and finished members of the tasks in flight."""
 
     def __init__(self, report: SweepReport, total: int, enabled: bool):
+        import threading
+
         from tqdm.auto import tqdm
 
         self.report = report
-        self.in_flight = 0  # runs of the tasks handed out and not yet ended
+        self.active: dict[int, list[dict]] = {}  # id(task) -> its runs, for the tasks handed out and not ended
         self.bar = tqdm(total=total, initial=report.counts["done"], disable=not enabled, unit="run", desc="sweep",
                         dynamic_ncols=True)
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self.poller = threading.Thread(target=self._poll, daemon=True) if enabled else None
+        if self.poller is not None:
+            self.poller.start()
 
-    def show(self) -> None:
+    @property
+    def in_flight(self) -> int:
+        return sum(len(runs) for runs in self.active.values())
+
+    def show(self, flight: str = "") -> None:
         counts = self.report.counts
-        self.bar.set_postfix_str(f"done {counts['done']} running {self.in_flight + counts['running']} "
-                                 f"failed {counts['failed']}", refresh=True)
+        with self.lock:
+            self.bar.set_postfix_str(f"done {counts['done']} running {self.in_flight + counts['running']} "
+                                     f"failed {counts['failed']}" + (f"; {flight}" if flight else ""), refresh=True)
+
+    def _poll(self) -> None:
+        while not self.stopped.wait(POLL_S):
+            runs = [r for runs in list(self.active.values()) for r in runs]
+            if runs:
+                self.show(in_flight_text(runs))
 
     def on_start(self, task: dict) -> None:
-        self.in_flight += len(task["runs"])
+        self.active[id(task)] = list(task["runs"])
         self.show()
 
     def on_done(self, task: dict, result: list[dict] | BaseException) -> None:
-        self.in_flight -= len(task["runs"])
+        self.active.pop(id(task), None)
         if isinstance(result, BaseException):  # the task itself broke (worker died, job failed)
             result = _outcomes_of_broken_task(self.report.out_dir, task, result)
         counts = self.report.counts
@@ -226,6 +286,9 @@ class _Progress:
         self.show()
 
     def close(self) -> None:
+        self.stopped.set()
+        if self.poller is not None:
+            self.poller.join()
         self.bar.close()
 
 

@@ -4,16 +4,22 @@ A run of one file is a single run (`single.SingleRun`) or, with routing_copies >
 set of copies (`routing.RoutedRun`); both go through the one loop in trainers/engine.py, as
 batched ensembles do (trainers/ensemble.py). On CPU a run is deterministic for a given (seed,
 data_seed), and a resumed run ends bit-identical to an uninterrupted one (optimizer,
-regularizer and RNG state travel in the file).
+regularizer and RNG state travel in the file). `resume(..., steps=N)` raises a censored run's
+step cap to N: the file keeps its config as the run began and records the extension beside it
+(checkpoints ATTR_EXTENSIONS), and the run ends as one trained to N in one go would, when its
+old cap is on the evaluation and checkpoint schedules (otherwise the old cap's extra evaluation
+and checkpoint stay in the file).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from groklens import __version__
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
 from groklens.checkpoints.locking import describe_holder, writer_alive
 from groklens.checkpoints.validate import check_resources
@@ -137,13 +143,17 @@ def create_trajectory(out: Path, cfg: RunConfig, data: TaskData, params: dict[st
 
 
 def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int], None] | None = None,
-           on_eval: Callable[[dict], None] | None = None) -> TrainResult:
-    """Continue an interrupted run from its last committed checkpoint (repairing the file first).
-    The stored state is validated by loading it into the run before anything is written."""
+           on_eval: Callable[[dict], None] | None = None, steps: int | None = None) -> TrainResult:
+    """Continue an interrupted run from its last committed checkpoint (repairing the file first);
+    `steps`: first raise its step cap to this (see the module docstring). The stored state is
+    validated by loading it into the run before anything is written."""
     path = Path(path)
     check_resume_target(path)
     traj = Trajectory(path)
     cfg = traj.config
+    extension = None if steps is None else cap_extension(traj, steps)
+    if extension is not None:
+        cfg = cfg.replace(steps=steps)
     steps = traj.steps
     if len(steps) and int(steps[-1]) >= cfg.steps:
         return TrainResult(path, int(steps[-1]), "already complete")
@@ -165,12 +175,28 @@ def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int]
         load_stored(strategy, traj, last)
     member = strategy.members[0]
     metrics, cpu_s = traj.metrics, traj.cpu_seconds  # read before the writer opens the file (HDF5 refuses a second, unlocked open)
-    member.writer = TrajectoryWriter.reopen(path)
+    member.writer = TrajectoryWriter.reopen(path, extension)
     restore_counters(member, metrics, cpu_s)
     member.writer.set_status("running")
     members = run(strategy, last, fresh=False, on_commit=on_commit, on_eval=_row_only(on_eval))
     raise_failure(members)
     return members[0].result
+
+
+def cap_extension(traj: Trajectory, steps: int) -> dict:
+    """The extension record that raises `traj`'s step cap to `steps`; BadInput unless the run
+    is censored at its cap or interrupted before it (a run its stop rule ended has grokked:
+    more steps would not be the same run), and `steps` is above the cap."""
+    cap = traj.config.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= cap:
+        raise BadInput(f"--steps {steps}: the run's cap is {cap} steps; an extension must raise it")
+    status = traj.status
+    if status.startswith("completed:") or status.startswith("stopped: non-finite"):  # its stop rule, or diverged
+        raise BadInput(f"{traj.path} ended before its cap ({status}); only a run censored at its cap (or "
+                       "interrupted) is extended")
+    last = int(traj.steps[-1]) if len(traj.steps) else 0
+    return {"steps": steps, "from_steps": cap, "at_step": last, "groklens_version": __version__,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def check_resume_target(path: Path) -> None:

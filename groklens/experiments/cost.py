@@ -52,8 +52,8 @@ STEP_OVERHEAD_S = 1.5e-2
 # rule, where the run runs): configs equal but for these share one measurement
 NOT_COSTED = frozenset((
     "seed", "data_seed", "lr", "weight_decay", "betas", "warmup_steps", "steps", "eval_every", "checkpoint_every",
-    "log_checkpoints", "grok_threshold", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device", "compile",
-    "init", "init_scheme"))
+    "log_checkpoints", "grok_threshold", "grok_evals", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device",
+    "compile", "init", "init_scheme"))
 
 CACHE_ENV = "GROKLENS_CACHE_DIR"
 CACHE_FORMAT = 1
@@ -277,7 +277,9 @@ def expected_stop(cfg: Any, expect_grok: int | None, ledger_last: list[int]) -> 
     if ledger_last:
         return min(cap, round(sum(ledger_last) / len(ledger_last))), "ledger"
     if cfg.stop_after_grok > 0 and expect_grok is not None:
-        stop = max(EXPECTED_MARGIN * expect_grok + cfg.stop_after_grok * cfg.eval_every, cfg.stop_min_steps)
+        # the stop rule waits for grokking to be confirmed (grok_evals evaluations in a row) too
+        after = max(cfg.stop_after_grok, cfg.stop_event_evals() - 1)
+        stop = max(EXPECTED_MARGIN * expect_grok + after * cfg.eval_every, cfg.stop_min_steps)
         return min(cap, int(math.ceil(stop / cfg.eval_every) * cfg.eval_every)), "expected"
     return cap, "cap"
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.experiments.core import (
     CANONICAL_GROK, Context, Experiment, Plan, Published, QUICK, QUICK_GROK, Row, SMOKE, Scale, grok_row, register,
@@ -53,7 +54,9 @@ def demo_scale(base: dict[str, Any], note: str, analyze_every: int, sparse: list
                sparse_every: int, expect_grok: int | None = None) -> Scale:
     """A demo scale: the cheap default analyses at every `analyze_every`-th checkpoint, the costly
     `sparse` ones at every `sparse_every`-th; both at memorization, grokking and the end too.
-    `expect_grok`: the baseline's grokking step (Scale.expect_grok)."""
+    `expect_grok`: the baseline's grokking step (Scale.expect_grok). The demo has no committed
+    ledger: it reads grokking as `train` does (RunConfig.grok_evals), not at the first crossing."""
+    base = {"grok_evals": RunConfig.grok_evals, **base}
     return Scale(base, note, {"analyze_every": analyze_every, "sparse_analyses": sparse, "sparse_every": sparse_every},
                  expect_grok)
 

@@ -52,7 +52,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl",
                                    "op_token": False, "nonzero_b": False, "grokfast_filter": "ema",
                                    "grokfast_window": 100, "batch_order": "random",
                                    # the sphere paper's split from the seed (issue 45)
-                                   "split_rule": "pcg64"}
+                                   "split_rule": "pcg64",
+                                   # grokked at the first crossing (issue 43)
+                                   "grok_evals": 1}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
@@ -252,13 +254,14 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
     whole curve)."""
     import groklens
     from groklens.analyses.compare import load_run
-    from groklens.analyses.grokking import collapse, grokking_times
+    from groklens.analyses.grokking import collapse, grok_evals_of, grokking_times
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(path)
     cfg = traj.config_dict
     metrics = traj.metrics
-    times = grokking_times(metrics, THRESHOLDS)
+    evals = grok_evals_of(cfg)
+    times = grokking_times(metrics, THRESHOLDS, evals)
     run = load_run(path, GROK_THRESHOLD)
     with_values = {k: {ph: _finite(v) for ph, v in run.values[k].items()} for k in measures if k in run.values}
     # "generalized": the first evaluation with test accuracy >= GENERALIZED (the sphere paper's
@@ -281,7 +284,8 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "experiment": experiment, "arm": arm, "seed": seed, "run": path.name.removesuffix(".h5"),
         "config_hash": config_hash(cfg), "arm_hash": arm_hash(cfg), "config": cfg,
         "memorization_step": times["memorization_step"], "grokking_step": times["grokking_step"],
-        "threshold_rule": "first evaluation with accuracy >= threshold",
+        "threshold_rule": threshold_rule(evals),
+        **({"first_crossing": times["first_crossing"]} if evals > 1 else {}),
         "last_step": times["last_step"], "censored": grok is None,
         "status": traj.status,
         "final": {k: _finite(v[-1]) for k, v in metrics.items() if len(v) and k != "step"},
@@ -300,6 +304,14 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "device": device_of(cfg),
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def threshold_rule(evals: int) -> str:
+    """How an entry's steps were read: at grok_evals 1 (every committed entry) the first crossing."""
+    if evals == 1:
+        return "first evaluation with accuracy >= threshold"
+    return (f"memorization: first evaluation with train accuracy >= threshold; grokking: the first of {evals} "
+            "consecutive evaluations with test accuracy >= threshold")
 
 
 def _curves(run, keys: Sequence[str]) -> dict[str, dict[str, list]]:

@@ -14,7 +14,8 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    FROM_SEED, Context, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result, SCALES, Scale)
+    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
+    SCALES, Scale)
 
 
 def _fmt_duration(s: float) -> str:
@@ -40,7 +41,7 @@ def run_configs(exp: Experiment, scale: str, seeds: int) -> list[tuple[str, str,
     out = []
     for variant, over in plan.variants.items():
         for seed in range(1, seeds + 1):
-            fields = {**base, **over, "seed": seed}
+            fields = {**EXPERIMENT_DEFAULTS, **base, **over, "seed": seed}
             fields = {k: seed if v == FROM_SEED else v for k, v in fields.items()}  # e.g. the split from the seed
             cfg = config_from(preset_name, overrides=fields)
             out.append((variant, f"{variant}_s{seed}", cfg))
@@ -386,7 +387,9 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
         notes.append(f"not trained (--no-train): {len(skipped)} run(s), {', '.join(r.name for r in skipped)}")
     notes.append(f"time: training {t_train:.0f} s, analyses {t_an:.0f} s, total {wall:.0f} s; "
                  f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
-    result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, notes, led.path,
+    from groklens.analyses.notes import one_per_kind
+
+    result = Result(name, scale, seeds, out, rows, wall, cmd, all_paths, report, one_per_kind(notes), led.path,
                     _run_wall(arms), len(todo), run_table(arms))
     from groklens.fileio import write_text_atomic
 

@@ -111,3 +111,17 @@ def test_analyze_a_run_while_it_is_being_trained(tmp_path):
     finally:
         trainer.send_signal(signal.SIGINT)
         trainer.wait(timeout=60)
+
+
+def test_summary_mode_is_one_line_per_measure_at_the_phases(tmp_path):
+    """`analyze --summary`: each measure at the first, memorization, grokking and last analyzed
+    checkpoints, the numbers those of the full JSON; a phase not reached is a dash."""
+    path = tmp_path / "r.h5"
+    train_tiny(path, steps=400, eval_every=10, checkpoint_every=100, lr=1e-2, train_frac=0.6, weight_decay=3.0)
+    full = json.loads(groklens("analyze", str(path), "--metric", "rank", "-q", "--json", check=True).stdout)["rank"]
+    key = next(k for k in full if k.startswith("roy_vetterli_centred@blocks"))
+    out = groklens("analyze", str(path), "--metric", "rank", "-q", "--summary", check=True).stdout.strip()
+    assert len(out.splitlines()) == 1 and out.startswith("effective rank")
+    assert f"start {full[key][0]:.4g} (step 0)" in out and f"end {full[key][-1]:.4g} (step 400)" in out
+    assert "memorization@0.95 —" in out  # train accuracy stays below 0.95 in 400 steps here
+    assert "give one of them" in groklens("analyze", str(path), "--summary", "--json").stderr

@@ -55,9 +55,12 @@ def raw_metrics(path: Path) -> dict[str, np.ndarray]:
 
 
 def first_step(path: Path, key: str, t: float) -> int | None:
+    """Memorization (train_acc): the first evaluation >= t; grokking (test_acc): the first of 3
+    (the runs' grok_evals, the default) consecutive evaluations >= t."""
     m = raw_metrics(path)
-    hits = np.nonzero(m[key] >= t)[0]
-    return int(m["step"][hits[0]]) if len(hits) else None
+    n = 3 if key == "test_acc" else 1
+    hits = [i for i in range(len(m[key]) - n + 1) if all(v >= t for v in m[key][i:i + n])]
+    return int(m["step"][hits[0]]) if hits else None
 
 
 def all_grok_threshold(paths) -> float:

@@ -37,7 +37,7 @@ def test_the_measures_are_declared_by_their_analyses_in_column_order():
 
 def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_duplicate():
     a = R.get("grokking")
-    assert a.defaults == {"thresholds": [0.95, 0.99]} and a.kind == "run"
+    assert a.defaults == {"thresholds": [0.95, 0.99], "grok_evals": 0} and a.kind == "run"
     assert R.get("llc").batch_func is not None and R.get("llc").batch_func.__name__ == "llc_many"
     with pytest.raises(ValueError, match="duplicate analysis name 'norms'"):
         R.analysis("norms", "again")(lambda model, data: {})

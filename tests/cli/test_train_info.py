@@ -6,6 +6,7 @@ import pytest
 
 from groklens.analyses.grokking import run_summary
 from groklens.checkpoints import Trajectory
+from groklens.errors import BadInput
 from tests.helpers import TINY, config_flags, groklens, tiny_config
 
 
@@ -105,8 +106,19 @@ def test_unknown_yaml_key_is_refused(tmp_path):
     cfg_file = tmp_path / "bad.yaml"
     cfg_file.write_text("p: 7\nlearning_rate: 0.1\n")
     out = groklens("train", "--config", str(cfg_file), "--out", str(tmp_path / "r.h5"))
-    assert out.returncode == 2 and "unknown config key(s): learning_rate" in out.stderr
+    assert out.returncode == 2 and "unknown config key(s): learning_rate (did you mean lr?)" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_an_unknown_key_names_the_closest_field():
+    from groklens.config import RunConfig, did_you_mean, field_names
+
+    assert did_you_mean("weight_decya", field_names()) == "weight_decya (did you mean weight_decay?)"
+    assert did_you_mean("d_modle", field_names()) == "d_modle (did you mean d_model?)"
+    assert did_you_mean("banana", field_names()) == "banana"
+    with pytest.raises(BadInput, match=r"n_head \(did you mean n_heads\?\)"):
+        RunConfig.from_dict({"n_head": 2})
 
 
 def test_overwrite_needs_force(cli_run, tmp_path):
@@ -145,7 +157,7 @@ def test_every_command_has_help():
 def test_train_reports_the_runs_own_grokking_threshold(tmp_path):
     out = groklens("train", "-q", "--out", str(tmp_path / "r.h5"), *config_flags(tiny_config(steps=20, eval_every=10,
                    checkpoint_every=10, grok_threshold=0.5)), check=True)
-    assert "(threshold 0.5)" in out.stdout
+    assert "(threshold 0.5, 3 consecutive evaluations)" in out.stdout
     run = Trajectory(tmp_path / "r.h5")
     expected = run_summary(run, thresholds=(0.5,))["grokking_step"]["0.5"]
     assert f"grokked at {expected if expected is not None else '> 20'}" in out.stdout

@@ -33,11 +33,19 @@ def first_crossings(metrics, prefix=""):
     return out
 
 
+def crossings_from_below(metrics, prefix=""):
+    """Steps where test accuracy reaches a threshold from below after the first evaluation: with
+    grok_evals > 1 (the default) any of them may start grokking, so each has a checkpoint."""
+    values, steps = metrics[prefix + "test_acc"], metrics["step"]
+    return {int(steps[i]) for t in THRESHOLDS for i in range(1, len(values)) if values[i - 1] < t <= values[i]}
+
+
 def expected_steps(metrics, copies=1):
     periodic = set(range(0, 301, 100))
     phase = set()
     for m in range(copies):
-        phase |= set(first_crossings(metrics, f"copy{m}." if copies > 1 else "").values())
+        prefix = f"copy{m}." if copies > 1 else ""
+        phase |= set(first_crossings(metrics, prefix).values()) | crossings_from_below(metrics, prefix)
     return sorted(periodic | phase)
 
 
