@@ -119,6 +119,7 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
         "config": run.config_dict,
         "status": status,
         "live": live,
+        "verified": run.verified,  # False: a file of a format before 1.3, whose bits nothing checks
         "checkpoint_steps": [int(s) for s in steps],
         "n_checkpoints": int(len(steps)),
         "n_evaluations": int(len(metrics["step"])),
@@ -168,6 +169,8 @@ def format_summary(summary: Mapping) -> str:
     lines.append(f"optim    {opt} lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
     span = f"{steps[0]}..{steps[-1]}" if steps else "none"
     lines.append(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
+    if summary.get("verified") is False:
+        lines.append("checks   unverified: a file of a format before 1.3 carries no checksums of its data")
     last = summary["last"]
     if last:
         lines.append(

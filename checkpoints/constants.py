@@ -10,6 +10,8 @@ ATTR_GROKLENS_VERSION = "groklens_version"
 ATTR_CONFIG = "config"  # RunConfig as JSON
 ATTR_CREATED = "created"
 ATTR_CONFIG_SHA256 = "config_sha256"  # sha256 of the config attribute (since 1.1; absent in older files)
+ATTR_INTEGRITY = "integrity"  # "fletcher32": every dataset carries HDF5's checksum (since 1.3; absent: unverified)
+INTEGRITY_FLETCHER32 = "fletcher32"
 
 # groups and datasets
 STEPS = "steps"  # int64 [n_checkpoints]; its length commits a checkpoint
