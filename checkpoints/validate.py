@@ -24,6 +24,11 @@ the config against its checksum (`config_sha256`, written since format 1.1; a fi
 read as a legacy file). Links to other files or other objects, virtual datasets and external
 storage are refused before anything is followed (`link_problems`), and no dataset is read whose
 size a crafted file could make unbounded (series longer than MAX_ROWS are refused from their shape).
+
+Stored values are checked against what they can be (issue 46): every dataset read here goes
+through `integrity.read` (a Fletcher32 failure names the dataset), metric series lie in their
+range (`metric_range`), checkpoint steps end at most at the config's `steps`, and /data equals what
+the stored config rebuilds (`Task.arrays`).
 """
 
 from __future__ import annotations
