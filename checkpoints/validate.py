@@ -100,6 +100,7 @@ def file_problems(f: "h5py.File", path: Path | str) -> list[str]:
     _copies_match(f, cfg, problems)
     _state(f, problems)
     _status(f, problems)
+    _cpu_seconds(f)
     problems += integrity_problems(f)  # last: a crafted dataset's own problem is the one to name
     return problems
 
@@ -442,6 +443,15 @@ def _status(f, problems: list[str]) -> None:
     if ds is None or not hasattr(ds, "dtype") or ds.shape != (1,) or ds.dtype.kind != "S":
         what = "missing" if ds is None else (f"{ds.dtype} {list(ds.shape)}" if hasattr(ds, "dtype") else "a group")
         problems.append(f"/{C.STATUS} is {what}, not one fixed-length byte string")
+        return
+    read(ds)  # its checksum: info shows it
+
+
+def _cpu_seconds(f) -> None:
+    """Its checksum (a damaged value is refused, not shown as the run's CPU time); optional."""
+    ds = f.get(C.CPU_SECONDS)
+    if ds is not None and hasattr(ds, "dtype") and ds.shape == (1,):
+        read(ds)
 
 
 def _group_type():
