@@ -145,6 +145,7 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
         "config": run.config_dict,
         "status": status,
         "live": live,
+        "verified": run.verified,  # False: a file of a format before 1.3, whose bits nothing checks
         "checkpoint_steps": [int(s) for s in steps],
         "n_checkpoints": int(len(steps)),
         "n_evaluations": int(len(metrics["step"])),
@@ -204,6 +205,8 @@ def format_summary(summary: Mapping) -> str:
         lines.append(f"extended cap {e['from_steps']} -> {e['steps']} at step {e['at_step']} (train --resume --steps)")
     span = f"{steps[0]}..{steps[-1]}" if steps else "none"
     lines.append(f"ckpts    {len(steps)} checkpoints, steps {span}; {summary['n_evaluations']} evaluations")
+    if summary.get("verified") is False:
+        lines.append("checks   unverified: a file of a format before 1.3 carries no checksums of its data")
     last = summary["last"]
     if last:
         lines.append(

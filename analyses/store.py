@@ -240,7 +240,9 @@ def check_sidecar(f: h5py.File, path: Path) -> None:
 
 
 def _read_group(g: h5py.Group) -> Stored:
-    steps = [int(s) for s in g[STEPS][:]]
+    steps_data = g[STEPS][:]
+    _check_digest(g[STEPS], steps_data)
+    steps = [int(s) for s in steps_data]
     values: dict[str, list[np.ndarray]] = {}
     for key, ds in g.items():
         if key == STEPS:
@@ -250,13 +252,38 @@ def _read_group(g: h5py.Group) -> Stored:
         else:
             data = ds[:]
             values[key] = [data[i] for i in range(len(steps))]
+        _check_digest(ds, values[key])
     attrs = {k: _text(v) for k, v in g.attrs.items()}
     return Stored(attrs=attrs, steps=steps, values=values)
 
 
+DIGEST = "sha256"  # per dataset: sha256 of its rows as stored (since sidecar 1.1; absent: unverified)
+
+
+def digest(rows) -> str:
+    """sha256 of a dataset's rows, each with its shape (a vlen dataset's rows differ in length).
+    A digest rather than Fletcher32: a vlen dataset's values live in HDF5's global heap, which
+    no filter covers; a sidecar is written whole, so there are no appends to keep it current."""
+    h = hashlib.sha256()
+    for row in rows:
+        a = np.ascontiguousarray(row)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _check_digest(ds: h5py.Dataset, rows) -> None:
+    """ValueError naming `ds` when its rows are not those written (a flipped bit); a dataset of an
+    earlier sidecar carries no digest and is read unverified."""
+    stored = _text(ds.attrs.get(DIGEST))
+    if stored is not None and stored != digest(rows):
+        raise ValueError(f"{ds.name} does not match its {DIGEST} digest: its stored bytes changed")
+
+
 def _write_rows(g: h5py.Group, rows: Mapping[int, Mapping[str, Any]]) -> None:
     steps = sorted(rows)
-    g.create_dataset(STEPS, data=np.asarray(steps, dtype=np.int64))
+    steps_data = np.asarray(steps, dtype=np.int64)
+    g.create_dataset(STEPS, data=steps_data).attrs[DIGEST] = digest(steps_data)
     if not steps:
         return
     keys = list(rows[steps[0]])
@@ -268,14 +295,16 @@ def _write_rows(g: h5py.Group, rows: Mapping[int, Mapping[str, Any]]) -> None:
         integer = all(np.issubdtype(a.dtype, np.integer) or a.dtype == bool for a in arrays)
         dtype = np.int64 if integer else np.float64
         shapes = {a.shape for a in arrays}
+        stored = [a.astype(dtype) for a in arrays]
         if len(shapes) == 1:
-            g.create_dataset(key, data=np.stack([a.astype(dtype) for a in arrays]))
+            ds = g.create_dataset(key, data=np.stack(stored))
         elif all(a.ndim == 1 for a in arrays):
             ds = g.create_dataset(key, shape=(len(arrays),), dtype=h5py.vlen_dtype(dtype))
-            for i, a in enumerate(arrays):
-                ds[i] = a.astype(dtype)
+            for i, a in enumerate(stored):
+                ds[i] = a
         else:
             raise ValueError(f"value {key!r} changes shape across steps: {sorted(shapes)}")
+        ds.attrs[DIGEST] = digest(stored)
 
 
 @contextmanager

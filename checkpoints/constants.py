@@ -13,6 +13,8 @@ ATTR_CONFIG_SHA256 = "config_sha256"  # sha256 of the config attribute (since 1.
 # JSON list of step-cap extensions (`train --resume RUN --steps N`), oldest first: the config
 # attribute stays as the run began (its checksum verifies), the last extension's steps is the cap
 ATTR_EXTENSIONS = "extensions"
+ATTR_INTEGRITY = "integrity"  # "fletcher32": every dataset carries HDF5's checksum (since 1.3; absent: unverified)
+INTEGRITY_FLETCHER32 = "fletcher32"
 
 # groups and datasets
 STEPS = "steps"  # int64 [n_checkpoints]; its length commits a checkpoint

@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 
 from groklens.checkpoints import constants as C
+from groklens.checkpoints.integrity import DamagedDataset, is_verified, read
 from groklens.checkpoints.locking import writer_alive
 from groklens.checkpoints.validate import check_file, stored_extensions
 from groklens.config import RunConfig, stored_dict
@@ -320,6 +321,8 @@ class Trajectory:
         f = open_trajectory_file(self.path, validate=validate)
         try:
             yield f
+        except DamagedDataset as exc:
+            raise BadInput(f"{self.path}: damaged trajectory: {exc}") from None
         except (OSError, RuntimeError, KeyError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise BadInput(f"{self.path}: damaged trajectory ({msg})") from None
@@ -358,7 +361,7 @@ class Trajectory:
     @property
     def steps(self) -> np.ndarray:
         with self._open() as f:
-            return f[C.STEPS][:]
+            return read(f[C.STEPS])
 
     @property
     def metrics(self) -> dict[str, np.ndarray]:
@@ -366,10 +369,10 @@ class Trajectory:
         with self._open() as f:
             g = f[C.METRICS]
             m = g[C.METRICS_STEP].shape[0]
-            out = {C.METRICS_STEP: g[C.METRICS_STEP][:m]}
+            out = {C.METRICS_STEP: read(g[C.METRICS_STEP], slice(0, m))}
             for name in g:
                 if name != C.METRICS_STEP:
-                    out[name] = g[name][:m]
+                    out[name] = read(g[name], slice(0, m))
         if self.copy is not None:  # copy m's columns under the plain names
             prefix = f"copy{self.copy}."
             out.update({k[len(prefix):]: v for k, v in list(out.items()) if k.startswith(prefix)})
@@ -382,7 +385,7 @@ class Trajectory:
             ds = f.get(C.STATUS)
             if not isinstance(ds, h5py.Dataset) or ds.shape != (1,) or ds.dtype.kind != "S":
                 raise BadInput(f"{self.path}: invalid trajectory: /{C.STATUS} is not one fixed-length byte string")
-            return printable(ds[0].split(b"\0", 1)[0].decode(errors="replace"))
+            return printable(read(ds, 0).split(b"\0", 1)[0].decode(errors="replace"))
 
     @property
     def cpu_seconds(self) -> float | None:
@@ -392,8 +395,15 @@ class Trajectory:
             ds = f.get(C.CPU_SECONDS)
             if not isinstance(ds, h5py.Dataset) or ds.shape != (1,) or ds.dtype.kind != "f":
                 return None
-            value = float(ds[0])
+            value = float(read(ds, 0))
             return value if math.isfinite(value) and value >= 0 else None
+
+    @property
+    def verified(self) -> bool:
+        """Every dataset carries a checksum that each read checks (format 1.3 and later); False
+        for a file of an earlier format, whose stored bits nothing checks."""
+        with self._open() as f:
+            return is_verified(f)
 
     @property
     def is_live(self) -> bool:
@@ -427,7 +437,7 @@ class Trajectory:
 
         i = self.checkpoint_index(step)
         with self._open() as f:
-            out = {name: torch.from_numpy(ds[i]) for name, ds in self._params_group(f).items()}
+            out = {name: torch.from_numpy(read(ds, i)) for name, ds in self._params_group(f).items()}
         bad = next((name for name, t in out.items() if not torch.isfinite(t).all()), None)
         if bad is not None:  # the trainer stops before storing a non-finite step: the file is damaged
             raise BadInput(f"{self.path}: invalid trajectory: {bad} at step {step} is not finite")
@@ -438,10 +448,10 @@ class Trajectory:
         checkpoint always has it): all an exact resume needs."""
         with self._open() as f:
             g = f[C.STATE]
-            slots = np.nonzero(g[C.STATE_STEP][:] == self._step(step))[0]
+            slots = np.nonzero(read(g[C.STATE_STEP]) == self._step(step))[0]
             if len(slots) == 0:
                 raise BadInput(f"{self.path}: no optimizer state stored for step {step}")
-            return {name: ds[int(slots[0])] for name, ds in g.items() if name != C.STATE_STEP}
+            return {name: read(ds, int(slots[0])) for name, ds in g.items() if name != C.STATE_STEP}
 
     def param_trajectory(self, name: str) -> np.ndarray:
         """One parameter at every committed checkpoint: [n_checkpoints, *shape]."""
@@ -450,7 +460,7 @@ class Trajectory:
             g = self._params_group(f)
             if name not in g:
                 raise BadInput(f"{self.path}: no parameter {name!r} (have: {', '.join(g)})")
-            return g[name][:n]
+            return read(g[name], slice(0, n))
 
     def to_pandas(self):
         """The metrics as a pandas DataFrame: one row per evaluation, columns `step` and every
@@ -482,7 +492,7 @@ class Trajectory:
 
         with self._open() as f:
             g = f[C.DATA]
-            arrays = {name: g[name][:] for name in g}
+            arrays = {name: read(g[name]) for name in g}
             attrs = {k: int(g.attrs[k]) for k in ("readout_pos", "d_vocab", "d_vocab_out")}  # others: ignored
         return TaskData(
             inputs=torch.from_numpy(arrays["inputs"]).long(),

@@ -19,7 +19,8 @@ from groklens.checkpoints import constants as C
 from groklens.checkpoints.locking import WriterLock, describe_holder
 from groklens.checkpoints.reader import Trajectory, open_trajectory_file
 from groklens.checkpoints.validate import InvalidTrajectory, model_problems
-from groklens.checkpoints.writer import hdf5_write_failed, release_reservation
+from groklens.checkpoints.integrity import DamagedDataset, is_verified, read, verify_all
+from groklens.checkpoints.writer import create_state, hdf5_write_failed, release_reservation
 from groklens.errors import BadInput, RunFailure
 from groklens.checkpoints.locking import not_writable
 
@@ -35,7 +36,7 @@ def recover(path: str | Path) -> int:
     tmp = path.with_name(f"{path.name}.recover-tmp-{os.getpid()}")
     try:
         _remove_stale(path)
-        _check_model(path)  # bad input is refused before anything is written
+        _check_model(path)  # bad input (a flipped bit included) is refused before anything is written
         release_reservation(lock.fd)  # a killed writer's unused reservation would take the copy's room
         with open_trajectory_file(path) as src:
             last, m, slot = _committed(path, src)
@@ -59,14 +60,16 @@ def recover(path: str | Path) -> int:
 
 
 def _check_model(path: Path) -> None:
-    """The stored parameters must be those of the model the stored config builds."""
+    """Every committed byte must match its checksum, and the stored parameters must be those of
+    the model the stored config builds."""
     traj = Trajectory(path)
+    _verify(path)
     with open_trajectory_file(path, validate=False) as f:
         groups = [(f"/{C.PARAMS}", f[C.PARAMS])] + [(f"/{C.COPIES}/{k}", g) for k, g in f.get(C.COPIES, {}).items()]
         shapes = [(where, {name: ds.shape[1:] for name, ds in g.items()}) for where, g in groups]
         n = f[C.STEPS].shape[0]
         for where, g in groups:  # the checkpoint the run continues from must be finite
-            bad = next((name for name, ds in g.items() if n and not np.isfinite(ds[n - 1]).all()), None)
+            bad = next((name for name, ds in g.items() if n and not np.isfinite(read(ds, n - 1)).all()), None)
             if bad is not None:
                 raise InvalidTrajectory(path, [f"{where}/{bad} at the last checkpoint is not finite"])
     data = traj.dataset()
@@ -136,6 +139,15 @@ def _committed(path: Path, src: h5py.File) -> tuple[int, int, int]:
     return last, m, int(slots[0])
 
 
+def _verify(path: Path) -> None:
+    """Every committed byte read against its checksum (BadInput naming the damaged dataset)."""
+    try:
+        with open_trajectory_file(path) as src:
+            verify_all(src)
+    except DamagedDataset as exc:
+        raise InvalidTrajectory(path, [f"{exc}; nothing was changed"]) from None
+
+
 def _check_room(path: Path, tmp: Path) -> None:
     """The copy needs about as much room as the file itself: refuse up front when it is not there."""
     import resource
@@ -167,15 +179,20 @@ def _write_copy(src: h5py.File, tmp: Path, last: int, m: int, slot: int) -> None
                 g = copies.create_group(key, track_order=True)
                 for name, ds in src_copy.items():
                     _copy_truncated(ds, g, name, n)
+        # only the slot of the last checkpoint is kept (the other may be a torn, uncommitted write)
+        kept = {name: read(ds, slot) for name, ds in src[C.STATE].items() if name != C.STATE_STEP}
+        checksum = is_verified(src)  # a legacy file stays one: its bytes were never checked
         g = dst.create_group(C.STATE, track_order=True)
-        for name, ds in src[C.STATE].items():
-            g.create_dataset(name, data=ds[:])
+        create_state(g, kept, checksum=checksum)
+        for name, arr in kept.items():
+            g[name][slot] = arr
         keep = np.full(2, -1, dtype=np.int64)
         keep[slot] = last
         g[C.STATE_STEP][:] = keep
-        dst.create_dataset(C.STATUS, data=np.array([b"interrupted"], dtype=f"S{C.STATUS_LENGTH}"))
+        filters = {"chunks": (1,), "fletcher32": True} if checksum else {}
+        dst.create_dataset(C.STATUS, data=np.array([b"interrupted"], dtype=f"S{C.STATUS_LENGTH}"), **filters)
         if isinstance(src.get(C.CPU_SECONDS), h5py.Dataset):  # as last written (it counts work since the last checkpoint)
-            dst.create_dataset(C.CPU_SECONDS, data=src[C.CPU_SECONDS][:])
+            dst.create_dataset(C.CPU_SECONDS, data=read(src[C.CPU_SECONDS]), **filters)
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
 
@@ -195,6 +212,7 @@ def _copy_truncated(ds: h5py.Dataset, parent: h5py.Group, name: str, count: int)
     out = parent.create_dataset(
         name, shape=(count, *ds.shape[1:]), maxshape=ds.maxshape, dtype=ds.dtype, chunks=ds.chunks,
         compression=ds.compression, compression_opts=ds.compression_opts, shuffle=ds.shuffle,
+        fletcher32=ds.fletcher32,
     )
     if count:
-        out[:count] = ds[:count]
+        out[:count] = read(ds, slice(0, count))

@@ -24,6 +24,11 @@ the config against its checksum (`config_sha256`, written since format 1.1; a fi
 read as a legacy file). Links to other files or other objects, virtual datasets and external
 storage are refused before anything is followed (`link_problems`), and no dataset is read whose
 size a crafted file could make unbounded (series longer than MAX_ROWS are refused from their shape).
+
+Stored values are checked against what they can be (issue 46): every dataset read here goes
+through `integrity.read` (a Fletcher32 failure names the dataset), metric series lie in their
+range (`metric_range`), checkpoint steps end at most at the config's `steps`, and /data equals what
+the stored config rebuilds (`Task.arrays`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from groklens.checkpoints import constants as C
-from groklens.config import RunConfig
+from groklens.checkpoints.integrity import DamagedDataset, integrity_problems, read
+from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput
 from groklens.tasks import TASKS
 
@@ -51,6 +57,8 @@ DATA_SCAN_LIMIT = 1 << 26  # token/index range checks read at most this many val
 MAX_ROWS = 1 << 24  # checkpoints or evaluations of one run: 16M (a run has thousands)
 MAX_OBJECTS = 100_000  # groups and datasets of one file (64 copies of a deep model have a few thousand)
 SPLIT_CHECK_LIMIT = 1 << 26  # split indices are checked for duplicates up to this many inputs
+ACCURACY = (0.0, 1.0)  # the range of an accuracy series (a share of inputs)
+REBUILD_LIMIT = 1 << 22  # stored task data is compared with the config's rebuild up to this many inputs
 
 
 # ---------------------------------------------------------------------- the file
@@ -68,6 +76,8 @@ def check_file(f: "h5py.File", path) -> None:
     """Raise InvalidTrajectory when `f` has a problem (a read failing inside HDF5 is one)."""
     try:
         problems = file_problems(f, path)
+    except DamagedDataset as exc:  # one line naming the dataset whose stored bytes changed
+        problems = [str(exc)]
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
         problems = [f"unreadable ({_short(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)})"]
     if problems:
@@ -83,13 +93,15 @@ def file_problems(f: "h5py.File", path: Path | str) -> list[str]:
     if not isinstance(version, (int, np.integer)) or isinstance(version, (bool, np.bool_)):
         problems.append(f"format_version is {_short(repr(version), 60)}, not an integer")
     cfg = _config(f, problems)
-    n = _steps(f, C.STEPS, "/steps", problems)
-    _metrics(f, problems)
+    n = _steps(f, C.STEPS, "/steps", problems, cfg)
+    _metrics(f, problems, cfg)
     _data(f, cfg, problems)
     _params(f, n, problems)
     _copies_match(f, cfg, problems)
     _state(f, problems)
     _status(f, problems)
+    _cpu_seconds(f)
+    problems += integrity_problems(f)  # last: a crafted dataset's own problem is the one to name
     return problems
 
 
@@ -195,7 +207,7 @@ def _config(f, problems: list[str]):
     return cfg.replace(steps=extensions[-1]["steps"]) if extensions else cfg
 
 
-def _steps(f, key: str, where: str, problems: list[str]) -> int:
+def _steps(f, key: str, where: str, problems: list[str], cfg=None) -> int:
     ds = f.get(key) if isinstance(f, _group_type()) else None
     if ds is None or not hasattr(ds, "dtype") or not hasattr(ds, "ndim"):
         problems.append(f"{where} is missing or not a dataset")
@@ -206,20 +218,22 @@ def _steps(f, key: str, where: str, problems: list[str]) -> int:
     if ds.shape[0] > MAX_ROWS:
         problems.append(f"{where} has {ds.shape[0]} rows, more than a run can have ({MAX_ROWS})")
         return 0
-    values = ds[:]
+    values = read(ds)
     if len(values) and (values[0] < 0 or np.any(np.diff(values) <= 0)):
         problems.append(f"{where} is not strictly increasing from >= 0 (duplicated or out of order)")
+    elif cfg is not None and len(values) and values[-1] > cfg.steps:
+        problems.append(f"{where} holds step {values[-1]}, past the run's last step ({cfg.steps})")
     return len(values)
 
 
-def _metrics(f, problems: list[str]) -> None:
+def _metrics(f, problems: list[str], cfg=None) -> None:
     g = f.get(C.METRICS)
     if g is None:
         return
     if not isinstance(g, _group_type()):
         problems.append(f"/{C.METRICS} is not a group")
         return
-    m = _steps(g, C.METRICS_STEP, f"/{C.METRICS}/{C.METRICS_STEP}", problems)
+    m = _steps(g, C.METRICS_STEP, f"/{C.METRICS}/{C.METRICS_STEP}", problems, cfg)
     for name, ds in g.items():
         if name == C.METRICS_STEP:
             continue
@@ -227,6 +241,31 @@ def _metrics(f, problems: list[str]) -> None:
             problems.append(f"/{C.METRICS}/{name} is not a 1-D float series")
         elif ds.shape[0] < m:
             problems.append(f"/{C.METRICS}/{name} has {ds.shape[0]} rows, fewer than the {m} evaluations")
+        else:
+            _metric_range(name, read(ds, slice(0, m)), problems)
+
+
+def metric_range(name: str) -> tuple[float, float] | None:
+    """The values a metric series can hold (NaN, not measured, aside): accuracies are shares of
+    inputs, losses, norms and learning rates are non-negative (a loss may overflow to inf); None
+    for a series with no known range (a regularizer's)."""
+    base = name.rsplit(".", 1)[-1]  # copy<m>.test_acc, ensemble.train_loss: the column's own name
+    if base.endswith("_acc"):
+        return ACCURACY
+    if base.endswith(("_loss", "_ce")) or base in ("weight_norm", "grad_norm", "lr"):
+        return 0.0, math.inf
+    return None
+
+
+def _metric_range(name: str, values: np.ndarray, problems: list[str]) -> None:
+    bounds = metric_range(name)
+    if bounds is None:
+        return
+    lo, hi = bounds
+    bad = np.nonzero(~np.isnan(values) & ((values < lo) | (values > hi)))[0]
+    if bad.size:
+        problems.append(f"/{C.METRICS}/{name} row {int(bad[0])} holds {values[bad[0]]!r}, outside "
+                        f"[{lo:g}, {hi:g}]")
 
 
 def _data(f, cfg, problems: list[str]) -> int:
@@ -273,7 +312,27 @@ def _data(f, cfg, problems: list[str]) -> int:
     if "d_vocab_out" in attrs:
         _in_range(arrays["labels"], 0, attrs["d_vocab_out"], f"/{C.DATA}/labels", problems)
     _split(arrays["train_idx"], arrays["test_idx"], N, cfg is not None and bool(cfg.task), problems)
+    if cfg is not None and not problems and N <= REBUILD_LIMIT:
+        _data_is_task(f, arrays, problems)
     return N
+
+
+def _data_is_task(f, arrays, problems: list[str]) -> None:
+    """/data against what the stored config rebuilds (the task's grid and the data_seed's split):
+    an edited label or a swapped split index that no range shows."""
+    try:
+        cfg = RunConfig.from_dict(stored_dict(json.loads(f.attrs[C.ATTR_CONFIG])))
+        want = TASKS.get(cfg.task).arrays(cfg)
+    except (BadInput, ValueError, TypeError, KeyError):
+        return  # an unknown task, or a config that builds no data: reported where it is checked
+    for name, ds in arrays.items():
+        have = read(ds)
+        if have.shape != want[name].shape or not np.array_equal(have, want[name]):
+            rows = np.nonzero((have != want[name]).reshape(len(have), -1).any(1))[0] \
+                if have.shape == want[name].shape else []
+            at = f" (row {int(rows[0])} first)" if len(rows) else ""
+            problems.append(f"/{C.DATA}/{name} is not the data the stored config builds{at}")
+            return
 
 
 def _data_fits_config(cfg, arrays, attrs, problems: list[str]) -> bool:
@@ -309,7 +368,7 @@ def _split(train, test, N: int, whole: bool, problems: list[str]) -> None:
     if train.shape[0] > N or test.shape[0] > N:
         problems.append(f"/{C.DATA}: train_idx and test_idx are longer than the {N} inputs")
         return
-    tr, te = train[()].astype(np.int64), test[()].astype(np.int64)
+    tr, te = read(train).astype(np.int64), read(test).astype(np.int64)
     for name, idx in (("train_idx", tr), ("test_idx", te)):
         if idx.size and (idx.min() < 0 or idx.max() >= N):
             problems.append(f"/{C.DATA}/{name} holds values outside [0, {N})")
@@ -346,7 +405,7 @@ def _in_range(ds, lo: int, hi: int, where: str, problems: list[str]) -> None:
     if ds.size == 0:
         return
     step = max(1, math.ceil(ds.size / DATA_SCAN_LIMIT))
-    values = ds[::step] if step > 1 else ds[()]
+    values = read(ds, slice(None, None, step))
     if values.size and (values.min() < lo or values.max() >= hi):
         problems.append(f"{where} holds values outside [{lo}, {hi})")
 
@@ -411,6 +470,15 @@ def _status(f, problems: list[str]) -> None:
     if ds is None or not hasattr(ds, "dtype") or ds.shape != (1,) or ds.dtype.kind != "S":
         what = "missing" if ds is None else (f"{ds.dtype} {list(ds.shape)}" if hasattr(ds, "dtype") else "a group")
         problems.append(f"/{C.STATUS} is {what}, not one fixed-length byte string")
+        return
+    read(ds)  # its checksum: info shows it
+
+
+def _cpu_seconds(f) -> None:
+    """Its checksum (a damaged value is refused, not shown as the run's CPU time); optional."""
+    ds = f.get(C.CPU_SECONDS)
+    if ds is not None and hasattr(ds, "dtype") and ds.shape == (1,):
+        read(ds)
 
 
 def _group_type():

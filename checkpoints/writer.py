@@ -25,6 +25,7 @@ import numpy as np
 from groklens import __version__
 from groklens.checkpoints import constants as C
 from groklens.checkpoints.constants import copy_sidecar_paths, sidecar_path
+from groklens.checkpoints.integrity import is_verified
 from groklens.checkpoints.locking import WriterLock, describe_holder, not_writable, writer_alive
 from groklens.checkpoints.validate import config_checksum, stored_extensions
 from groklens.errors import BadInput, RunFailure
@@ -33,6 +34,9 @@ from groklens.fileio import check_writable_dir, remove_quietly, stale_temporarie
 # gzip level 1 + shuffle: float32 weights barely compress, so keep the cost of writing low
 PARAM_COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 METRIC_CHUNK = 256
+# every dataset carries HDF5's Fletcher32 checksum, recomputed at each chunk write and checked at
+# each read: a flipped bit is refused, never read as valid (checkpoints/integrity.py, format 1.3)
+CHECKSUM = {"fletcher32": True}
 
 
 class TrajectoryWriter:
@@ -91,30 +95,32 @@ class TrajectoryWriter:
             f.attrs[C.ATTR_GROKLENS_VERSION] = __version__
             f.attrs[C.ATTR_CONFIG] = config_json
             f.attrs[C.ATTR_CONFIG_SHA256] = config_checksum(config_json)  # an edited config is refused
+            f.attrs[C.ATTR_INTEGRITY] = C.INTEGRITY_FLETCHER32
             f.attrs[C.ATTR_CREATED] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             g = f.create_group(C.DATA)
             for name, arr in data.items():
-                g.create_dataset(name, data=arr)
+                g.create_dataset(name, data=arr, **CHECKSUM)
             for name, value in data_attrs.items():
                 g.attrs[name] = value
-            f.create_dataset(C.STEPS, shape=(0,), maxshape=(None,), dtype="int64", chunks=(METRIC_CHUNK,))
+            f.create_dataset(C.STEPS, shape=(0,), maxshape=(None,), dtype="int64", chunks=(METRIC_CHUNK,), **CHECKSUM)
             _create_params(f.create_group(C.PARAMS, track_order=True), params)
             if copies:
                 g = f.create_group(C.COPIES, track_order=True)
                 for m, copy_params in enumerate(copies, start=1):
                     _create_params(g.create_group(str(m), track_order=True), copy_params)
             g = f.create_group(C.METRICS, track_order=True)
-            g.create_dataset(C.METRICS_STEP, shape=(0,), maxshape=(None,), dtype="int64", chunks=(METRIC_CHUNK,))
+            g.create_dataset(C.METRICS_STEP, shape=(0,), maxshape=(None,), dtype="int64", chunks=(METRIC_CHUNK,),
+                             **CHECKSUM)
             for name in metric_names:
                 if name == C.METRICS_STEP:
                     continue
-                g.create_dataset(name, shape=(0,), maxshape=(None,), dtype="float64", chunks=(METRIC_CHUNK,))
+                g.create_dataset(name, shape=(0,), maxshape=(None,), dtype="float64", chunks=(METRIC_CHUNK,),
+                                 **CHECKSUM)
             g = f.create_group(C.STATE, track_order=True)
-            g.create_dataset(C.STATE_STEP, data=np.full(2, -1, dtype=np.int64))
-            for name, arr in state.items():
-                g.create_dataset(name, shape=(2, *arr.shape), dtype=arr.dtype)
-            f.create_dataset(C.STATUS, data=np.array([b"running"], dtype=f"S{C.STATUS_LENGTH}"))
-            f.create_dataset(C.CPU_SECONDS, data=np.zeros(1))
+            create_state(g, state)
+            f.create_dataset(C.STATUS, data=np.array([b"running"], dtype=f"S{C.STATUS_LENGTH}"), chunks=(1,),
+                             **CHECKSUM)
+            f.create_dataset(C.CPU_SECONDS, data=np.zeros(1), chunks=(1,), **CHECKSUM)
             f.flush()
             f.swmr_mode = True
             lock = WriterLock(path)
@@ -144,7 +150,7 @@ class TrajectoryWriter:
         try:
             f = h5py.File(path, "r+", libver="latest")
             if C.CPU_SECONDS not in f:  # a file from before it was kept: SWMR cannot add it later
-                f.create_dataset(C.CPU_SECONDS, data=np.full(1, np.nan))
+                f.create_dataset(C.CPU_SECONDS, data=np.full(1, np.nan), chunks=(1,), **_checksum_of(f))
             if extension is not None:
                 f.attrs[C.ATTR_EXTENSIONS] = json.dumps([*stored_extensions(f), dict(extension)])
             f.swmr_mode = True
@@ -318,7 +324,22 @@ def _create_params(g: h5py.Group, params: Mapping[str, np.ndarray]) -> None:
     for name, arr in params.items():
         g.create_dataset(name, shape=(0, *arr.shape), maxshape=(None, *arr.shape),
                          dtype="float32", chunks=(1, *arr.shape) if arr.shape else (1,),
-                         **(PARAM_COMPRESSION if arr.size > 1 else {}))
+                         **(PARAM_COMPRESSION if arr.size > 1 else {}), **CHECKSUM)
+
+
+def create_state(g: h5py.Group, state: Mapping[str, np.ndarray], checksum: bool = True) -> None:
+    """/state/step and the two slots of every state array. One chunk per slot: the slot being
+    written is never in the chunk (nor under the checksum) of the last committed one."""
+    filters = CHECKSUM if checksum else {}
+    g.create_dataset(C.STATE_STEP, data=np.full(2, -1, dtype=np.int64), chunks=(1,), **filters)
+    for name, arr in state.items():
+        g.create_dataset(name, shape=(2, *arr.shape), dtype=arr.dtype,
+                         chunks=(1, *arr.shape) if arr.size else True, **filters)
+
+
+def _checksum_of(f: h5py.File) -> dict:
+    """A dataset added to an existing file checksummed as the file's others are (none in a legacy file)."""
+    return CHECKSUM if is_verified(f) else {}
 
 
 WRITE_FAILED = False  # an HDF5 write failed in this process (the CLI then exits without teardown)

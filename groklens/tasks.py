@@ -79,18 +79,26 @@ class Task:
     def readout_position(self, cfg: "RunConfig") -> int:
         return self.readout(cfg) if self.readout is not None else self.readout_pos
 
-    def build(self, cfg: "RunConfig", split: tuple[np.ndarray, np.ndarray] | None = None) -> TaskData:
-        """The task's data; `split` (train, test indices) overrides the one drawn from data_seed."""
-        import torch
-
+    def arrays(self, cfg: "RunConfig") -> dict[str, np.ndarray]:
+        """The task's data as numpy arrays under /data's names (inputs, labels, train_idx,
+        test_idx, informative_mask): what a run of `cfg` trains on, and what its file must hold."""
         inputs, labels, *rest = self.grid(cfg)
-        train_idx, test_idx = split if split is not None else draw_split(len(labels), cfg.train_frac, cfg.data_seed,
-                                                                        cfg.split_rule)
+        train_idx, test_idx = draw_split(len(labels), cfg.train_frac, cfg.data_seed, cfg.split_rule)
         if rest:
             mask = np.asarray(rest[0], dtype=bool)
         else:
             mask = np.zeros(inputs.shape, dtype=bool)
             mask[:, list(self.informative)] = True
+        return {"inputs": np.asarray(inputs), "labels": np.asarray(labels), "train_idx": train_idx,
+                "test_idx": test_idx, "informative_mask": mask}
+
+    def build(self, cfg: "RunConfig", split: tuple[np.ndarray, np.ndarray] | None = None) -> TaskData:
+        """The task's data; `split` (train, test indices) overrides the one drawn from data_seed."""
+        import torch
+
+        a = self.arrays(cfg)
+        inputs, labels, mask = a["inputs"], a["labels"], a["informative_mask"]
+        train_idx, test_idx = split if split is not None else (a["train_idx"], a["test_idx"])
         d_vocab, d_vocab_out = self.vocab(cfg)
         return TaskData(
             inputs=torch.as_tensor(inputs, dtype=torch.long),

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from groklens.analyses.compare import PhaseTimes
+from groklens.checkpoints.validate import ACCURACY, metric_range
 from groklens.config import GROK_THRESHOLD, PHASE_THRESHOLDS
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
@@ -193,12 +194,107 @@ def load_ledger_file(path: Path) -> dict[str, Any]:
         for key in ("memorization_step", "grokking_step"):
             if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in e[key].values()):
                 raise BadInput(f"{where}: {key} holds a value that is not a step")
+        problem = entry_problem(e)
+        if problem:
+            raise BadInput(f"{where} (arm {e['arm']}, seed {e['seed']}): {problem}")
         ident = (e["arm"], e["seed"], e["config_hash"])
         if ident in seen:
             raise BadInput(f"{where} records arm {e['arm']} seed {e['seed']} (config {e['config_hash']}) again, as "
                            f"entry {seen[ident]} does: one run counted twice; remove one")
         seen[ident] = i
     return data
+
+
+def entry_problem(e: dict[str, Any]) -> str | None:
+    """What is wrong with one well-typed entry's values, or None: its identity must be its
+    config's (seed and hashes), its steps within [0, the run's last step <= the config's
+    steps], its times finite and >= 0, and `final` and `collapse` of the shape summarize_run
+    writes (a copied entry with an edited hash would count twice; a grok step of 1e30 or a
+    negative wall time would be shown as measured)."""
+    for check in (_identity_problem, _steps_problem, _times_problem, _final_problem, _collapse_problem):
+        problem = check(e)
+        if problem:
+            return problem
+    return None
+
+
+def _identity_problem(e: dict[str, Any]) -> str | None:
+    cfg = e["config"]
+    if e["seed"] != cfg.get("seed"):
+        return f"'seed' is {e['seed']}, its config's seed is {cfg.get('seed')!r}"
+    for key, want in (("config_hash", config_hash(cfg)), ("arm_hash", arm_hash(cfg))):
+        if e[key] != want:
+            return f"{key!r} is {e[key][:20]!r}, not the hash of its config ({want})"
+    return None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    import math
+
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _steps_problem(e: dict[str, Any]) -> str | None:
+    cap = e["config"].get("steps")
+    if not _is_int(cap) or cap < 0:
+        return f"its config's 'steps' is {cap!r}, not a step count"
+    if not 0 <= e["last_step"] <= cap:
+        return f"'last_step' is {e['last_step']}, outside [0, {cap}] (the config's steps)"
+    for key in ("memorization_step", "grokking_step"):
+        for threshold, step in e[key].items():
+            if step is not None and not 0 <= step <= e["last_step"]:
+                return f"{key}[{threshold!r}] is {step}, outside [0, {e['last_step']}] (the run's last step)"
+    return None
+
+
+def _times_problem(e: dict[str, Any]) -> str | None:
+    for key in ("wall_s", "cpu_s"):
+        value = e.get(key)
+        if value is not None and not (_is_number(value) and value >= 0):
+            return f"{key!r} is {value!r}, not a finite number of seconds >= 0"
+    return None
+
+
+NON_FINITE = ("nan", "inf", "-inf")  # how summarize_run keeps a non-finite final value (JSON has none)
+
+
+def _final_problem(e: dict[str, Any]) -> str | None:
+    for name, value in e.get("final", {}).items():
+        bounds = metric_range(name)
+        if value is None or (value in NON_FINITE and bounds != ACCURACY):  # a loss may overflow
+            continue
+        if not _is_number(value):
+            return f"final[{name!r}] is {_shown(value)}, not a number"
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            return f"final[{name!r}] is {value!r}, outside [{bounds[0]:g}, {bounds[1]:g}]"
+    return None
+
+
+def _collapse_problem(e: dict[str, Any]) -> str | None:
+    c = e.get("collapse")
+    if c is None:
+        return None  # recorded before collapse was kept
+    if not isinstance(c, dict):
+        return f"'collapse' is {_shown(c)}, not a mapping"
+    for key in ("crossed", "fell_below"):
+        step = c.get(key)
+        if step is not None and not (_is_int(step) and 0 <= step <= e["last_step"]):
+            return f"collapse[{key!r}] is {_shown(step)}, not a step in [0, {e['last_step']}]"
+    acc = c.get("final_test_acc")
+    if acc is not None and not (_is_number(acc) and 0 <= acc <= 1):
+        return f"collapse['final_test_acc'] is {_shown(acc)}, not an accuracy in [0, 1]"
+    if not isinstance(c.get("collapsed"), bool):
+        return f"collapse['collapsed'] is {_shown(c.get('collapsed'))}, not true or false"
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _plain(x: Any) -> Any:
@@ -357,16 +453,13 @@ class LedgerRun(PhaseTimes):
 
 
 def ledger_entries(directories: list[Path], name: str, scale: str) -> list[dict[str, Any]]:
-    """Every entry of NAME at SCALE in these ledgers (a ledger that does not load is skipped)."""
+    """Every entry of NAME at SCALE in these ledgers; a ledger that does not load is refused
+    (BadInput naming it), never skipped: its entries' times would be missing without a word."""
     out = []
     for d in directories:
         p = ledger_path(d, name, scale)
-        if not p.exists():
-            continue
-        try:
+        if p.exists():
             out += Ledger.load(p, name, scale).entries
-        except BadInput:
-            continue
     return out
 
 

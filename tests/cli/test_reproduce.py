@@ -359,9 +359,13 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     # paper runs; smoke runs are never committed, so the smoke scale sees only this ledger
     led = tmp_path / "led"
     led.mkdir()
-    def entry(arm, s, w):  # the fields every entry has (the ledger's validator)
-        return {"arm": arm, "seed": s, "config_hash": f"{arm}{s}", "arm_hash": "x", "wall_s": w,
-                "device": "cpu (x86_64, 2 cores)", "run": f"{arm}_s{s}", "config": {}, "memorization_step": {},
+    def entry(arm, s, w):  # the fields every entry has, its identity its config's (the ledger's validator)
+        from groklens.config import RunConfig
+        from groklens.experiments.ledger import arm_hash, config_hash
+
+        cfg = RunConfig(seed=s, steps=30).to_dict()
+        return {"arm": arm, "seed": s, "config_hash": config_hash(cfg), "arm_hash": arm_hash(cfg), "wall_s": w,
+                "device": "cpu (x86_64, 2 cores)", "run": f"{arm}_s{s}", "config": cfg, "memorization_step": {},
                 "grokking_step": {}, "last_step": 20}
 
     def write(entries):
