@@ -20,7 +20,8 @@ def test_one_rule_gives_each_command_its_default_set():
     # named only: never in any default set
     everything = set(R.default_names(tier="named"))
     assert everything == set(R.names())
-    assert everything - set(R.default_names(tier="extended")) == {"freq_ablation", "llc", "probe"}
+    assert everything - set(R.default_names(tier="extended")) == {"freq_ablation", "llc", "probe", "gradient_symmetricity",
+                                                                "distance_irrelevance", "clock_pizza"}
     with pytest.raises(ValueError):
         R.default_names(tier="sometimes")
 
