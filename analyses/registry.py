@@ -93,7 +93,7 @@ ANALYSES: Registry[Analysis] = Registry("analysis", entry_points=ENTRY_POINTS)
 # registers its own with @analysis); a package outside the tree adds its modules through the
 # entry-point group ENTRY_POINTS (docs/EXTENDING.md).
 BUILTIN_MODULES = ("fourier", "attention", "sharpness", "rank", "radial", "norms", "grokking", "ablation", "llc",
-                   "probing", "clock_pizza")
+                   "probing", "clock_pizza", "hessian_density")
 _loaded = False
 
 

@@ -21,7 +21,7 @@ def test_one_rule_gives_each_command_its_default_set():
     everything = set(R.default_names(tier="named"))
     assert everything == set(R.names())
     assert everything - set(R.default_names(tier="extended")) == {"freq_ablation", "llc", "probe", "gradient_symmetricity",
-                                                                "distance_irrelevance", "clock_pizza"}
+                                                                "distance_irrelevance", "clock_pizza", "hessian_density"}
     with pytest.raises(ValueError):
         R.default_names(tier="sometimes")
 
