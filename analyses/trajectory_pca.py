@@ -37,10 +37,14 @@ def checkpoint_phases(steps, memorization: int | None, grokking: int | None) -> 
     return [phase(int(s)) for s in steps]
 
 
-def parameter_pca(traj, n_components: int = 2) -> dict:
-    """steps [n], projections [n, k], explained_variance_ratio [k], phases [n] of a Trajectory."""
+def parameter_pca(run, n_components: int = 2) -> dict:
+    """steps [n], projections [n, k], explained_variance_ratio [k], phases [n] of a run (a
+    Trajectory or a path)."""
     from sklearn.decomposition import PCA
 
+    from groklens.checkpoints import Trajectory  # h5py, deferred like the reader itself
+
+    traj = run if isinstance(run, Trajectory) else Trajectory(run)
     X = parameter_matrix(traj)
     if len(X) < 2:
         raise BadInput(f"{traj.path}: a trajectory PCA needs two or more checkpoints; it has {len(X)}")
