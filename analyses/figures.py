@@ -13,6 +13,9 @@ caller (`groklens.analyses.report`). They never touch pyplot's global state: fig
   cluster_grid       neurons per key frequency (Nanda's clustering) at chosen checkpoints
   progress_measures  Nanda's figure: train, test, restricted and excluded loss (log y) and the
                      total sum of squared weights against step, the three phases shaded
+  parameter_paths    each run's parameter trajectory on its first two principal components,
+                     the checkpoints coloured by phase
+  eigenvalue_densities  Hessian eigenvalue densities (SLQ) at chosen checkpoints, log density
 """
 
 from __future__ import annotations
@@ -382,4 +385,75 @@ def progress_measures(panels: Sequence[ProgressPanel], *, ax=None) -> Figure:
         top.set_title(p.label + "\n" + textwrap.fill(p.key_text, 60), fontsize=8)
         bottom.set_xlabel("step")
         top.legend(fontsize=7, loc="upper right", frameon=False)
+    return fig
+
+
+# ---------------------------------------------------------------------- parameter trajectory PCA
+PHASE_MARKS = {"memorization": "#ff7f0e", "circuit formation": "#2ca02c", "cleanup": "#1f77b4"}
+
+
+@dataclass
+class PcaPath:
+    """One run's checkpoints on its first two principal directions (analyses/trajectory_pca.py)."""
+
+    label: str
+    steps: Sequence[int]
+    pc: np.ndarray  # [n, 2]
+    explained: np.ndarray  # [2] explained-variance ratios
+    phases: Sequence[str]  # per checkpoint, a key of PHASE_MARKS
+
+
+def parameter_paths(paths: Sequence[PcaPath], *, ax=None) -> Figure:
+    """Per run a panel: its path through PC1-PC2 in grey, each checkpoint a dot in its phase's
+    colour, the first and last checkpoint named by step."""
+    n = len(paths)
+    if ax is not None:
+        axes = list(np.ravel(np.asarray(ax, dtype=object)))
+        fig = axes[0].figure
+    else:
+        fig = Figure(figsize=(max(4.8, 4.2 * n), 4.0), layout="constrained")
+        axes = list(fig.subplots(1, n, squeeze=False)[0])
+    for a, p in zip(axes, paths):
+        a.plot(p.pc[:, 0], p.pc[:, 1], color="grey", lw=0.9, alpha=0.7)
+        for phase, c in PHASE_MARKS.items():
+            keep = np.array([ph == phase for ph in p.phases], dtype=bool)
+            if keep.any():
+                a.scatter(p.pc[keep, 0], p.pc[keep, 1], s=14, color=c, label=phase, zorder=3)
+        for i in (0, len(p.steps) - 1):
+            a.annotate(f"step {p.steps[i]:,}", p.pc[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
+        a.set_xlabel(f"PC1 ({100 * p.explained[0]:.0f} % of variance)")
+        a.set_ylabel(f"PC2 ({100 * p.explained[1]:.0f} %)" if len(p.explained) > 1 else "PC2")
+        a.set_title(p.label, fontsize=9)
+        a.grid(alpha=0.25, lw=0.4)
+        a.legend(fontsize=7, frameon=False)
+    return fig
+
+
+# ---------------------------------------------------------------------- Hessian eigenvalue density
+@dataclass
+class DensityCurve:
+    label: str
+    grid: np.ndarray
+    density: np.ndarray
+    colour: str | None = None
+
+
+def eigenvalue_densities(panels: Sequence[tuple[str, Sequence[DensityCurve]]], *, ax=None) -> Figure:
+    """Per run a panel of densities against eigenvalue on a log density axis (PyHessian's plot:
+    density + 1e-7, so that empty stretches show)."""
+    n = len(panels)
+    if ax is not None:
+        axes = list(np.ravel(np.asarray(ax, dtype=object)))
+        fig = axes[0].figure
+    else:
+        fig = Figure(figsize=(max(5.0, 4.4 * n), 3.8), layout="constrained")
+        axes = list(fig.subplots(1, n, squeeze=False)[0])
+    for a, (title, curves) in zip(axes, panels):
+        for i, c in enumerate(curves):
+            a.semilogy(c.grid, c.density + 1e-7, color=c.colour or colour(i), lw=1.2, label=c.label)
+        a.set_xlabel("eigenvalue")
+        a.set_ylabel("density (log)")
+        a.set_title(title, fontsize=9)
+        a.grid(alpha=0.25, lw=0.4)
+        a.legend(fontsize=7, frameon=False)
     return fig

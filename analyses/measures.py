@@ -21,6 +21,8 @@ from groklens.analyses.registry import Measure, canonical_params, get, measures,
 # in the registry's column order
 MEASURES: tuple[Measure, ...] = measures()
 ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
+# analyses without a column that a report figure draws (analyses/report_figures.py): read as well
+FIGURE_ANALYSES = ("clock_pizza", "hessian_density")
 
 
 def stored_analysis(run_path: Path, config: dict, name: str, copy: int = 0):
@@ -78,7 +80,7 @@ def reduce_value(value: Any, how: str) -> float | None:
 
 def read_measures(run) -> None:
     """Fill run.values (a compare.RunSummary) from the sidecar (missing stays None) and say what the sidecar holds."""
-    for name in ANALYSES_USED:
+    for name in (*ANALYSES_USED, *FIGURE_ANALYSES):
         stored = stored_analysis(run.path, run.config, name)
         if stored is None:
             run.analysis_state[name] = "not stored"

@@ -92,8 +92,8 @@ ANALYSES: Registry[Analysis] = Registry("analysis", entry_points=ENTRY_POINTS)
 # The modules that hold the built-in analyses, in the order of the comparison's columns (each
 # registers its own with @analysis); a package outside the tree adds its modules through the
 # entry-point group ENTRY_POINTS (docs/EXTENDING.md).
-BUILTIN_MODULES = ("fourier", "attention", "sharpness", "rank", "radial", "induced", "norms", "grokking", "ablation", "llc",
-                   "probing")
+BUILTIN_MODULES = ("fourier", "attention", "sharpness", "rank", "radial", "induced", "norms", "grokking", "ablation",
+                   "llc", "probing", "clock_pizza", "hessian_density")
 _loaded = False
 
 

@@ -15,7 +15,10 @@ import numpy as np
 
 from groklens.analyses import figures as F
 from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
+from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
+                                           PIZZA_MIN_SYMMETRICITY)
 from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
+from groklens.analyses.trajectory_pca import parameter_pca
 
 DPI = 110
 # the figures every report makes from the metrics (make_figures), before the analysis families
@@ -541,6 +544,71 @@ def _radial_figures(f: _Figs) -> None:
         [F.Panel("activation radius\n||h|| / sqrt(d)", radius, yscale=_yscale(radius)),
          F.Panel("radial gradient\nenergy rho", rho, hlines=hl, yscale=_yscale(rho))],
         "Radial-angular decomposition")
+
+
+@figure("clock_pizza", missing={"Clock or pizza over time": ("clock_pizza",)})
+def _clock_pizza_figures(f: _Figs) -> None:
+    """Gradient symmetricity and distance irrelevance over time, against the labelling rule's thresholds."""
+    if f.lacks("clock_pizza", "Clock or pizza over time"):
+        return
+    sym, irr = f.lines("clock_pizza", "gradient_symmetricity"), f.lines("clock_pizza", "distance_irrelevance")
+    f.over_time(
+        "clock_pizza", "Clock or pizza over time",
+        "Gradient symmetricity (mean cosine of the logit's gradients w.r.t. the two operand embeddings) and "
+        "distance irrelevance (how little the correct logit depends on a-b), Zhong et al. 2023; dotted: the "
+        f"thresholds of our rule, {ALGORITHM_RULE}. Definitions: docs/ANALYSES.md, \"clock_pizza\".",
+        [F.Panel("gradient\nsymmetricity", sym, ylim=(-1.02, 1.02),
+                 hlines=[(CLOCK_MAX_SYMMETRICITY, "#1f77b4", "clock below"), (PIZZA_MIN_SYMMETRICITY, "#d62728",
+                                                                               "pizza above")]),
+         F.Panel("distance\nirrelevance", irr, hlines=[(CLOCK_MIN_IRRELEVANCE, "black", "clock above, pizza below")])],
+        "Clock or pizza (Zhong et al. 2023)")
+
+
+@figure("hessian_density", missing={"Hessian eigenvalue density": ("hessian_density",)})
+def _hessian_density_figures(f: _Figs) -> None:
+    """The SLQ eigenvalue density of each group's first run at its chosen checkpoints."""
+    title = "Hessian eigenvalue density"
+    if f.lacks("hessian_density", title):
+        return
+    panels = []
+    for g in f.groups:
+        r = g.runs[0]
+        st = r.stored.get("hessian_density")
+        if st is None or not st.steps:
+            continue
+        where = {s: j for j, s in enumerate(st.steps)}
+        curves = [F.DensityCurve(label, np.asarray(st.values["grid"][where[s]], dtype=float),
+                                 np.asarray(st.values["density"][where[s]], dtype=float))
+                  for s, label in chosen_checkpoints(r, st.steps, f.steps) if s is not None]
+        panels.append((r.name, curves))
+    f.figs.append(FigureSpec(
+        "hessian_density", title,
+        f"Eigenvalue density of the float64 training loss's Hessian by stochastic Lanczos quadrature (PyHessian's "
+        f"method: Rademacher start vectors, Gaussian-broadened Ritz values), {f.which_runs()}, at the stored "
+        "checkpoints nearest the start, memorization, grokking and the end; log density axis.",
+        F.eigenvalue_densities(panels)))
+
+
+@figure("parameter_pca", missing={"Parameter trajectory PCA": ("parameter_pca",)})
+def _parameter_pca_figures(f: _Figs) -> None:
+    """Each group's first run's parameter trajectory on its first two principal components."""
+    paths = []
+    for g in f.groups:
+        r = g.runs[0]
+        if len(r.checkpoints) < 3:
+            continue
+        res = parameter_pca(r.path, n_components=2)
+        paths.append(F.PcaPath(r.name, res["steps"], res["projections"], res["explained_variance_ratio"],
+                               res["phases"]))
+    if not paths:
+        f.missing.append(("Parameter trajectory PCA", "no run has three or more checkpoints"))
+        return
+    f.figs.append(FigureSpec(
+        "parameter_pca", "Parameter trajectory PCA",
+        f"Every checkpoint's flattened parameters, {f.which_runs()}, on the run's own first two principal "
+        "components (centred on the mean checkpoint); dots coloured by phase: memorization before the "
+        "memorization step, circuit formation until the grokking step, cleanup after "
+        "(docs/ANALYSES.md, \"Parameter trajectory PCA\").", F.parameter_paths(paths)))
 
 
 # every figure a report can make (fig_<name>.<format>), in page order, and the figures each

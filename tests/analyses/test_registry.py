@@ -20,7 +20,9 @@ def test_one_rule_gives_each_command_its_default_set():
     # named only: never in any default set
     everything = set(R.default_names(tier="named"))
     assert everything == set(R.names())
-    assert everything - set(R.default_names(tier="extended")) == {"freq_ablation", "induced_reg", "llc", "probe"}
+    assert everything - set(R.default_names(tier="extended")) == {
+        "freq_ablation", "induced_reg", "llc", "probe", "gradient_symmetricity", "distance_irrelevance", "clock_pizza",
+        "hessian_density"}
     with pytest.raises(ValueError):
         R.default_names(tier="sometimes")
 
@@ -48,7 +50,8 @@ def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_dup
 def test_the_figures_are_registered_by_their_families_in_page_order():
     assert FIGURE_NAMES == ("curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters",
                             "progress_measures", "attention", "attention_patterns", "hessian", "llc",
-                            "effective_rank", "radial")
+                            "effective_rank", "radial", "clock_pizza",
+                            "hessian_density", "parameter_pca")
     assert MISSING_NAMES["Attention at the readout position"] == ("attention", "attention_patterns")
     assert {n for names in MISSING_NAMES.values() for n in names} == set(FIGURE_NAMES[2:])
 

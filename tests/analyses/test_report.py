@@ -17,7 +17,8 @@ from tests.analyses.test_compare import make_runs
 from tests.helpers import groklens, tiny_config
 
 ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "attention",
-               "attention_patterns", "hessian", "llc", "effective_rank", "radial", "progress_measures"}
+               "attention_patterns", "hessian", "llc", "effective_rank", "radial", "progress_measures", "clock_pizza",
+               "hessian_density", "parameter_pca"}
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,8 @@ def runs(tmp_path_factory):
             compute(paths[key], name, every=2)
         compute(paths[key], "sharpness", every=3, top_k=1, trace_samples=4)
         compute(paths[key], "llc", every=3, chains=2, draws=4, burnin=2, minibatch=8)
+        compute(paths[key], "clock_pizza", every=2)
+        compute(paths[key], "hessian_density", every=3, iters=10, num_bins=50)
     return paths
 
 
@@ -80,10 +83,11 @@ def test_report_writes_every_figure_and_the_table(runs, tmp_path):
 
 def test_missing_figures_are_listed_with_the_reason(runs, tmp_path):
     res = build_report([runs["sphere_s2"]], tmp_path / "rep")  # nothing stored for this run
-    assert {p.stem[4:] for p in res.figures} == {"curves", "grokking_times"}
+    # the metrics' two and the parameter PCA (from the checkpoints) need no stored analysis
+    assert {p.stem[4:] for p in res.figures} == {"curves", "grokking_times", "parameter_pca"}
     titles = [t for t, _ in res.missing]
-    # every figure but the two drawn from metrics is listed, the attention pair under one title
-    assert len(titles) == len(ALL_FIGURES) - 3 and any("Hessian" in t for t in titles)
+    # every other figure is listed, the attention pair under one title
+    assert len(titles) == len(ALL_FIGURES) - 4 and any("Hessian" in t for t in titles)
     assert all("groklens analyze" in why for _, why in res.missing)
     page = parse(res.index)
     assert "missing" in page.ids and "Fourier" in res.index.read_text()

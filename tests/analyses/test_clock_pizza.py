@@ -1,0 +1,198 @@
+"""Clock/Pizza measures: planted clock and pizza logit functions whose values are known by
+construction, their notebook's code re-typed on a tiny transformer, and real runs (learned and
+uniform attention) analyzed along their checkpoints."""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from groklens.analyses.clock_pizza import (
+    ALGORITHM_RULE,
+    algorithm_label,
+    clock_pizza,
+    distance_irrelevance,
+    gradient_symmetricity,
+    operand_positions,
+    sample_triples,
+)
+from groklens.analyses.runner import compute
+from groklens.checkpoints.reader import Trajectory
+from groklens.errors import BadInput
+from groklens.trainers.models.hooked import HookedModel, ModelConfig
+from tests.analyses.builders import all_hooks_clear, modular_data, tiny_transformer
+from tests.helpers import train_tiny
+
+P, K = 23, 3  # the planted circle's frequency w = 2 pi K / P
+
+
+class Planted(HookedModel):
+    """Logits of the planted algorithms from 2-d embeddings z_t = (cos wt, sin wt), as complex z_a, z_b:
+      clock:  h = z_a z_b (a rotation product),  logit_c = Re(h e^{-iwc}) (1 + Re(h^2) / 2)
+      pizza:  h = z_a + z_b,  logit_c = |Re(h e^{-iwc/2})| - |Im(h e^{-iwc/2})|   (their Q_pizza, cell 21)
+    The clock's correct logit is 1 + cos(2w(a+b)) / 2 (no dependence on a-b), the pizza's
+    2 |cos(w(a-b)/2)| (a function of a-b alone)."""
+
+    def __init__(self, kind: str, p: int = P, k: int = K):
+        super().__init__()
+        self.cfg = ModelConfig(d_model=2, n_heads=0, d_head=0, n_layers=1, d_mlp=2, d_vocab=p + 1, d_vocab_out=p,
+                               n_ctx=3)
+        self.kind, self.w = kind, 2 * math.pi * k / p
+        t = torch.arange(p + 1, dtype=torch.float64) * self.w  # the '=' token's row is never read
+        self.W_E = nn.Parameter(torch.stack([t.cos(), t.sin()], 1))
+        self.theta = self.w * torch.arange(p, dtype=torch.float64)
+        self.hook_embed = HookPoint()
+        self.setup()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, n] -> [b, n, p]
+        e = self.hook_embed(self.W_E[tokens])
+        (xa, ya), (xb, yb) = e[:, 0].unbind(-1), e[:, 1].unbind(-1)
+        if self.kind == "clock":
+            hx, hy = (xa * xb - ya * yb)[:, None], (xa * yb + ya * xb)[:, None]
+            logits = (hx * self.theta.cos() + hy * self.theta.sin()) * (1 + (hx ** 2 - hy ** 2) / 2)
+        else:
+            hx, hy = (xa + xb)[:, None], (ya + yb)[:, None]
+            c, s = (self.theta / 2).cos(), (self.theta / 2).sin()
+            logits = (c * hx + s * hy).abs() - (-s * hx + c * hy).abs()
+        return logits[:, None, :].expand(-1, tokens.shape[1], -1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return modular_data(P)[1]
+
+
+def test_planted_clock_is_distance_irrelevant_and_asymmetric(data):
+    model = Planted("clock")
+    di = distance_irrelevance(model, data)
+    assert di["distance_irrelevance"] == pytest.approx(1.0, abs=1e-12)  # the correct logit is a function of a+b
+    # any f(z_a z_b): the two gradients are grad_h conj(z_b) and grad_h conj(z_a), cosine cos(w(a-b))
+    triples = np.array(sample_triples(P, 100, 42))
+    expected = np.cos(model.w * (triples[:, 0] - triples[:, 1]))
+    gs = gradient_symmetricity(model, data)
+    np.testing.assert_allclose(gs["cosines"], expected, atol=1e-12)
+    assert abs(gs["gradient_symmetricity"]) < 0.2 and all_hooks_clear(model)
+    assert algorithm_label(gs["gradient_symmetricity"], di["distance_irrelevance"]) == "clock"
+
+
+def test_planted_pizza_is_distance_dependent_and_symmetric(data):
+    model = Planted("pizza")
+    di = distance_irrelevance(model, data)
+    assert di["distance_irrelevance"] == pytest.approx(0.0, abs=1e-12)  # the correct logit is a function of a-b
+    a, b = data.inputs[:, 0].numpy(), data.inputs[:, 1].numpy()
+    grid = di["correct_logits"][(a + b) % P, (a - b) % P]
+    np.testing.assert_allclose(grid, 2 * np.abs(np.cos(model.w * (a - b) / 2)), atol=1e-12)
+    gs = gradient_symmetricity(model, data)  # any f(z_a + z_b): equal gradients
+    np.testing.assert_allclose(gs["cosines"], 1.0, atol=1e-12)
+    assert clock_pizza(model, data) == {"gradient_symmetricity": pytest.approx(1.0), "distance_irrelevance":
+                                        pytest.approx(0.0, abs=1e-12), "is_clock": 0, "is_pizza": 1}
+
+
+def test_the_rule_labels_the_published_groups():
+    assert "clock" in ALGORITHM_RULE and "pizza" in ALGORITHM_RULE
+    # medians of result/1l_fixedwidth.csv, 1-layer runs: attention rate >= 0.9 and <= 0.1
+    assert algorithm_label(0.483, 0.853) == "clock"
+    assert algorithm_label(0.993, 0.362) == "pizza"
+    assert algorithm_label(0.9, 0.6) == "neither"
+
+
+# ------------------------------------------------------------- their notebook's code, re-typed
+def _forward_h(model, x):
+    """Their Transformer.forward_h: (the token embedding, kept with its gradient; the logits)."""
+    kept = {}
+
+    def keep(act, hook):
+        act.retain_grad()
+        kept["t"] = act
+
+    with model.hooks(fwd_hooks=[("hook_embed", keep)]):
+        out = model(x)
+    return kept["t"], out
+
+
+def _their_gradient_symmetricity(model, C, eq):
+    """eval-main.ipynb, cell 12, re-typed (x gets our '=' token; their readout is the last position too)."""
+    tt = 0
+    xs = [(a, b, c) for a in range(C) for b in range(C) for c in range(C)]
+    random.Random(42).shuffle(xs)
+    xs = xs[:100]
+    for abc in xs:
+        a, b, c = abc
+        x = torch.tensor([[a, b, eq]], device="cpu")
+        t, o0 = _forward_h(model, x)
+        model.zero_grad()
+        o = o0[0, -1, :]
+        o[c].backward(retain_graph=True)
+        tg = t.grad[0].detach().cpu().numpy()
+        dp = np.sum(tg[0] * tg[1]) / np.sqrt(np.sum(tg[0] ** 2)) / np.sqrt(np.sum(tg[1] ** 2))
+        tt += dp
+    return tt / len(xs)
+
+
+def _their_distance_irrelevance(model, data, C):
+    """eval-main.ipynb, cell 10, re-typed."""
+    oo = [[0] * C for _ in range(C)]
+    with torch.inference_mode():
+        o = model(data.inputs)[:, -1, :]
+        o0 = o[list(range(len(data.inputs))), data.labels]
+        for p, q in zip(o0, data.inputs):
+            A, B = int(q[0].item()), int(q[1].item())
+            oo[(A + B) % C][(A - B) % C] = p.item()
+    oo = np.array(oo)
+    return np.mean(np.std(oo, axis=0)) / np.std(oo.flatten())
+
+
+@pytest.mark.parametrize("attention", ["softmax", "uniform"])
+def test_matches_their_notebook_on_a_tiny_transformer(attention):
+    model, data = tiny_transformer(p=11, train_steps=40, attention=attention)
+    eq = int(data.inputs[0, 2])
+    theirs_gs = _their_gradient_symmetricity(copy.deepcopy(model), 11, eq)
+    theirs_di = _their_distance_irrelevance(model, data, 11)
+    ours = clock_pizza(model, data)
+    assert ours["gradient_symmetricity"] == pytest.approx(theirs_gs, abs=1e-5)
+    assert ours["distance_irrelevance"] == pytest.approx(theirs_di, abs=1e-5)
+    assert all(p.grad is None for p in model.parameters()) and all_hooks_clear(model)
+    if attention == "uniform":  # one layer, no norm, read at '=': the logits see E_a and E_b only as E_a + E_b
+        assert ours["gradient_symmetricity"] == pytest.approx(1.0, abs=1e-6)
+
+
+# ------------------------------------------------------------- along real runs
+@pytest.mark.parametrize("attention", ["softmax", "uniform"])
+def test_along_a_real_run(tmp_path, attention):
+    path = tmp_path / "run.h5"
+    train_tiny(path, attention=attention, steps=200, checkpoint_every=50, lr=1e-2)
+    res = compute(path, "clock_pizza")
+    steps = [int(s) for s in Trajectory(path).steps]
+    assert res.steps == steps
+    gs, di = res["gradient_symmetricity"], res["distance_irrelevance"]
+    assert np.all((gs >= -1) & (gs <= 1)) and np.all((di >= 0) & (di <= 1.5))
+    assert np.all(res["is_clock"] + res["is_pizza"] <= 1)
+    single = compute(path, "distance_irrelevance", steps=[steps[-1]])
+    assert single["distance_irrelevance"][0] == pytest.approx(di[-1])
+    assert single["correct_logits"].shape == (1, 11, 11)
+
+
+def test_the_operands_are_the_informative_positions():
+    model, data = tiny_transformer(p=7, train_steps=5, op_token=True)  # [a, op, b, =]
+    assert operand_positions(data) == (0, 2)
+    res = clock_pizza(model, data)
+    assert -1 <= res["gradient_symmetricity"] <= 1 and res["distance_irrelevance"] > 0
+
+
+def test_refuses_what_it_cannot_read():
+    model, data = tiny_transformer(p=6)
+    with pytest.raises(BadInput, match="odd p"):
+        distance_irrelevance(model, data)
+    model, data = tiny_transformer(p=5)
+    with pytest.raises(BadInput, match="n_samples"):
+        gradient_symmetricity(model, data, n_samples=0)
+    model, data = tiny_transformer(p=5, nonzero_b=True)
+    with pytest.raises(BadInput, match="every"):
+        distance_irrelevance(model, data)
