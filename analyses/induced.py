@@ -16,7 +16,8 @@ at weight 1) acts on a weight matrix W through its gradient G = dP/dW. With W = 
                   second input set (default the test inputs); 0 for weight decay, whose
                   gradient does not see the data.
 Values are named `<measure>@<weight>`; `<measure>_mean` averages over the matrices whose
-gradient is nonzero. Weights are viewed as matrices as in the rank analysis (weight_matrix).
+gradient is nonzero. By default only the matrices the penalty reaches (nonzero gradient) are
+reported: the unembedding after the last penalized site, for one, has no induced term at all. Weights are viewed as matrices as in the rank analysis (weight_matrix).
 The model runs in float64 so that a penalty already near its minimum keeps its gradient.
 """
 
@@ -118,11 +119,14 @@ def induced_regularization(model, data: TaskData, *, sites: Sequence[str] | None
                            other_set: str = "test") -> dict:
     """The module docstring's measures for every weight matrix (default: every 2-D or 3-D
     trained parameter) under the penalty at `sites` (default: the penalty's default sites)."""
+    weights_given = weights is not None
     sites, weights = check(model, data, {"sites": sites, "weights": weights, "eval_set": eval_set,
                                          "other_set": other_set})
     value, grads = penalty_gradients(model, data.inputs[eval_rows(data, eval_set)], sites, weights)
     _, other = penalty_gradients(model, data.inputs[eval_rows(data, other_set)], sites, weights)
     named = dict(model.named_parameters())
+    if not weights_given:  # the default: only the matrices the penalty reaches
+        weights = [w for w in weights if np.any(grads[w]) or np.any(other[w])]
     out: dict = {"penalty": value}
     pooled: dict[str, list[float]] = {"anisotropy": [], "diag_share": [], "alignment": [], "data_dependence": []}
     for w in weights:

@@ -108,9 +108,12 @@ def test_on_a_trained_transformer_every_matrix_is_measured_and_the_penalty_is_an
     assert 0 < out["anisotropy_mean"] and 0 < out["diag_share_mean"] < 1 and out["data_dependence_mean"] > 0
     for w in ("blocks.0.mlp.W_in", "blocks.0.attn.W_Q", "embed.W_E"):
         assert np.isfinite(out[f"anisotropy@{w}"]) and out[f"rates@{w}"].size > 0
-    # the unembedding reads the last resid_post: the penalty does not reach it (zero rates, no anisotropy)
-    np.testing.assert_array_equal(out["rates@unembed.W_U"], 0.0)
-    assert np.isnan(out["anisotropy@unembed.W_U"])
+    # the unembedding reads the last resid_post: the penalty does not reach it, so by default it is
+    # left out; named explicitly, it shows zero rates and no anisotropy
+    assert "rates@unembed.W_U" not in out
+    named = induced_regularization(model, data, weights=["unembed.W_U", "embed.W_E"])
+    np.testing.assert_array_equal(named["rates@unembed.W_U"], 0.0)
+    assert np.isnan(named["anisotropy@unembed.W_U"]) and np.isfinite(named["anisotropy@embed.W_E"])
 
 
 def test_bad_arguments_are_refused_in_one_line():
