@@ -146,8 +146,10 @@ def _craft(good, path, edit):
 
 
 def _replace(f, name, data):
+    """Rewrite a dataset with its checksum, so the crafted content is what the readers meet."""
+    checked = f[name].fletcher32
     del f[name]
-    f.create_dataset(name, data=data)
+    f.create_dataset(name, data=data, fletcher32=checked)
 
 
 def _set_attr(name, value):
@@ -171,7 +173,8 @@ CRAFTED = {
 }
 LOADERS = {  # found when the parameters are loaded (against the model the config builds)
     "param_missing": (lambda f: f.__delitem__("params/embed.W_E"), "embed.W_E"),
-    "param_extra": (lambda f: f.create_dataset("params/extra.W", data=np.zeros((len(f["steps"]), 3), "f4")),
+    "param_extra": (lambda f: f.create_dataset("params/extra.W", data=np.zeros((len(f["steps"]), 3), "f4"),
+                                                          fletcher32=True),
                     "extra.W"),
     "param_shape": (lambda f: _replace(f, "params/embed.W_E", f["params/embed.W_E"][:, :3]), "embed.W_E"),
     "param_nan": (lambda f: f["params/embed.W_E"].__setitem__(1, np.nan), "not finite"),
