@@ -85,27 +85,31 @@ class Sidecar:
             msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
             raise BadInput(f"{self.path}: unreadable analyses file ({msg}); move it away to start afresh") from None
         try:
-            links = link_problems(f)
-            if links:
-                raise BadInput(f"{self.path}: invalid analyses file: {links[0]}; move it away")
-            fmt = f.attrs.get("format")
-            fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt
-            if fmt != SIDECAR_FORMAT:
-                raise BadInput(f"{self.path} exists but is not a groklens analyses file; move it away")
-            version = f.attrs.get("format_version")
-            if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)) \
-                    or int(version) > SIDECAR_VERSION:
-                raise BadInput(f"{self.path}: analyses format version {version!r} is not one this groklens reads")
-            owner = _text(f.attrs.get("run"))
-            if owner is not None and not isinstance(owner, str):
-                raise BadInput(f"{self.path}: invalid analyses file (its run attribute is not a name); move it away")
-            if owner is not None and owner != self.run_path.name:  # another run's results: never mixed
-                raise BadInput(f"{self.path} holds the analyses of {owner}, not of {self.run_path.name}; move it away")
-            with self._damaged():
-                check_sidecar(f, self.path)
+            with self._damaged():  # a header HDF5 cannot decode is damage too, named as such
+                self._check_header(f)
             yield f
         finally:
             f.close()
+
+    def _check_header(self, f: h5py.File) -> None:
+        """BadInput unless `f` is this run's analyses file, undamaged."""
+        links = link_problems(f)
+        if links:
+            raise BadInput(f"{self.path}: invalid analyses file: {links[0]}; move it away")
+        fmt = f.attrs.get("format")
+        fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt
+        if fmt != SIDECAR_FORMAT:
+            raise BadInput(f"{self.path} exists but is not a groklens analyses file; move it away")
+        version = f.attrs.get("format_version")
+        if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)) \
+                or int(version) > SIDECAR_VERSION:
+            raise BadInput(f"{self.path}: analyses format version {version!r} is not one this groklens reads")
+        owner = _text(f.attrs.get("run"))
+        if owner is not None and not isinstance(owner, str):
+            raise BadInput(f"{self.path}: invalid analyses file (its run attribute is not a name); move it away")
+        if owner is not None and owner != self.run_path.name:  # another run's results: never mixed
+            raise BadInput(f"{self.path} holds the analyses of {owner}, not of {self.run_path.name}; move it away")
+        check_sidecar(f, self.path)
 
     def check(self, writing: bool = False) -> None:
         """BadInput if an existing sidecar is not ours, unreadable or damaged, or (`writing`) its
