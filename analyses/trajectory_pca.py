@@ -20,11 +20,14 @@ from groklens.errors import BadInput
 PHASE_NAMES = ("memorization", "circuit formation", "cleanup")
 
 
-def parameter_matrix(traj) -> np.ndarray:
-    """X [n_checkpoints, n_params] in float64: each checkpoint's parameters, flattened."""
-    n = len(traj.steps)
-    return np.concatenate([traj.param_trajectory(name).reshape(n, -1).astype(np.float64)
-                           for name in traj.param_names], axis=1)
+def parameter_matrix(traj) -> tuple[list[int], np.ndarray]:
+    """The checkpoint steps and X [n_checkpoints, n_params] in float64: each checkpoint's
+    parameters, flattened. A run being written gains checkpoints between reads: every parameter
+    is cut to the checkpoints of the one steps read (rows past it are later checkpoints)."""
+    steps = [int(s) for s in traj.steps]
+    n = len(steps)
+    return steps, np.concatenate([traj.param_trajectory(name)[:n].reshape(n, -1).astype(np.float64)
+                                  for name in traj.param_names], axis=1)
 
 
 def checkpoint_phases(steps, memorization: int | None, grokking: int | None) -> list[str]:
@@ -45,12 +48,11 @@ def parameter_pca(run, n_components: int = 2) -> dict:
     from groklens.checkpoints import Trajectory  # h5py, deferred like the reader itself
 
     traj = run if isinstance(run, Trajectory) else Trajectory(run)
-    X = parameter_matrix(traj)
+    steps, X = parameter_matrix(traj)
     if len(X) < 2:
         raise BadInput(f"{traj.path}: a trajectory PCA needs two or more checkpoints; it has {len(X)}")
     k = min(n_components, len(X) - 1, X.shape[1])  # n centred points span at most n - 1 directions
     pca = PCA(n_components=k, svd_solver="full")
-    steps = [int(s) for s in traj.steps]
     ph = run_phases(traj)
     return {"steps": steps, "projections": pca.fit_transform(X), "explained_variance_ratio": pca.explained_variance_ratio_,
             "phases": checkpoint_phases(steps, ph.memorization, ph.grokking)}
