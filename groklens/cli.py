@@ -229,12 +229,22 @@ def info(run: str, as_json: bool) -> None:
     click.echo(format_summary(summary))
 
 
+class _MetricOption(click.Option):
+    """--metric's help lists the registry's analyses when help is shown (not at every start)."""
+
+    def get_help_record(self, ctx):
+        from groklens.analyses.registry import default_names, names
+
+        every, default = names(), default_names()
+        rest = [n for n in every if n not in default]
+        self.help = (f"Analysis to compute (repeatable): {', '.join(every)}. Default: {', '.join(default)} "
+                     f"(all but {', '.join(rest)}), skipping those that do not apply.")
+        return super().get_help_record(ctx)
+
+
 @cli.command()
 @click.argument("run", type=click.Path())
-@click.option("--metric", "metrics", multiple=True, metavar="NAME",
-              help="Analysis to compute (repeatable): fourier, attention, sharpness, rank, radial, norms, "
-                   "grokking, llc, probe, freq_ablation. Default: fourier, attention, rank, radial, norms, "
-                   "grokking (all but sharpness, llc, probe and freq_ablation), skipping those that do not apply.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME", cls=_MetricOption)
 @_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
