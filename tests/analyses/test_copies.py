@@ -54,8 +54,12 @@ def test_run_level_analysis_reads_the_copys_metrics(routed):
     res = compute(Trajectory(routed, copy=1), "grokking", thresholds=[0.1], store=False)
     acc = metrics["copy1.test_acc"]
     hits = np.nonzero(acc >= 0.1)[0]
-    expected = int(metrics["step"][hits[0]]) if len(hits) else -1
-    assert int(res["grokking_step"][0][0]) == expected
+    assert int(res["first_crossing"][0][0]) == (int(metrics["step"][hits[0]]) if len(hits) else -1)
+    # grokked: the first of the run's grok_evals evaluations in a row at or above the threshold
+    n = int(res["grok_evals"][0])
+    assert n == Trajectory(routed).config.grok_evals
+    sustained = [i for i in range(len(acc) - n + 1) if (acc[i:i + n] >= 0.1).all()]
+    assert int(res["grokking_step"][0][0]) == (int(metrics["step"][sustained[0]]) if sustained else -1)
 
 
 def test_cli_analyze_copy(routed):

@@ -152,7 +152,9 @@ def test_width_is_the_hidden_width_of_each_model():
 
 # ---------------------------------------------------------------------- from a sweep directory
 def write_run(path, cfg, grok_step, last=2000, every=100, status="completed"):
-    """A trajectory file whose test accuracy crosses 0.95 at grok_step (None: never)."""
+    """A trajectory file whose test accuracy crosses 0.95 at grok_step (None: never), of a run
+    configured for `last` steps (readers refuse steps past the config's)."""
+    cfg = cfg.replace(steps=last)
     params = {"w": np.zeros(2, np.float32)}
     data = TASKS.get(cfg.task).build(cfg)  # the config's own dataset: files are checked against it on open
     writer = TrajectoryWriter.create(
