@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from groklens.analyses.hessian_density import density_on_grid, gauss_quadrature, hessian_density, lanczos, slq
+from groklens.analyses.hessian_density import gauss_quadrature, hessian_density, lanczos, slq
 from groklens.analyses.sharpness import HessianOperator
 from groklens.errors import BadInput
 from tests.analyses.builders import tiny_transformer

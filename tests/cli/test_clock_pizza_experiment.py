@@ -17,7 +17,7 @@ from tests.helpers import train_tiny
 
 def test_every_scale_is_a_valid_config_and_the_paper_scale_is_theirs():
     exp = E.EXPERIMENTS.get("clock-pizza")
-    for scale, sc in exp.scales.items():
+    for sc in exp.scales.values():
         for over in CP.VARIANTS.values():
             config_from(None, overrides={**sc.base, **over}).validate()
     paper = config_from(None, overrides=exp.scales["paper"].base)
