@@ -398,6 +398,10 @@ def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
         return 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1
     if task in ("seq_add", "seq_mul"):
         return p ** cfg.n_informative, cfg.seq_len + 1, 0
+    if task == "teacher":
+        from groklens.tasks import teacher_sizes
+
+        return sum(teacher_sizes(cfg)), 2, 0
     return None
 
 
@@ -546,8 +550,9 @@ def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     # inputs, no autograd) about two layers at once; they are never live together
     step_acts = batch * cfg.n_layers * n_ctx * width * 4 * copies
     eval_acts = eval_rows * 2 * n_ctx * width * 4 * copies
+    table = n * cfg.teacher_dim * 4 if cfg.task == "teacher" else 0  # its Gaussian vectors, one table for every copy
     return {
-        "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4,
+        "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4 + table,
         "parameters and optimizer state": n_params * 4 * 8 * copies,
         ACTIVATIONS[eval_acts > step_acts]: max(step_acts, eval_acts),
         "checkpoint schedule": (n_ckpt + cfg.log_checkpoints) * 128,

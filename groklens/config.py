@@ -36,7 +36,7 @@ def first_sustained(hits, n: int) -> int | None:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model": ("transformer", "mlp"),
+    "model": ("transformer", "mlp", "perceptron", "committee"),
     "act_fn": ("relu", "gelu"),
     "norm": ("none", "ln", "rms", "sphere"),
     "norm_placement": ("pre", "post", "in_stream"),
@@ -46,9 +46,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "init": ("default", "fourier"),
     "mlp_embed": ("learned", "onehot", "onehot_residues"),
     "informative_layout": ("first", "last", "spread", "random"),
-    "loss": ("ce", "stablemax", "ce_float32"),
+    "loss": ("ce", "stablemax", "ce_float32", "perceptron"),
     "device": ("auto", "cpu", "cuda"),
-    "routing_unit": ("layer", "sublayer"),
+    "routing_unit": ("layer", "sublayer", "weight"),
     "perp_grad_scale": ("orthograd", "unscaled"),
     "optimizer": ("adamw", "adam"),
     "grokfast_filter": ("ema", "ma"),
@@ -73,6 +73,7 @@ def plugin_models() -> tuple[str, ...]:
 
     return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
 
+TEACHER_MODELS = ("perceptron", "committee")  # the models of task=teacher (trainers/models/teacher.py)
 # options of model=transformer that another model accepts only at their defaults
 TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "init_scheme")
 
@@ -80,7 +81,7 @@ TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "i
 @dataclass
 class RunConfig:
     # --- task and data split
-    task: str = "add"  # add, sub, mul, div, x2y2, s5, digits_add, seq_add or seq_mul (groklens/tasks.py)
+    task: str = "add"  # add, sub, mul, div, x2y2, s5, digits_add, seq_add, seq_mul or teacher (groklens/tasks.py)
     p: int = 113  # the modulus: inputs are residues 0..p-1
     train_frac: float = 0.3  # share of all input pairs in the training set (the rest is the test set)
     data_seed: int = 598  # seed of the train/test split (Nanda's DATA_SEED), apart from `seed`
@@ -94,12 +95,12 @@ class RunConfig:
     nonzero_b: bool = False  # modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it
     # --- model
     seed: int = 999  # seed of the model init and the mini-batch order
-    model: str = "transformer"  # transformer (TransformerLens-style) or mlp
+    model: str = "transformer"  # transformer (TransformerLens-style), mlp, or perceptron | committee (task teacher)
     n_layers: int = 1  # transformer blocks (mlp: hidden layers)
     d_model: int = 128  # residual-stream width (mlp: embedding width)
     n_heads: int = 4  # attention heads per layer
     d_head: int = 32  # width of each head
-    d_mlp: int = 512  # MLP hidden width
+    d_mlp: int = 512  # MLP hidden width (model=committee: its K hidden sign units, odd)
     act_fn: str = "relu"  # activation function of the MLP neurons
     norm: str = "none"  # none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)
     # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
@@ -131,9 +132,16 @@ class RunConfig:
     n_informative: int = 2  # seq tasks: k positions that determine the label
     informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
     distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
+    # --- teacher-student task (task=teacher: Gaussian inputs labelled by a random sign teacher;
+    #     its split is teacher_alpha x teacher_dim training examples and teacher_test test ones, not train_frac)
+    teacher_dim: int = 100  # N: input dimension, the weights of one hidden unit
+    teacher_hidden: int = 1  # K of the teacher committee machine (odd); 1 = a perceptron teacher
+    teacher_alpha: float = 2.0  # examples per weight: alpha N training examples
+    teacher_test: int = 10_000  # test examples (the generalization error's estimate)
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
     # training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the
-    # cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse)
+    # cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse) or
+    # perceptron (Rosenblatt's criterion max(0, largest other logit - the label's): zero once an input is right)
     loss: str = "ce"
     act_norm_lambda: float = 0.0  # weight of the activation-norm penalty toward the sqrt(d) sphere
     act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
@@ -153,7 +161,11 @@ class RunConfig:
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
     routing_copies: int = 1  # M copies trained together; each step's loss is taken on routed models
     routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
-    routing_unit: str = "layer"  # what one permutation routes: layer | sublayer (transformer: attn, mlp apart)
+    # what one permutation routes: layer | sublayer (transformer: attn, mlp apart) | weight (every scalar weight)
+    routing_unit: str = "layer"
+    # Elastic SGD across the copies: each step pulls every copy toward the copies' mean by lr * elastic_gamma of
+    # its distance (decoupled, as AdamW's weight decay pulls toward 0); 0 = off; needs routing_copies > 1
+    elastic_gamma: float = 0.0
     # --- optimizer: adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2
     #     gradient term wd * w, as devinterp's grokking notebook trains)
     optimizer: str = "adamw"
@@ -267,6 +279,7 @@ class RunConfig:
         for name in ("op_token", "nonzero_b"):
             _check(not getattr(self, name) or self.task in MODULAR_TASKS,
                    f"{name} is an option of the modular tasks ({', '.join(MODULAR_TASKS)}), not task={self.task}")
+        self._validate_teacher_models()
         _check(self.batch_order == "random" or self.batch_size > 0,
                "batch_order=epoch cuts the training set into mini-batches: set batch_size (0 = full batch)")
         _check(self.init != "fourier" or task.residue_tokens,
@@ -277,6 +290,18 @@ class RunConfig:
         _check(self.kl_attn_beta == 0 or not task.multi_target,
                f"kl_attn_beta needs a single readout position; task {self.task!r} has several")
 
+
+    def _validate_teacher_models(self) -> None:
+        """The teacher task's inputs are Gaussian vectors, which only its models read (and they read nothing else)."""
+        if self.task == "teacher":
+            _check(self.model in TEACHER_MODELS, f"task teacher's inputs are Gaussian vectors: it needs model="
+                   f"{' or '.join(TEACHER_MODELS)}; got model={self.model}")
+        elif self.model in TEACHER_MODELS:
+            _check(False, f"model={self.model} reads Gaussian inputs: it needs task=teacher; got task={self.task}")
+        if self.model in TEACHER_MODELS:
+            _check(not self.mlp_bias, f"model={self.model} has no biases; mlp_bias=true is an option of model=mlp")
+        _check(self.model != "committee" or self.d_mlp % 2 == 1,
+               f"model=committee needs an odd number of hidden units d_mlp (its output is their majority); got {self.d_mlp}")
 
     def _validate_variants(self) -> None:
         for name in ("radius", "tau"):
@@ -319,13 +344,15 @@ class RunConfig:
                f"routing_copies must be in 1..{ROUTING_MAX_COPIES}; got {self.routing_copies}")
         _check(not math.isnan(self.routing_width) and self.routing_width >= 0,
                f"routing_width must be >= 0 (0 = identity kernel, inf = uniform); got {self.routing_width}")
+        _check(math.isfinite(self.elastic_gamma) and self.elastic_gamma >= 0,
+               f"elastic_gamma must be a number >= 0 (0 = off); got {self.elastic_gamma}")
         if self.routing_copies == 1:
-            for name in ("routing_width", "routing_unit"):  # off: at their class defaults
+            for name in ("routing_width", "routing_unit", "elastic_gamma"):  # off: at their class defaults
                 _check(getattr(self, name) == getattr(RunConfig, name),
                        f"{name}={getattr(self, name)!r} needs routing_copies > 1 (routing is off with 1 copy)")
             return
         _check(not self.compile, "compile=true is for single runs; a routed run (routing_copies > 1) trains eagerly")
-        _check(self.routing_unit == "layer" or self.model == "transformer",
+        _check(self.routing_unit != "sublayer" or self.model == "transformer",
                f"routing_unit={self.routing_unit} is an option of model=transformer, not model={self.model}")
 
     def fourier_frequencies(self) -> tuple[int, ...]:

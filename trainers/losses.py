@@ -1,5 +1,5 @@
 """The task losses of training and of every analysis, in float64 but for ce_float32 (docs/VARIANTS.md
-`loss`): the registry of per-position losses (`LOSSES`: ce, stablemax, ce_float32) and `task_loss`,
+`loss`): the registry of per-position losses (`LOSSES`: ce, stablemax, ce_float32, perceptron) and `task_loss`,
 which reads one at the readout position or over a task's K answer positions.
 """
 
@@ -60,6 +60,25 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reductio
     raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
 
 
+@LOSSES.register("perceptron")
+def perceptron_criterion(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Rosenblatt's perceptron criterion, max(0, max_{c != label} x_c - x_label), in float64: 0 for
+    an input already classified right, so gradient descent on it updates on the errors only (the
+    perceptron rule, with two classes and logits (0, h): max(0, -y h), y = +-1). Reductions as
+    F.cross_entropy."""
+    x = logits.to(torch.float64)
+    own = x.gather(-1, labels[:, None]).squeeze(-1)
+    other = x.scatter(-1, labels[:, None], float("-inf")).amax(-1)
+    out = (other - own).clamp(min=0)
+    if reduction == "mean":
+        return out.mean()
+    if reduction == "sum":
+        return out.sum()
+    if reduction == "none":
+        return out
+    raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
+
+
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:
     """The task loss of training and of every analysis: `loss` (ce | stablemax | ce_float32) at
     the readout position, logits [b, v] and labels [b], or over K answer positions, logits
@@ -83,5 +102,5 @@ def task_loss_at_readout(logits: torch.Tensor, labels: torch.Tensor, data: "Task
     return task_loss(out, labels, loss, reduction=reduction)
 
 
-__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "stablemax", "stablemax_cross_entropy", "stablemax_s", "task_loss",
+__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "perceptron_criterion", "stablemax", "stablemax_cross_entropy", "stablemax_s", "task_loss",
            "task_loss_at_readout"]

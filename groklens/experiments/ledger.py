@@ -55,7 +55,10 @@ LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl",
                                    # the sphere paper's split from the seed (issue 45)
                                    "split_rule": "pcg64",
                                    # grokked at the first crossing (issue 43)
-                                   "grok_evals": 1}
+                                   "grok_evals": 1,
+                                   # the teacher-student task and Elastic SGD (issue 41)
+                                   "teacher_dim": 100, "teacher_hidden": 1, "teacher_alpha": 2.0,
+                                   "teacher_test": 10_000, "elastic_gamma": 0.0}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
