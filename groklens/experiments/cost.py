@@ -53,7 +53,9 @@ STEP_OVERHEAD_S = 1.5e-2
 NOT_COSTED = frozenset((
     "seed", "data_seed", "lr", "weight_decay", "betas", "warmup_steps", "steps", "eval_every", "checkpoint_every",
     "log_checkpoints", "grok_threshold", "grok_evals", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device",
-    "compile", "init", "init_scheme"))
+    "compile", "init", "init_scheme",
+    # a routed step runs its M routed models whatever the kernel; the elastic pull is one pass over the parameters
+    "routing_width", "elastic_gamma"))
 
 CACHE_ENV = "GROKLENS_CACHE_DIR"
 CACHE_FORMAT = 1
@@ -95,13 +97,14 @@ def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS, budg
     import torch
 
     from groklens.tasks import TASKS
-    from groklens.trainers.single import SingleRun
+    from groklens.trainers.train import strategy_class
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run = SingleRun(cfg.replace(device="cpu"), TASKS.get(cfg.task).build(cfg))
-        if not table and hasattr(run.model, "embedding_table"):
+        cpu = cfg.replace(device="cpu")
+        run = strategy_class(cpu)(cpu, TASKS.get(cfg.task).build(cfg))  # a routed run's step is its M copies'
+        if not table and hasattr(run, "lane") and hasattr(run.model, "embedding_table"):
             run.model.embedding_table = False
         run.train_step(0)
         times: list[float] = []
@@ -124,10 +127,11 @@ def _eval_seconds(run: Any) -> float:
         t0 = time.process_time()
         run.evaluate(1)
         return time.process_time() - t0
+    lanes = getattr(run, "lanes", None) or [run.lane]  # a routed run evaluates each of its copies
     with torch.no_grad():
         t0 = time.process_time()
-        run.lane.forward(run.t.inputs[:EVAL_SAMPLE], capture=False)
-        return (time.process_time() - t0) * n / EVAL_SAMPLE
+        lanes[0].forward(run.t.inputs[:EVAL_SAMPLE], capture=False)
+        return (time.process_time() - t0) * n / EVAL_SAMPLE * len(lanes)
 
 
 def flop_rates(cfg: Any) -> Rates:
