@@ -416,18 +416,34 @@ def ledger_rows(exp: Experiment, scale: str, seeds: int, led, out: Path) -> tupl
 
 
 def _compare_and_report(out: Path, paths: list[Path], baseline: list[Path], notes: list[str]) -> Path | None:
-    from groklens.analyses.compare import compare
-    from groklens.analyses.report import build_report
+    """comparison.txt / .csv and report/ of the runs of the baseline's task; an experiment whose
+    runs span several tasks (runs of different tasks are not compared) gets those files again,
+    suffixed `-TASK`, for each other task's runs. Returns the main report's index."""
+    from groklens.checkpoints import Trajectory
 
     if not paths:
         notes.append(f"no run files in {out / 'runs'}: every run came from the ledger; no comparison.txt or report")
         return None
-    comp = compare(paths, baseline=baseline[0] if baseline else None, group_by="variant")
+    by_task: dict[str, list[Path]] = {}
+    for p in paths:
+        by_task.setdefault(Trajectory(p).config_dict["task"], []).append(p)
+    main = Trajectory(baseline[0]).config_dict["task"] if baseline else next(iter(by_task))
+    index = _compare_task(out, "", by_task.pop(main), baseline[:1], notes)
+    for task, group in by_task.items():
+        notes.append(f"runs of task {task} are compared apart (comparison-{task}.txt, report-{task}/)")
+        _compare_task(out, f"-{task}", group, [], notes)
+    return index
+
+
+def _compare_task(out: Path, suffix: str, paths: list[Path], baseline: list[Path], notes: list[str]) -> Path:
+    from groklens.analyses.compare import compare
+    from groklens.analyses.report import build_report
     from groklens.fileio import write_text_atomic  # whole, and a link there is replaced, never written through
 
-    write_text_atomic(out / "comparison.txt", comp.format_table() + "\n")
-    write_text_atomic(out / "comparison.csv", comp.to_csv())
-    rep = build_report(paths, out / "report", comparison=comp)
+    comp = compare(paths, baseline=baseline[0] if baseline else None, group_by="variant")
+    write_text_atomic(out / f"comparison{suffix}.txt", comp.format_table() + "\n")
+    write_text_atomic(out / f"comparison{suffix}.csv", comp.to_csv())
+    rep = build_report(paths, out / f"report{suffix}", comparison=comp)
     notes += [f"not in the report: {t} ({w})" for t, w in rep.missing if not w.startswith("no run has")]
     return rep.index
 
