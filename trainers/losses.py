@@ -50,13 +50,17 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reductio
     reduction "mean" | "sum" | "none", as F.cross_entropy."""
     s = stablemax_s(logits.to(torch.float64))
     logp = s.log() - s.sum(-1, keepdim=True).log()
-    nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
+    return _reduce(-logp.gather(-1, labels[:, None]).squeeze(-1), reduction)
+
+
+def _reduce(per_input: torch.Tensor, reduction: str) -> torch.Tensor:
+    """F.cross_entropy's reductions of per-input losses: mean | sum | none."""
     if reduction == "mean":
-        return nll.mean()
+        return per_input.mean()
     if reduction == "sum":
-        return nll.sum()
+        return per_input.sum()
     if reduction == "none":
-        return nll
+        return per_input
     raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
 
 
@@ -69,14 +73,7 @@ def perceptron_criterion(logits: torch.Tensor, labels: torch.Tensor, reduction: 
     x = logits.to(torch.float64)
     own = x.gather(-1, labels[:, None]).squeeze(-1)
     other = x.scatter(-1, labels[:, None], float("-inf")).amax(-1)
-    out = (other - own).clamp(min=0)
-    if reduction == "mean":
-        return out.mean()
-    if reduction == "sum":
-        return out.sum()
-    if reduction == "none":
-        return out
-    raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
+    return _reduce((other - own).clamp(min=0), reduction)
 
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:

@@ -178,15 +178,18 @@ def _teacher_rows(ctx: Context, model: str) -> list[Row]:
            "weight decay").format(lr=cfg["lr"])
     diff = (f"{ctx.sc.note}; ours: N={cfg['teacher_dim']}, {cfg['teacher_test']:,} test examples, "
             f"{x['copies']} copies, {cfg['steps']:,} full-batch steps of {how}; units: every weight")
-    arm_names = list(arms(ctx.sc))
-    rows = [_curve_row(ctx, model, arm, diff) for arm in arm_names]
-    routed = [a for a in arm_names if a.startswith("routed")]
-    for arm in routed:
-        rows.append(_paired_row(ctx, model, arm, "independent", Published(None, CLAIM, SOURCE), diff, True))
-    for arm in routed:
-        rows.append(_paired_row(ctx, model, arm, "elastic", Published(None, CLAIM_ELASTIC, SOURCE), diff, True))
-    rows.append(_paired_row(ctx, model, "elastic", "independent", Published(None, NO_CLAIM, SOURCE), diff, False))
-    return rows
+    return ([_curve_row(ctx, model, arm, diff) for arm in arms(ctx.sc)]
+            + _claim_rows(ctx, lambda arm, base, pub, verdict: _paired_row(ctx, model, arm, base, pub, diff, verdict)))
+
+
+def _claim_rows(ctx: Context, row) -> list[Row]:
+    """`row(arm, base, published, verdict)` for each routed arm against the independent copies and
+    against Elastic SGD (the claims, with verdicts), and Elastic SGD against the independent copies
+    (no claim)."""
+    routed = [a for a in arms(ctx.sc) if a.startswith("routed")]
+    return ([row(arm, "independent", Published(None, CLAIM, SOURCE), True) for arm in routed]
+            + [row(arm, "elastic", Published(None, CLAIM_ELASTIC, SOURCE), True) for arm in routed]
+            + [row("elastic", "independent", Published(None, NO_CLAIM, SOURCE), False)])
 
 
 # ---------------------------------------------------------------------- modular-addition rows
@@ -259,15 +262,8 @@ def _modular_rows(ctx: Context, model: str) -> list[Row]:
     x = ctx.sc.extra
     diff = (f"{ctx.sc.note}; ours: {x['copies']} copies, units: each layer; grokking = test accuracy >= "
             f"{GROK_THRESHOLD:g}, the copies' mean; the claim of better generalization read as grokking sooner")
-    arm_names = list(arms(ctx.sc))
-    rows = [_grok_row(ctx, model, arm, diff) for arm in arm_names]
-    routed = [a for a in arm_names if a.startswith("routed")]
-    for arm in routed:
-        rows.append(_speedup_row(ctx, model, "independent", arm, Published(None, CLAIM, SOURCE), diff, True))
-    for arm in routed:
-        rows.append(_speedup_row(ctx, model, "elastic", arm, Published(None, CLAIM_ELASTIC, SOURCE), diff, True))
-    rows.append(_speedup_row(ctx, model, "independent", "elastic", Published(None, NO_CLAIM, SOURCE), diff, False))
-    return rows
+    return ([_grok_row(ctx, model, arm, diff) for arm in arms(ctx.sc)]
+            + _claim_rows(ctx, lambda arm, base, pub, verdict: _speedup_row(ctx, model, base, arm, pub, diff, verdict)))
 
 
 def _read(ctx: Context) -> list[Row]:

@@ -18,7 +18,7 @@ from groklens.trainers.losses import LOSSES
 from groklens.trainers.models import build_model
 from groklens.trainers.single import SingleRun
 from groklens.trainers.train import train
-from tests.helpers import groklens
+from tests.helpers import assert_train_refused
 
 TEACHER = dict(task="teacher", teacher_dim=40, teacher_alpha=2.0, teacher_test=20_000, lr=1e-2, weight_decay=0.0,
                steps=200, eval_every=50, checkpoint_every=100, device="cpu")
@@ -72,10 +72,7 @@ def test_teacher_task_labels_split_and_vocabulary():
     (["--routing-copies", "2", "--elastic-gamma", "-1"], "elastic_gamma must be a number >= 0"),
 ])
 def test_bad_teacher_and_elastic_options_are_one_line_errors(tmp_path, flags, message):
-    out = groklens("train", "-q", "--out", str(tmp_path / "x.h5"), "--p", "7", "--steps", "5", "--eval-every", "5",
-                   "--checkpoint-every", "5", *flags)
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "x.h5").exists()
+    assert_train_refused(tmp_path, flags, message)
 
 
 # ---------------------------------------------------------------------- the perceptron: closed form
