@@ -45,7 +45,7 @@ from groklens.checkpoints import constants as C
 from groklens.checkpoints.integrity import DamagedDataset, integrity_problems, read
 from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput
-from groklens.tasks import TASKS
+from groklens.tasks import TASKS, teacher_sizes
 
 if TYPE_CHECKING:  # pragma: no cover
     import h5py
@@ -399,8 +399,6 @@ def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
     if task in ("seq_add", "seq_mul"):
         return p ** cfg.n_informative, cfg.seq_len + 1, 0
     if task == "teacher":
-        from groklens.tasks import teacher_sizes
-
         return sum(teacher_sizes(cfg)), 2, 0
     return None
 
