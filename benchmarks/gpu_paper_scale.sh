@@ -25,7 +25,7 @@ DRY=0
 PY=${PYTHON:-python}
 # priority order: the headline first; fourier-fve reads bounded-sphere's own runs (no training)
 EXPERIMENTS=(bounded-sphere fourier-fve uniform-attention progress-measures s5-control stablemax grokfast activation-norm geomdr
-             structural-attention nanogpt-addition scaling-law llc-grokking clock-pizza)
+             structural-attention nanogpt-addition scaling-law llc-grokking clock-pizza routing)
 
 while [ $# -gt 0 ]; do
   case "$1" in
