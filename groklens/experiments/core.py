@@ -237,6 +237,8 @@ class Experiment:
     # (run file, scale) -> JSON values read from the whole run (curves, not phase values), computed
     # when the run is recorded and kept in its ledger entry (LedgerRun.run_values)
     run_values: Callable[[Path, Scale], dict[str, Any]] | None = None
+    # figures drawn from the ledger's runs (the rows' context) into its out_dir; returns their paths
+    figures: Callable[[Context], list[Path]] | None = None
 
     def seeds_default(self, scale: str) -> int:
         return (self.seeds or DEFAULT_SEEDS)[scale]
@@ -333,16 +335,16 @@ def register(e: Experiment) -> Experiment:
     return EXPERIMENTS.register(e.name)(e)
 
 
-def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str]]:
-    """The fitted exponent of each variable of a scaling fit (analyses.scaling) with its text:
-    var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)'); Tobit's estimate when
-    some runs are censored."""
+def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str, list[float] | None]]:
+    """The fitted exponent of each variable of a scaling fit (analyses.scaling) with its text and
+    95% interval: var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)', ci); Tobit's
+    estimate and interval when some runs are censored."""
     from groklens.analyses.scaling import fit_scaling_law
 
     try:
         fit = fit_scaling_law(recs, variables)
     except BadInput as exc:
-        return {v: (None, f"no fit: {exc}") for v in variables}
+        return {v: (None, f"no fit: {exc}", None) for v in variables}
     n_c = fit["n_censored"]
     tobit, terr = None, ""
     if n_c:
@@ -355,14 +357,14 @@ def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | N
         e = fit["ols"]["exponents"][v]
         text = (f"OLS {e['estimate']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}] (R^2 {fit['ols']['r2']:.2f}, "
                 f"n={fit['n_grokked']} grokked" + (f", {n_c} censored left out)" if n_c else ")"))
-        ours = e["estimate"]
+        ours, ci = e["estimate"], e["ci95"]
         if tobit is not None:
             t = tobit["exponents"][v]
             text = (f"Tobit {t['estimate']:.2f} [{t['ci95'][0]:.2f}, {t['ci95'][1]:.2f}] (n={tobit['n']}, "
                     f"{tobit['n_censored']} censored); " + text)
-            ours = t["estimate"]
+            ours, ci = t["estimate"], t["ci95"]
         elif n_c:
             text += f"; Tobit n/a ({terr}): OLS on the grokked runs only is biased"
-            ours = None
-        out[v] = (ours, text)
+            ours, ci = None, None
+        out[v] = (ours, text, ci)
     return out

@@ -29,7 +29,7 @@ def _fit_exponent(ctx: Context, variants: list[str], var: str, delay: bool) -> t
             elif delay:
                 continue  # never memorized: no delay
             recs.append(GrokRecord(r.name, {var: float(r.config[var])}, t, last))
-    return fit_text(recs, [var])[var]
+    return fit_text(recs, [var])[var][:2]
 
 
 # ---------------------------------------------------------------------- structural-attention
