@@ -370,6 +370,7 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
 def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address, gpus_per_run, partition,
           time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
+    from groklens.experiments.cost import cap_cost
     from groklens.trainers import sweeps
 
     if status_dir is not None:
@@ -405,7 +406,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
     if ensemble:  # the ensembles are sized by the runs' step times, measured once they are known to build
         sweeps.check_buildable(spec.runs())
-    cost = _measured_cost(spec.runs(), quiet or as_json) if ensemble else None
+    cost = cap_cost([r.config for r in spec.runs()], None if quiet or as_json else
+                    lambda s: click.echo(f"groklens: {s}", err=True)) if ensemble else None
     if dry_run:
         # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
         ex = sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
@@ -446,15 +448,6 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             click.echo(f"failed   {name}: {error}{skipped}")
     if c["failed"]:
         raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
-
-
-def _measured_cost(runs, quiet: bool):
-    """cost(cfg) -> CPU seconds to its step cap, from step times measured here on one thread (and
-    cached; groklens/experiments/cost.py), for sizing a sweep's ensembles."""
-    from groklens.experiments.cost import cost_key, rates_for, run_seconds
-
-    rates = rates_for([r.config for r in runs], echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
-    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 @cli.command("scaling-law")
@@ -595,17 +588,20 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--no-measure", is_flag=True,
               help="Cost runs (--list, and the estimate before training) by the FLOP model instead of timing a few "
                    "steps of each config here.")
+@click.option("--arms", default=None, metavar="PATTERNS",
+              help="Train only the arms (variants) whose names match these comma-separated patterns (* and ?, "
+                   "e.g. '*_base,*_t16_always': a study trained in stages); the rows read every arm the ledger holds.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, no_measure,
-              quiet, as_json) -> None:
+              arms, quiet, as_json) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
 
     if list_:
-        if name is not None:
-            raise BadInput("--list takes no experiment NAME")
+        if name is not None or arms is not None:
+            raise BadInput("--list takes no experiment NAME and no --arms")
         from groklens.experiments.cost import echo_stderr
 
         items = E.listing(ledger_dir, measure=not no_measure, echo=None if quiet else echo_stderr)
@@ -620,7 +616,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
         check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
-                         compile=compile_, measure=not no_measure)
+                         compile=compile_, measure=not no_measure, arms=None if arms is None else arms.split(","))
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

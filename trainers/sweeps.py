@@ -89,12 +89,13 @@ class SweepReport:
 
 
 def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor: str | Executor = "local",
-              workers: int | None = None, ensemble: bool = False, ensemble_size: int = 64,
+              workers: int | None = None, ensemble: bool | Callable[[Any], str | None] = False, ensemble_size: int = 64,
               address: str | None = None, gpus_per_run: float | None = None, retry_failed: bool = False,
               threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None,
               cost: Callable[[Any], float] | None = None) -> SweepReport:
     """Run every unfinished run of `sweep` into `out_dir`; see the module docstring. `cost`:
     the seconds a run's config takes, which sizes the ensembles (plan_tasks; default: its steps).
+    `ensemble`: True, or a rule cfg -> None (joins an ensemble) or why the run trains alone.
 
     `threads` is torch's intra-op thread count in each task. One is the default: small models
     gain little from more, and on a busy machine OpenMP threads that wait for each other's

@@ -312,5 +312,14 @@ def cost_runs(runs: Iterable[tuple[str, Any]], expect: Callable[[str], int | Non
     return out
 
 
+def cap_cost(cfgs: Iterable[Any], echo: Callable[[str], None] | None = None,
+             measure: bool = True) -> Callable[[Any], float]:
+    """cost(cfg) -> CPU seconds of cfg to its step cap, from step times measured here on one
+    thread (`rates_for`, cached; measure=False: the FLOP model), for sizing a sweep's ensembles
+    and ordering its tasks (the costliest first: `sweep --ensemble`, and `reproduce`)."""
+    rates = rates_for(cfgs, measure=measure, echo=echo)
+    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
+
+
 def echo_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)

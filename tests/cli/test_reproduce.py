@@ -143,6 +143,8 @@ def test_list_prints_every_experiment_with_costs():
     (["fourier-fve", "--list"], "--list takes no experiment NAME"),
     (["fourier-fve", "--results-md", "/no/such/dir/R.md"], "does not exist"),
     (["fourier-fve", "--results", "R.md"], "--results is now --results-md"),
+    (["geomdr", "--scale", "smoke", "--arms", "base,nope"], "--arms 'nope' matches no arm of geomdr at smoke"),
+    (["--list", "--arms", "x"], "--list takes no experiment NAME and no --arms"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     proc = groklens("reproduce", *args, "-o", str(tmp_path / "out"))
@@ -546,6 +548,10 @@ def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
     for name in PUBLISHED:
         for k in (1, 2):
             assert any(f" reproduce {name} --scale paper --seeds {k} " in f" {c} " for c in would), (name, k)
+    # the scaling law's paper grid: a GPU sweep of ensembles and its fit, after the reproduce commands
+    assert any(" sweep " in ln and "scaling_law_gpu.yaml" in ln and "--ensemble" in ln
+               for ln in proc.stdout.splitlines() if "would sweep: " in ln)
+    assert any("scaling-law" in ln and "--censored" in ln for ln in proc.stdout.splitlines() if "would fit: " in ln)
     assert not (tmp_path / "led").exists()  # nothing trained, nothing recorded
 
 
@@ -565,7 +571,8 @@ def test_exponent_with_censored_runs_is_tobit_beside_ols():
             for i, (w, lt) in enumerate(zip(wds, logt))]
     n_cens = sum(r.grok_step is None for r in recs)
     assert 0 < n_cens < len(recs) - 3
-    ours, text = E.fit_text(recs, ["weight_decay"])["weight_decay"]
+    ours, text, ci = E.fit_text(recs, ["weight_decay"])["weight_decay"]
+    assert ci[0] < ours < ci[1]
     assert text.startswith("Tobit ") and "; OLS " in text and f"{n_cens} censored" in text
 
     x = np.log([r.values["weight_decay"] for r in recs])
