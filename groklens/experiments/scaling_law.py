@@ -163,7 +163,8 @@ register(Experiment(
                         "CPU paper scale: 384 configurations, one seed each, as the paper (4 widths 64-512 x train_frac "
                         "0.4-0.7 x lr 3e-4-1e-2 x 6 weight decays 0.1-3), two hidden layers, embeddings 128 wide, add "
                         "mod p=47, full batch, AdamW, censored at 20,000 steps; the paper's p, grid values and cap are "
-                        "not in REFERENCES.md (ours); trained as batched ensembles of each (width, data) cell",
+                        "not in REFERENCES.md (ours); a (width, data) cell trains as one batched ensemble where that pays "
+                        "(docs/PERFORMANCE.md: widths 64 and 128 on a CPU)",
                         axes=PAPER_AXES, claims=True),
     },
     _plan_scaling, _read_scaling, no_analyses, seeds={"smoke": 1, "quick": 2, "paper": 1}, run_values=_run_values,
