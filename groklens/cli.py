@@ -559,7 +559,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
                           progress=not quiet, params=params, style=style, style_opts=opts, figures=figures)
     if as_json:
-        click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
+        click.echo(strict_json({"index": str(result.index), "explorer": str(result.explorer),
+                               "figures": [str(p) for p in result.figures],
                                "missing": [{"figure": t, "why": w} for t, w in result.missing],
                                "notes": result.notes}))
         return
@@ -567,7 +568,7 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
         click.echo(f"groklens: {note}", err=True)
     for title, why in result.missing:
         click.echo(f"missing  {title}: {why}")
-    click.echo(f"wrote {len(result.figures)} figure file(s) and {result.index}")
+    click.echo(f"wrote {len(result.figures)} figure file(s), {result.index} and {result.explorer}")
 
 
 @cli.command()
