@@ -4,7 +4,6 @@ every slider position draws its checkpoint, and a hostile run name stays text.""
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from pathlib import Path
@@ -16,7 +15,7 @@ from groklens.analyses.clock_pizza import algorithm_label
 from groklens.analyses.compare import compare
 from groklens.analyses.explorer import explorer_data, script_json, thinned
 from groklens.analyses.report import build_report
-from tests.analyses.test_report import chromium, dump_dom
+from tests.analyses.test_report import chromium, probe_page
 from tests.helpers import tiny_config, train_interrupted, train_tiny
 
 # a file name, as a user may give one (no "/": the JSON's "</script>" is test_script_json_cannot_close_the_element's)
@@ -133,15 +132,7 @@ window.addEventListener('load', function () {
 
 
 def probe(page: Path, profile: Path) -> dict:
-    copy = page.with_name("_probe.html")
-    copy.write_text(page.read_text().replace("<head>", "<head>" + _PROBE, 1))
-    try:
-        dom = dump_dom(copy, profile)
-    finally:
-        copy.unlink()
-    m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.DOTALL)
-    assert m, "the probe did not run"
-    return json.loads(html.unescape(m.group(1)))
+    return probe_page(page, profile, _PROBE, first=True)
 
 
 @pytest.mark.slow
