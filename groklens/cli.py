@@ -547,7 +547,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
            style, width_in, font_pt, quiet, as_json) -> None:
-    """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
+    """Write figures, an index.html with the comparison table of RUN.h5 files and explorer.html (a checkpoint
+    slider over the curves, attention, Fourier spectrum, neuron clusters and clock/pizza label) into --out DIR."""
     _threads()
     from groklens.analyses.report import build_report
     from groklens.analyses.runner import parse_steps
