@@ -112,19 +112,25 @@ def _at(curve: tuple[list[int], list[float]], step: float) -> float:
 
 
 def _points(ctx: Context, variant: str, key: str) -> list[dict[str, float]]:
-    """Per seed with a curve and a memorization step: the measure at initialization (the first
-    stored checkpoint), at memorization, halfway through the delay, and at grokking (censored
-    runs: halfway to their last step, and no grokking value)."""
+    """Per seed: the measure at memorization and at grokking (the ledger's phase values, else read
+    off its curve), and from its curve at initialization (the first stored checkpoint) and halfway
+    through the delay (a censored run: halfway to its last step)."""
     out = []
     for r in ctx.group(variant).runs:
         c = _curve(r, key)
-        if c is None or r.memorization is None:
-            continue
-        end = r.grokking if r.grokking is not None else r.last_step
-        p = {"init": c[1][0], "memorization": _at(c, r.memorization), "mid": _at(c, (r.memorization + end) / 2)}
-        if r.grokking is not None:
-            p["grokking"] = _at(c, r.grokking)
-        out.append(p)
+        p = {}
+        for phase, step in (("memorization", r.memorization), ("grokking", r.grokking)):
+            v = r.value(key, phase)
+            if v is None and c is not None and step is not None:
+                v = _at(c, step)
+            if v is not None:
+                p[phase] = v
+        if c is not None:
+            p["init"] = c[1][0]
+            if r.memorization is not None:
+                p["mid"] = _at(c, (r.memorization + (r.grokking if r.grokking is not None else r.last_step)) / 2)
+        if p:
+            out.append(p)
     return out
 
 
@@ -152,7 +158,7 @@ def _paired_row(ctx: Context, measure: str, published: Published, key: str, num:
     pts = [p for p in _points(ctx, base, key) if num in p and den in p]
     n_runs = len(ctx.group(base).runs)
     if not pts:
-        return Row(measure, published, None, f"— (no curve of {key} with both phases)", diff,
+        return Row(measure, published, None, f"— (no seed has {key} at {num} and {den})", diff,
                    undetermined(f"missing: no seed has {key} at {num} and {den}"))
     if difference:
         vals = [p[num] - p[den] for p in pts]
@@ -200,9 +206,9 @@ def _mass_rows(ctx: Context, diff: str) -> list[Row]:
     need = Published(None, "attention must place sufficient mass on every informative token; the memorizing MLP "
                      "starves it first (> 1; no number)", STRUCT)
     rows = []
-    for key, what in (("attn_min_mass", "least-attended informative token (per-input minimum over the informative "
-                       "positions)"), ("attn_mass", "all informative tokens (sum)")):
-        rows.append(_paired_row(ctx, f"attention mass of the readout query on the {what}, at grokking / at "
+    for key, what in (("attn_min_mass", "the least-attended informative token (per-input minimum over the "
+                       "informative positions)"), ("attn_mass", "all informative tokens (sum)")):
+        rows.append(_paired_row(ctx, f"attention mass of the readout query on {what}, at grokking / at "
                                      "memorization (baseline)", need, key, "grokking", "memorization", diff, below=False))
     rows.append(_rise_row(ctx, diff))
     return rows
