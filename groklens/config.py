@@ -364,14 +364,19 @@ def stored_dict(data: Any) -> Any:
 
 def parse_freqs(text: str) -> tuple[int, ...]:
     """'14 35 41' or '14,35,41' -> (14, 35, 41): distinct integers >= 1, at least one."""
+    return _distinct_ints(text, "fourier_freqs", lowest=1, empty=False)
+
+
+def _distinct_ints(text: str, name: str, lowest: int, empty: bool) -> tuple[int, ...]:
+    """Field `name`'s integers separated by spaces or commas: distinct, >= lowest, some unless `empty`."""
     parts = text.replace(",", " ").split()
     try:
-        freqs = tuple(int(x) for x in parts)
+        values = tuple(int(x) for x in parts)
     except ValueError:
-        raise BadInput(f"fourier_freqs must be integers separated by spaces or commas; got {text!r}") from None
-    _check(len(freqs) >= 1 and all(k >= 1 for k in freqs) and len(set(freqs)) == len(freqs),
-           f"fourier_freqs must be distinct integers >= 1; got {text!r}")
-    return freqs
+        raise BadInput(f"{name} must be integers separated by spaces or commas; got {text!r}") from None
+    _check((empty or len(values) >= 1) and all(k >= lowest for k in values) and len(set(values)) == len(values),
+           f"{name} must be distinct integers >= {lowest}; got {text!r}")
+    return values
 
 
 # attn_mask_from: a run's name beside this run's file, where {seed} stands for this run's seed
@@ -380,14 +385,7 @@ RUN_NAME_PATTERN = r"(?:[A-Za-z0-9_\-]|\{seed\})(?:[A-Za-z0-9_.\-]|\{seed\})*"
 
 def parse_positions(text: str) -> tuple[int, ...]:
     """attn_mask '0 7' or '0,7' -> (0, 7): distinct positions >= 0 ('' -> (), no mask)."""
-    parts = text.replace(",", " ").split()
-    try:
-        positions = tuple(int(x) for x in parts)
-    except ValueError:
-        raise BadInput(f"attn_mask must be positions separated by spaces or commas; got {text!r}") from None
-    _check(all(k >= 0 for k in positions) and len(set(positions)) == len(positions),
-           f"attn_mask must be distinct positions >= 0; got {text!r}")
-    return positions
+    return _distinct_ints(text, "attn_mask", lowest=0, empty=True)
 
 
 def did_you_mean(key: str, known) -> str:

@@ -55,7 +55,7 @@ def test_a_mask_outside_the_sequence_or_on_a_multi_target_task_is_bad_input():
     cfg = RunConfig.from_dict({**SEQ, "attn_mask": "0 6"})
     with pytest.raises(BadInput, match="positions are 0..5"):
         build_model(cfg, TASKS.get(cfg.task).build(cfg))
-    with pytest.raises(BadInput, match="distinct positions"):
+    with pytest.raises(BadInput, match="distinct integers >= 0"):
         RunConfig.from_dict({**SEQ, "attn_mask": "1 1"})
     with pytest.raises(BadInput, match="single readout query|several readout positions"):
         RunConfig.from_dict({"task": "digits_add", "n_digits": 1, "attn_mask": "0"})
