@@ -163,7 +163,7 @@ def _check_gradient(model, data: TaskData, params: dict) -> list[str]:
 
 @analysis("attention_gradient",
           "the task loss's gradient that reaches attention at the readout query: dL/dpattern, the pull toward "
-          "the informative tokens, and the W_Q/W_K gradient norm", check=_check_gradient, tier="extended",
+          "the informative tokens, and the W_Q/W_K gradient norm", check=_check_gradient, tier="named",
           measures=[("attn_qk_grad", "qk_grad", "gradient norm of W_Q, W_K (task loss)", "mean"),
                     ("attn_qk_share", "qk_grad_share", "W_Q, W_K share of the whole gradient norm", "mean"),
                     ("attn_struct_pull", "struct_pull", "pull of the loss toward the informative tokens", "mean")])
