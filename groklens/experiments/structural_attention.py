@@ -344,7 +344,7 @@ _SEQ_QUICK = dict(task="seq_add", p=23, seq_len=4, n_informative=2, informative_
 _SEQ_PAPER = dict(task="seq_add", p=41, seq_len=8, n_informative=2, informative_layout="spread", distractor_vocab=2,
                   train_frac=0.5, d_model=128, n_heads=4, d_head=32, d_mlp=512, norm="none", lr=1e-3, steps=30_000,
                   eval_every=100, checkpoint_every=1000, log_checkpoints=8, grok_evals=3, stop_after_grok=2,
-                  device="cpu")
+                  device="auto")
 PAPER_NOTE = ("seq_add p=41, L=8, k=2 informative tokens at positions 0 and 7 among 6 positions of 2 separate "
               "distractor tokens, 50% of the 1,681 inputs; Nanda's 1-layer model (d_model 128, 4 heads, d_mlp 512, no "
               "norm) and AdamW lr 1e-3, full batch; grokked = 3 evaluations in a row at test accuracy >= 0.95; "
