@@ -277,20 +277,22 @@ def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: i
 
 
 def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1) -> None:
+    """Train `todo` into runs_dir: first the runs that read no other run, then those that take
+    their attention mask from a run beside them (attn_mask_from), once it is finished."""
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
 
-    if not todo:
-        return
-    specs = [RunSpec(r.name, r.cfg) for r in todo]
     executor = InlineExecutor() if workers == 1 else "local"
-    rep = run_sweep(specs, runs_dir, executor=executor, workers=workers, ensemble=True, progress=progress,
-                    threads=threads)
-    if rep.counts["failed"]:
-        first = next(iter(rep.failed.items()))
-        raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
-    if rep.counts["running"]:
-        raise GroklensError(f"{rep.counts['running']} run(s) in {runs_dir} are being written by another process; "
-                            "wait for it or use another -o")
+    for wave in ([r for r in todo if not r.cfg.attn_mask_from], [r for r in todo if r.cfg.attn_mask_from]):
+        if not wave:
+            continue
+        rep = run_sweep([RunSpec(r.name, r.cfg) for r in wave], runs_dir, executor=executor, workers=workers,
+                        ensemble=True, progress=progress, threads=threads)
+        if rep.counts["failed"]:
+            first = next(iter(rep.failed.items()))
+            raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
+        if rep.counts["running"]:
+            raise GroklensError(f"{rep.counts['running']} run(s) in {runs_dir} are being written by another process; "
+                                "wait for it or use another -o")
 
 
 def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
