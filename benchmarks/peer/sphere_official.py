@@ -103,7 +103,8 @@ def run(repo: Path, arm: str, seed: int, epochs: int | None = None, p: int = 113
     start = time.process_time()
     out = ns["train_model"](model, arm, tr_x, tr_y, te_x, te_y, epochs or default_epochs)
     return {"arm": arm, "seed": seed, "notebook": notebook, "repo_commit": commit, "lr": ns["LR"],
-            "weight_decay": ns["WEIGHT_DECAY"], "p": ns["P"], "epochs": epochs or default_epochs,
+            "weight_decay": ns["WEIGHT_DECAY"], "p": ns["P"], "frac_train": ns["FRAC_TRAIN"], "device": device,
+            "epochs": epochs or default_epochs,
             "grok_epoch": out["grok_epoch"], "cpu_s": time.process_time() - start, "history": out["history"],
             "train_pairs": [[int(a), int(b)] for a, b, _ in tr_x.tolist()]}
 
