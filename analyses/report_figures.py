@@ -17,6 +17,7 @@ from groklens.analyses import figures as F
 from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
+from groklens.analyses.phases import phase_checkpoint
 from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
 from groklens.analyses.trajectory_pca import parameter_pca
 from groklens.config import PHASE_THRESHOLDS
@@ -407,8 +408,6 @@ def value_at_accuracy(run: RunSummary, series: tuple[np.ndarray, np.ndarray], ac
     """(step, value) of a stored series at the first evaluation with test accuracy >= `accuracy`,
     read at the stored checkpoint within one evaluation interval of it (compare's phase rule); None
     when the run never reached it or no stored checkpoint is that close."""
-    from groklens.analyses.phases import phase_checkpoint
-
     hit = np.nonzero(np.asarray(run.metrics["test_acc"], dtype=float) >= accuracy)[0]
     if not len(hit):
         return None

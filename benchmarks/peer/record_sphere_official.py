@@ -17,6 +17,7 @@ from pathlib import Path
 
 from groklens.errors import BadInput
 from groklens.experiments.sphere_official import PEER_LEDGER, groklens_split_sha256, official_entry, record
+from groklens.experiments.sphere_paper import ARCH
 from groklens.fileio import load_json_file
 
 
@@ -26,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ledger", type=Path, default=PEER_LEDGER, help=f"the peer ledger (default {PEER_LEDGER})")
     a = ap.parse_args(argv)
     try:
-        entries = [official_entry(load_json_file(path, "sphere_official result")) for path in a.runs]
-        path = record(a.ledger, entries)
+        entries = [official_entry(load_json_file(path, "sphere_official result"), ARCH) for path in a.runs]
+        path = record(a.ledger, entries, ARCH)
     except BadInput as exc:
         print(f"record_sphere_official: {exc}", file=sys.stderr)
         return 2

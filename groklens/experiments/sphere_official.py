@@ -6,7 +6,7 @@ records those files in PEER_LEDGER (docs/results/peer/sphere-official.json; neve
 bounded-sphere's paper rows read it (sphere_paper.py): the official code's grok steps beside
 groklens' runs of the same seeds and split, and beside the paper's table.
 
-An entry is one run: `arm` (a key of sphere_paper.ARCH), `seed`, `notebook`, `repo_commit`, `lr`,
+An entry is one run: `arm` (a key of the arms given: sphere_paper.ARCH), `seed`, `notebook`, `repo_commit`, `lr`,
 `weight_decay`, `p`, `frac_train`, `epochs`, `grok_epoch` (theirs: the first logged epoch with test
 accuracy > 0.95, strictly; null if none), `log` (their logged evaluations: `epochs`, `train_acc`,
 `test_acc`), `train_pairs_sha256` (sha256 of their training pairs, sorted, as JSON), `cpu_s`,
@@ -27,6 +27,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,9 @@ def their_grok_epoch(log: dict[str, list]) -> int | None:
     return next((int(e) for e, acc in zip(log["epochs"], log["test_acc"]) if acc > THEIR_GROK), None)
 
 
-def official_entry(result: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
-    """The ledger entry of one result JSON of benchmarks/peer/sphere_official.py (checked)."""
+def official_entry(result: dict[str, Any], arms: Mapping[str, dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
+    """The ledger entry of one result JSON of benchmarks/peer/sphere_official.py, checked against
+    `arms` (arm -> config fields, sphere_paper.ARCH)."""
     try:
         hist = result["history"]
         entry = {
@@ -88,24 +90,22 @@ def official_entry(result: dict[str, Any], device: str = "cpu") -> dict[str, Any
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInput(f"not a result of benchmarks/peer/sphere_official.py (missing or bad {exc})") from None
-    problem = entry_problem(entry)
+    problem = entry_problem(entry, arms)
     if problem:
         raise BadInput(f"{entry['arm']} seed {entry['seed']}: {problem}")
     return entry
 
 
-def entry_problem(e: dict[str, Any]) -> str | None:
-    """What is wrong with one entry (see the module docstring), or None."""
-    from groklens.experiments.sphere_paper import ARCH
-
+def entry_problem(e: dict[str, Any], arms: Mapping[str, dict[str, Any]]) -> str | None:
+    """What is wrong with one entry (see the module docstring; `arms`: arm -> config fields), or None."""
     for key, kinds in ENTRY_TYPES.items():
         v = e.get(key)
         if key not in e or not isinstance(v, kinds) or isinstance(v, bool):
             return f"{key!r} is {'missing' if key not in e else repr(v)[:60]}, not {' or '.join(k.__name__ for k in kinds)}"
-    if e["arm"] not in ARCH:
-        return f"'arm' is {e['arm']!r}, not one of {', '.join(ARCH)}"
-    if e["weight_decay"] != ARCH[e["arm"]]["weight_decay"]:
-        return f"'weight_decay' is {e['weight_decay']!r}, not arm {e['arm']}'s {ARCH[e['arm']]['weight_decay']!r}"
+    if e["arm"] not in arms:
+        return f"'arm' is {e['arm']!r}, not one of {', '.join(arms)}"
+    if e["weight_decay"] != arms[e["arm"]]["weight_decay"]:
+        return f"'weight_decay' is {e['weight_decay']!r}, not arm {e['arm']}'s {arms[e['arm']]['weight_decay']!r}"
     if not (e["epochs"] >= 1 and e["p"] >= 2 and 0 < e["frac_train"] < 1 and math.isfinite(e["cpu_s"])
             and e["cpu_s"] >= 0 and e["lr"] > 0):
         return "'epochs', 'p', 'frac_train', 'lr' or 'cpu_s' out of range"
@@ -129,8 +129,8 @@ def entry_problem(e: dict[str, Any]) -> str | None:
     return None
 
 
-def load_official(path: Path = PEER_LEDGER) -> list[dict[str, Any]]:
-    """The checked entries of a peer ledger ([] when the file does not exist)."""
+def load_official(path: Path, arms: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checked entries of a peer ledger ([] when the file does not exist); `arms` as entry_problem's."""
     from groklens.fileio import load_json_file
 
     path = Path(path)
@@ -141,7 +141,7 @@ def load_official(path: Path = PEER_LEDGER) -> list[dict[str, Any]]:
         raise BadInput(f"{path} is not a peer ledger of the sphere paper's code (format {PEER_FORMAT})")
     seen: dict[tuple, int] = {}
     for i, e in enumerate(data["runs"]):
-        problem = entry_problem(e) if isinstance(e, dict) else f"is a {type(e).__name__}, not a mapping"
+        problem = entry_problem(e, arms) if isinstance(e, dict) else f"is a {type(e).__name__}, not a mapping"
         if problem:
             raise BadInput(f"{path}: entry {i}: {problem}")
         key = (e["arm"], e["seed"], e["lr"], e["p"])
@@ -164,9 +164,9 @@ def save_official(path: Path, entries: list[dict[str, Any]]) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
-def record(path: Path, entries: list[dict[str, Any]]) -> Path:
+def record(path: Path, entries: list[dict[str, Any]], arms: Mapping[str, dict[str, Any]]) -> Path:
     """Add entries to the ledger at `path` (an entry of the same arm, seed, lr and p is replaced)."""
-    keep = {(e["arm"], e["seed"], e["lr"], e["p"]): e for e in load_official(path)}
+    keep = {(e["arm"], e["seed"], e["lr"], e["p"]): e for e in load_official(path, arms)}
     keep.update({(e["arm"], e["seed"], e["lr"], e["p"]): e for e in entries})
     return save_official(path, list(keep.values()))
 

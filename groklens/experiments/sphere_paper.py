@@ -140,7 +140,7 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
     table and groklens' *_papersplit runs of the same seeds (and whether each seed's split is
     theirs), and the weight-decay order from the official runs."""
     tag = lr_tag(lr)
-    entries = [e for e in load_official(PEER_LEDGER) if e["lr"] == lr and e["p"] == ctx.sc.base["p"]]
+    entries = [e for e in load_official(PEER_LEDGER, ARCH) if e["lr"] == lr and e["p"] == ctx.sc.base["p"]]
     arms: dict[str, list[Any]] = {}
     for a in OFFICIAL_ARMS:
         runs = sorted((OfficialRun(e) for e in entries if e["arm"] == a), key=lambda r: r.seed)

@@ -73,11 +73,12 @@ def test_the_recorder_keeps_each_run_checked_and_its_split(official_jsons, tmp_p
     import json
 
     from groklens.experiments.sphere_official import OfficialRun, load_official, pairs_sha256
+    from groklens.experiments.sphere_paper import ARCH
 
     ledger = tmp_path / "peer" / "sphere-official.json"
     assert _script(RECORDER).main([*map(str, official_jsons), "--ledger", str(ledger)]) == 0
     assert "split = groklens' python_shuffle split" in capsys.readouterr().out
-    entries = load_official(ledger)
+    entries = load_official(ledger, ARCH)
     assert len(entries) == 4
     for path in official_jsons:
         result = json.loads(path.read_text())
@@ -89,7 +90,7 @@ def test_the_recorder_keeps_each_run_checked_and_its_split(official_jsons, tmp_p
         assert (run.grokking is None) == (not isinstance(result["grok_epoch"], int))
     # recording again replaces, never duplicates
     assert _script(RECORDER).main([str(official_jsons[0]), "--ledger", str(ledger)]) == 0
-    assert len(load_official(ledger)) == 4
+    assert len(load_official(ledger, ARCH)) == 4
 
 
 def test_a_bad_entry_or_file_is_refused_in_one_line(official_jsons, tmp_path, capsys):
@@ -97,6 +98,7 @@ def test_a_bad_entry_or_file_is_refused_in_one_line(official_jsons, tmp_path, ca
 
     from groklens.errors import BadInput
     from groklens.experiments.sphere_official import load_official
+    from groklens.experiments.sphere_paper import ARCH
 
     ledger = tmp_path / "l.json"
     assert _script(RECORDER).main([str(official_jsons[0]), "--ledger", str(ledger)]) == 0
@@ -106,10 +108,10 @@ def test_a_bad_entry_or_file_is_refused_in_one_line(official_jsons, tmp_path, ca
         bad = {**good, "runs": [{**good["runs"][0], **change}]}
         ledger.write_text(json.dumps(bad))
         with pytest.raises(BadInput, match=why):
-            load_official(ledger)
+            load_official(ledger, ARCH)
     ledger.write_text(json.dumps({**good, "runs": good["runs"] * 2}))
     with pytest.raises(BadInput, match="counted twice"):
-        load_official(ledger)
+        load_official(ledger, ARCH)
     junk = tmp_path / "junk.json"
     junk.write_text('{"arm": "ln"}')
     fresh = tmp_path / "fresh.json"
