@@ -1,4 +1,23 @@
-"""The sphere paper's experiments (Yildirim 2026): bounded-sphere, uniform-attention, s5-control, fourier-fve."""
+"""The sphere paper's experiments (Yildirim 2026): bounded-sphere, uniform-attention, s5-control, fourier-fve.
+
+Sources (docs/REFERENCES.md): the paper's table as corrected by its v2 errata (the official
+repository's readme), and its official notebooks (AlperYildirim1/geometric-grokking, read at
+commit 9fe40bd), whose settings the paper scales follow where the paper is silent:
+  Final_Modular_No_Decay / _Norm_Baselines  p=113, 30% split from the seed, d_model 128, 4 heads,
+      d_mlp 512, AdamW lr 6e-4 (or 1e-4) betas (0.9, 0.999), full batch, logged every 200 epochs,
+      grok = first logged test accuracy > 0.95; bounded sphere (tau 10) at wd 1 or 0 (5,000 epochs),
+      post-norm LayerNorm / RMSNorm at wd 1 (15,000 epochs). bounded-sphere's paper scale; its
+      runs are also read beside the official code's own (sphere_official.py, the peer ledger).
+  S5_Final  S5 composition, lr 1e-3, full batch, 100,000 epochs, grok = first test accuracy >=
+      0.99; LayerNorm, RMSNorm (wd 1), the sphere with a plain unembedding (wd 1), the bounded
+      sphere (wd 0). s5-control's paper scale, with its stop rule as the only difference.
+  Final_No_attention_all_models  uniform attention at lr 1e-4, betas (0.9, 0.98), 20,000 epochs,
+      peak test accuracy; no norm, LayerNorm, plain-unembedding sphere (wd 1), bounded sphere (wd 0).
+      uniform-attention follows the paper's table instead (LayerNorm, RMSNorm, bounded sphere wd 1,
+      + Fourier init wd 1) at bounded-sphere's lr 6e-4, sharing its learned-attention runs.
+  Fourier_Analysis_Last  the FVE reading at the first logged test accuracy >= 0.99, seed 42 (fourier-fve;
+      benchmarks/peer/sphere_fve_official.py runs it on groklens' and their models).
+"""
 
 from __future__ import annotations
 
