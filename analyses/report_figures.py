@@ -17,6 +17,7 @@ from groklens.analyses import figures as F
 from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
+from groklens.analyses.fourier import CLUSTER_THRESHOLD
 from groklens.analyses.phases import phase_checkpoint
 from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
 from groklens.analyses.trajectory_pca import parameter_pca
@@ -200,7 +201,7 @@ def _present(groups: Sequence[Group], analysis: str) -> bool:
     return any(analysis in r.stored and r.stored[analysis].steps for g in groups for r in g.runs)
 
 
-def _why_missing(groups: Sequence[Group], analysis: str) -> str:
+def why_missing(groups: Sequence[Group], analysis: str) -> str:
     return (f"no run has '{analysis}' results in its sidecar: run `groklens analyze RUN.h5 --metric {analysis}` "
             f"(or `groklens report --analyze --metric {analysis}`)")
 
@@ -232,6 +233,20 @@ def chosen_checkpoints(run: RunSummary, stored_steps: Sequence[int], steps: Sequ
     return out
 
 
+def cluster_counts(neuron_frequency, neuron_fraction, threshold: float, n_freq: int) -> tuple[np.ndarray, int]:
+    """MLP neurons per frequency 1..n_freq whose variance lies >= `threshold` in that frequency's
+    2-D block (the fourier analysis' neuron_frequency / neuron_fraction), and how many are not."""
+    nf = np.asarray(neuron_frequency).reshape(-1).astype(int)
+    fr = np.asarray(neuron_fraction, dtype=float).reshape(-1)
+    clustered = (fr >= threshold) & (nf >= 1)
+    return np.bincount(nf[clustered], minlength=n_freq + 1)[1: n_freq + 1], int((~clustered).sum())
+
+
+def cluster_threshold(stored_fourier) -> float:
+    """The cluster threshold the stored fourier analysis ran with."""
+    return float(json.loads(stored_fourier.attrs.get("params", "{}")).get("cluster_threshold", CLUSTER_THRESHOLD))
+
+
 def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequence[int] | None):
     """Spectrum and cluster figures of each group's first run at its chosen checkpoints."""
     reps = [(g, c, g.runs[0]) for g, c in zip(groups, colours) if "fourier" in g.runs[0].stored
@@ -251,8 +266,7 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     for i, ((_g, _c, r), plan) in enumerate(zip(reps, plans)):
         st = r.stored["fourier"]
         where = {s: j for j, s in enumerate(st.steps)}
-        params = json.loads(st.attrs.get("params", "{}"))
-        thr = float(params.get("cluster_threshold", 0.85))
+        thr = cluster_threshold(st)
         thresholds.add(thr)
         for k, (s, label) in enumerate(plan):
             col_labels[i][k] = label
@@ -262,11 +276,8 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
             pw = np.asarray(st.values["embedding_power"][j], dtype=float).reshape(-1)
             power[i, k, : len(pw)] = pw
             keys[i][k] = [int(x) for x in np.asarray(st.values["key_frequencies"][j]).reshape(-1)]
-            nf = np.asarray(st.values["neuron_frequency"][j]).reshape(-1).astype(int)
-            fr = np.asarray(st.values["neuron_fraction"][j], dtype=float).reshape(-1)
-            clustered = (fr >= thr) & (nf >= 1)
-            counts[i, k] = np.bincount(nf[clustered], minlength=n_freq + 1)[1: n_freq + 1]
-            uncl[i, k] = int((~clustered).sum())
+            counts[i, k], uncl[i, k] = cluster_counts(st.values["neuron_frequency"][j], st.values["neuron_fraction"][j],
+                                                      thr, n_freq)
     rows = [f"{g.label}\n({r.name})" if g.n > 1 else g.label for g, _, r in reps]
     cols = [c for _, c, _ in reps]
     spec = F.spectrum_grid(freqs, power, rows, col_labels, key_frequencies=keys, colours=cols)
@@ -275,7 +286,12 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     return spec, clus
 
 
-_OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (groklens/tasks.py)
+OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (groklens/tasks.py)
+
+
+def position_names(n_pos: int) -> list[str]:
+    """The names of a pattern's source positions: a, b, = for the binary tasks, else their indices."""
+    return list(OPERAND_POSITIONS) if n_pos == 3 else [str(j) for j in range(n_pos)]
 
 
 def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
@@ -300,7 +316,7 @@ def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
             if s is not None:
                 pats[i, k] = np.asarray(st.values["pattern"][where[s]], dtype=float)[-1]
     n_heads, n_pos = shape
-    names = _OPERAND_POSITIONS if n_pos == 3 else [str(j) for j in range(n_pos)]
+    names = position_names(n_pos)
     rows = [label.replace(" ", "\n") for label, _, _ in reps]  # "norm=ln act_norm_lambda=1": one field a line
     return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
 
@@ -356,7 +372,7 @@ class _Figs:
         """True, with each title listed as missing and why, when no run stored `analysis`."""
         if _present(self.groups, analysis):
             return False
-        why = _why_missing(self.groups, analysis)
+        why = why_missing(self.groups, analysis)
         self.missing += [(t, why) for t in titles]
         return True
 

@@ -74,7 +74,7 @@ def plugin_models() -> tuple[str, ...]:
     return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
 
 # options of model=transformer that another model accepts only at their defaults
-TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "init_scheme")
+TRANSFORMER_ONLY = ("norm", "attention", "attention_rate", "unembed", "init", "norm_placement", "init_scheme")
 
 
 @dataclass
@@ -108,6 +108,10 @@ class RunConfig:
     # x = ln1(x); x = x + attn(x); x = x + mlp(ln2(x)), with a final norm
     norm_placement: str = "pre"
     attention: str = "softmax"  # softmax, or uniform (fixed equal weights over the positions)
+    # attention=softmax: pattern = rate * softmax + (1 - rate) * the uniform pattern, Zhong et al.'s
+    # attention rate (their attn_coeff; their uniform part is all ones, ours 1/allowed positions):
+    # 1 = learned attention, 0 = uniform (docs/VARIANTS.md)
+    attention_rate: float = 1.0
     unembed: str = "linear"  # linear, or bounded (normalized unembedding with logit temperature tau)
     init: str = "default"  # default (init_scheme), or fourier (embeddings from fourier_freqs)
     # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
@@ -285,6 +289,13 @@ class RunConfig:
         for name in ("act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda"):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, f"{name} must be >= 0; got {value}")
+        _check(math.isfinite(self.attention_rate) and 0.0 <= self.attention_rate <= 1.0,
+               f"attention_rate must be in [0, 1]; got {self.attention_rate}")
+        _check(self.attention_rate == 1.0 or self.attention == "softmax",
+               f"attention_rate mixes softmax attention with the uniform pattern; attention={self.attention} is "
+               "already uniform (attention_rate 0 of attention=softmax)")
+        _check(self.attention_rate == 1.0 or self.kl_attn_beta == 0,
+               "kl_attn_beta reads the softmax of hook_attn_scores, which is not the pattern when attention_rate < 1")
         _check(0.0 <= self.grokfast_alpha < 1.0, f"grokfast_alpha must be in [0, 1); got {self.grokfast_alpha}")
         _check(1 <= self.grokfast_window <= GROKFAST_MAX_WINDOW,
                f"grokfast_window must be in 1..{GROKFAST_MAX_WINDOW}; got {self.grokfast_window}")

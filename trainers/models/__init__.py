@@ -46,7 +46,7 @@ def _build_transformer(cfg: "RunConfig", data: "TaskData"):
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
             act_fn=cfg.act_fn, norm=cfg.norm, norm_placement=cfg.norm_placement, attention=cfg.attention,
             unembed=cfg.unembed, init=cfg.init, init_scheme=cfg.init_scheme, causal=cfg.causal, mlp_bias=cfg.mlp_bias,
-            radius=cfg.radius, tau=cfg.tau,
+            radius=cfg.radius, tau=cfg.tau, attention_rate=cfg.attention_rate,
             fourier_freqs=cfg.fourier_frequencies() if cfg.init == "fourier" else (),
             fourier_p=cfg.p if cfg.init == "fourier" else 0,
         )

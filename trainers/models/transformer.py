@@ -48,6 +48,7 @@ class TransformerConfig(ModelConfig):
     tau: float = 10.0  # unembed=bounded
     fourier_freqs: tuple[int, ...] = ()  # init=fourier: frequencies k_1..k_K
     fourier_p: int = 0  # init=fourier: tokens 0..fourier_p-1 are the residues mod fourier_p
+    attention_rate: float = 1.0  # attention=softmax: rate * softmax + (1 - rate) * uniform (Attention)
 
 
 class Embed(nn.Module):
@@ -165,6 +166,13 @@ class Attention(nn.Module):
     stay -inf), so the pattern is 1 / (number of allowed positions); q, k and every hook still
     run, and hook_attn_scores / hook_pattern show what the softmax saw and gave.
 
+    attention_rate r < 1 (Zhong et al.'s attn_coeff, their code/train-main.py, `Attention.forward`:
+    `normalized * attn_coeff + (1 - attn_coeff)`) mixes the softmax with the uniform pattern,
+    pattern = r softmax(scores) + (1 - r) / (allowed positions); hook_pattern shows the mixture.
+    Their uniform part is all ones (rows sum to r + (1 - r) n); ours keeps every row a
+    distribution, so r = 0 is attention=uniform: their rate c equals our r = c / (c + n (1 - c))
+    with W_O scaled by c + n (1 - c) (tests/trainers/test_attention_rate.py).
+
     Two paths with the same result: the explicit one (every hook fires; always taken when a hook
     is attached anywhere in the model, bit-identical to earlier versions), and the fast one when
     no hook can see the inside (fused projections and torch's scaled_dot_product_attention; for
@@ -216,7 +224,7 @@ class Attention(nn.Module):
             mask = self.causal_mask[:n, :n]
             scores = scores.masked_fill(~(mask if query is None else mask[query]), float("-inf"))
         scores = self.hook_attn_scores(scores)
-        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        pattern = self.hook_pattern(self._with_rate(scores.softmax(dim=-1), k_in.shape[1], query, scores))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
         if self.cfg.use_attn_result:
             return self.hook_result(torch.einsum("bqhe,hed->bqhd", z, self.W_O)).sum(-2)
@@ -263,14 +271,29 @@ class Attention(nn.Module):
             else:
                 scores = torch.einsum("bqhe,bkhe->bqkh", q, k)
             scores = self._mask_scores(scores / math.sqrt(e), n, query)
-            pattern = scores.softmax(dim=2)
+            pattern = self._with_rate(scores.softmax(dim=2), n, query, x, per_head_last=True)
         return self._mix(pattern, v)
 
-    def _uniform_pattern(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
-        """attention=uniform: 1 / (allowed keys) for every query, [1, q, k, 1]."""
+    def _uniform(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
+        """The uniform pattern, 1 / (allowed keys) for every query: [q, k]."""
         mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
         allowed = mask.to(like.dtype) if self.cfg.causal else torch.ones(mask.shape, dtype=like.dtype, device=like.device)
-        return (allowed / allowed.sum(-1, keepdim=True))[None, :, :, None]
+        return allowed / allowed.sum(-1, keepdim=True)
+
+    def _uniform_pattern(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
+        """attention=uniform on the lean paths' layout: [1, q, k, 1]."""
+        return self._uniform(n, query, like)[None, :, :, None]
+
+    def _with_rate(self, pattern: torch.Tensor, n: int, query: slice | None, like: torch.Tensor,
+                   per_head_last: bool = False) -> torch.Tensor:
+        """The softmax `pattern` mixed with the uniform one at attention_rate r (the class doc):
+        r pattern + (1 - r) uniform; unchanged at r = 1. `pattern` is [b, h, q, k], or [b, q, k, h]
+        on the lean paths (`per_head_last`)."""
+        r = self.cfg.attention_rate
+        if r == 1:
+            return pattern
+        uniform = self._uniform_pattern(n, query, like) if per_head_last else self._uniform(n, query, like)
+        return pattern * r + uniform * (1 - r)
 
     def _mask_scores(self, scores: torch.Tensor, n: int, query: slice | None) -> torch.Tensor:
         """Causal mask on scores [b, q, k, h] (none needed when the only query is the last position)."""
@@ -311,7 +334,7 @@ class Attention(nn.Module):
         q_ids = ids if query is None else ids[:, query]
         pairs = (q_ids - start * V)[:, :, None] * (n * V) + ids[:, None, :]  # [b, q, k]: each score's row
         scores = self._mask_scores(F.embedding(pairs, s_tab), n, query)  # [b, q, k, h]
-        return self._mix(scores.softmax(dim=2), v)
+        return self._mix(self._with_rate(scores.softmax(dim=2), n, query, x_tab, per_head_last=True), v)
 
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside. The projections are the
@@ -321,8 +344,7 @@ class Attention(nn.Module):
         mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
         v = torch.einsum("bpd,hde->bhpe", x, self.W_V)
         if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
-            allowed = mask.to(x.dtype) if self.cfg.causal else torch.ones(mask.shape, dtype=x.dtype, device=x.device)
-            z = (allowed / allowed.sum(-1, keepdim=True)) @ v  # [b, h, q, e]
+            z = self._uniform(n, query, x) @ v  # [b, h, q, e]
         else:
             xq = x if query is None else x[:, query]
             q = torch.einsum("bpd,hde->bhpe", xq, self.W_Q)
@@ -330,6 +352,8 @@ class Attention(nn.Module):
             if not self.cfg.causal or (query is not None and query.start == n - 1):
                 mask = None  # every query sees every key (bidirectional, or the last position only)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+            if (r := self.cfg.attention_rate) != 1:  # the mixture's pattern times v, as two products
+                z = z * r + (self._uniform(n, query, x) @ v) * (1 - r)
         return torch.einsum("bhqe,hed->bqd", z, self.W_O)
 
 
