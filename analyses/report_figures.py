@@ -18,8 +18,10 @@ from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fm
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
 from groklens.analyses.fourier import CLUSTER_THRESHOLD
+from groklens.analyses.phases import phase_checkpoint
 from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
 from groklens.analyses.trajectory_pca import parameter_pca
+from groklens.config import PHASE_THRESHOLDS
 
 DPI = 110
 # the figures every report makes from the metrics (make_figures), before the analysis families
@@ -63,8 +65,8 @@ def _positive(steps: np.ndarray, *arrays: np.ndarray):
     return (np.asarray(steps)[keep], *[np.asarray(a)[keep] for a in arrays])
 
 
-def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
-    """Mean of several (steps, values) series over the steps every series has; None if < 2."""
+def _on_common_steps(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """(steps every series has, [series, steps] values) of several (steps, values) series; None if < 2."""
     if len(series) < 2:
         return None
     common = set(np.asarray(series[0][0]).tolist())
@@ -77,7 +79,22 @@ def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
     for s, v in series:
         idx = {int(x): i for i, x in enumerate(np.asarray(s).tolist())}
         vals.append(np.asarray(v, dtype=float)[[idx[int(x)] for x in steps]])
-    return steps, np.nanmean(np.stack(vals), axis=0)
+    return steps, np.stack(vals)
+
+
+def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """Mean of several (steps, values) series over the steps every series has; None if < 2."""
+    common = _on_common_steps(series)
+    return None if common is None else (common[0], np.nanmean(common[1], axis=0))
+
+
+def _spread_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """(steps, median, min, max) of several series over the steps every series has; None if < 2."""
+    common = _on_common_steps(series)
+    if common is None:
+        return None
+    steps, vals = common
+    return steps, np.nanmedian(vals, axis=0), np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
 
 
 def run_curves(run: RunSummary) -> F.RunCurves:
@@ -398,6 +415,54 @@ def _fourier_figures(f: _Figs) -> None:
         "neuron_clusters", "Neuron-frequency clusters at chosen checkpoints",
         f"MLP neurons whose variance lies >= the cluster threshold in one frequency's 2-D block, counted per "
         f"frequency ({which}, same checkpoints); the rest are unclustered.", clus))
+
+
+FVE_TOP5 = "The bounded-sphere paper's FVE reading over seeds and along the run"
+
+
+def value_at_accuracy(run: RunSummary, series: tuple[np.ndarray, np.ndarray], accuracy: float):
+    """(step, value) of a stored series at the first evaluation with test accuracy >= `accuracy`,
+    read at the stored checkpoint within one evaluation interval of it (compare's phase rule); None
+    when the run never reached it or no stored checkpoint is that close."""
+    hit = np.nonzero(np.asarray(run.metrics["test_acc"], dtype=float) >= accuracy)[0]
+    if not len(hit):
+        return None
+    steps, values = series
+    cp, _ = phase_checkpoint([int(s) for s in steps], int(run.metrics["step"][hit[0]]),
+                             int(run.config.get("eval_every", 1)), f"test accuracy {accuracy:g}")
+    return None if cp is None else (cp, float(values[list(steps).index(cp)]))
+
+
+@figure("fve_top5", missing={FVE_TOP5: ("fve_top5",)})
+def _fve_top5_figures(f: _Figs) -> None:
+    """The least-squares FVE of W_L's top 5 frequencies (the bounded-sphere paper's reading) over
+    seeds: its distribution along the run and where the paper reads it (test accuracy 0.99)."""
+    if f.lacks("fourier", FVE_TOP5):
+        return
+    at = PHASE_THRESHOLDS[1]
+    groups = []
+    for g, c in zip(f.groups, f.colours):
+        series, marked = [], []
+        for r in g.runs:
+            key = _key_for(r, "fourier", "ls_fve_top_k")
+            s = stored_series(r, "fourier", key) if key else None
+            if s is None:
+                continue
+            series.append(s)
+            if (m := value_at_accuracy(r, s, at)) is not None:
+                marked.append(m)
+        groups.append(F.SeedSpread(g.label, c, series, _spread_over_common(series), marked))
+    f.figs.append(FigureSpec(
+        "fve_top5", FVE_TOP5,
+        "Least-squares FVE of the cos and sin directions of the top 5 frequencies of W_L by Fourier norm, the mean "
+        "of those 10 values (fve_ls_top5: the bounded-sphere paper's notebook's reading, docs/ANALYSES.md), at every "
+        "analyzed checkpoint: each seed thin, each group's median bold with its min-max band over the checkpoints "
+        f"every seed has. Dots and the right panel: each seed's value at its first evaluation with test accuracy >= "
+        f"{at:g} (the stored checkpoint within one evaluation interval; the notebook's checkpoint), the bar the "
+        "group's median. Analyze every checkpoint (`groklens analyze RUN --metric fourier --every 1`) to see the "
+        "whole run.",
+        F.spread_over_seeds(groups, ylabel="FVE, least squares, top 5 of W_L", mark_label=f"test accuracy >= {at:g}",
+                            title="Fourier FVE (top 5 of W_L) over seeds")))
 
 
 def progress_panel(run: RunSummary) -> F.ProgressPanel | None:

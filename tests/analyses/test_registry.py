@@ -51,7 +51,7 @@ def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_dup
 
 def test_the_figures_are_registered_by_their_families_in_page_order():
     assert FIGURE_NAMES == ("curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters",
-                            "progress_measures", "attention", "attention_patterns", "hessian", "llc",
+                            "fve_top5", "progress_measures", "attention", "attention_patterns", "hessian", "llc",
                             "effective_rank", "radial", "clock_pizza",
                             "hessian_density", "parameter_pca")
     assert MISSING_NAMES["Attention at the readout position"] == ("attention", "attention_patterns")
