@@ -540,7 +540,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
            style, width_in, font_pt, quiet, as_json) -> None:
-    """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
+    """Write figures, an index.html with the comparison table of RUN.h5 files and explorer.html (a checkpoint
+    slider over the curves, attention, Fourier spectrum, neuron clusters and clock/pizza label) into --out DIR."""
     _threads()
     from groklens.analyses.report import build_report
     from groklens.analyses.runner import parse_steps
@@ -552,7 +553,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
                           progress=not quiet, params=params, style=style, style_opts=opts, figures=figures)
     if as_json:
-        click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
+        click.echo(strict_json({"index": str(result.index), "explorer": str(result.explorer),
+                               "figures": [str(p) for p in result.figures],
                                "missing": [{"figure": t, "why": w} for t, w in result.missing],
                                "notes": result.notes}))
         return
@@ -560,7 +562,7 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
         click.echo(f"groklens: {note}", err=True)
     for title, why in result.missing:
         click.echo(f"missing  {title}: {why}")
-    click.echo(f"wrote {len(result.figures)} figure file(s) and {result.index}")
+    click.echo(f"wrote {len(result.figures)} figure file(s), {result.index} and {result.explorer}")
 
 
 @cli.command()

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from groklens.config import as_planned
 from groklens.errors import BadInput
 from groklens.trainers.sweep_executors import (
     EXECUTORS,
@@ -173,7 +174,7 @@ def _classify(runs: Sequence[RunSpec], out_dir: Path, retry_failed: bool) -> tup
         path = run_path(out_dir, r.name)
         if state in ("done", "interrupted", "running"):
             stored = stored_config(path)
-            if stored is not None and stored != r.config.to_dict():
+            if stored is not None and as_planned(stored) != as_planned(r.config.to_dict()):
                 # reported, not written to an error file: moving the file away is the fix
                 report.failed[r.name] = f"{path.name} holds a run with a different config; move it away or use another -o"
                 counts["failed"] += 1

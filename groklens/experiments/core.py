@@ -335,16 +335,22 @@ def register(e: Experiment) -> Experiment:
     return EXPERIMENTS.register(e.name)(e)
 
 
-def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str, list[float] | None]]:
-    """The fitted exponent of each variable of a scaling fit (analyses.scaling) with its text and
-    95% interval: var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)', ci); Tobit's
-    estimate and interval when some runs are censored."""
+def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, str]]:
+    """The fitted exponent of each variable of a scaling fit (analyses.scaling) with its text:
+    var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)'); Tobit's estimate when
+    some runs are censored."""
+    return {v: (est, text) for v, (est, _, text) in fit_exponents(recs, variables).items()}
+
+
+def fit_exponents(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, list | None, str]]:
+    """fit_text's exponents with their 95% intervals: var -> (estimate, ci95 or None, text), the
+    interval of the estimate given (Tobit's when some runs are censored, else OLS's)."""
     from groklens.analyses.scaling import fit_scaling_law
 
     try:
         fit = fit_scaling_law(recs, variables)
     except BadInput as exc:
-        return {v: (None, f"no fit: {exc}", None) for v in variables}
+        return {v: (None, None, f"no fit: {exc}") for v in variables}
     n_c = fit["n_censored"]
     tobit, terr = None, ""
     if n_c:
@@ -366,5 +372,5 @@ def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | N
         elif n_c:
             text += f"; Tobit n/a ({terr}): OLS on the grokked runs only is biased"
             ours, ci = None, None
-        out[v] = (ours, text, ci)
+        out[v] = (ours, ci, text)
     return out

@@ -53,7 +53,7 @@ STEP_OVERHEAD_S = 1.5e-2
 NOT_COSTED = frozenset((
     "seed", "data_seed", "lr", "weight_decay", "betas", "warmup_steps", "steps", "eval_every", "checkpoint_every",
     "log_checkpoints", "grok_threshold", "grok_evals", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device",
-    "compile", "init", "init_scheme"))
+    "compile", "init", "init_scheme", "attn_mask_from"))
 
 CACHE_ENV = "GROKLENS_CACHE_DIR"
 CACHE_FORMAT = 1

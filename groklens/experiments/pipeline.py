@@ -278,31 +278,38 @@ def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: i
 
 def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1,
            measure: bool = True) -> str | None:
-    """Train `todo` as one sweep: runs that share an architecture (an arm's seeds; a grid's cell
-    of learning rates and weight decays) as batched ensembles (trainers/ensemble.py) where that
-    pays (layout.ensemble_rule: on a GPU, or a CPU step short enough), sized and ordered by
-    their cost to the cap (costliest first), on `workers` processes. Returns how they were
-    grouped (a note), None when there was nothing to train."""
+    """Train `todo` into runs_dir: first the runs that read no other run, then those that take
+    their attention mask from a run beside them (attn_mask_from), once it is finished. Runs that
+    share an architecture (an arm's seeds; a grid's cell of learning rates and weight decays)
+    train as batched ensembles (trainers/ensemble.py) where that pays (layout.ensemble_rule: on a
+    GPU, or a CPU step short enough), sized and ordered by their cost to the cap (costliest
+    first), on `workers` processes. Returns how they were grouped (a note), None when there was
+    nothing to train."""
     from groklens.experiments.cost import cost_key, rates_for, run_seconds
     from groklens.experiments.layout import ensemble_rule
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
 
     if not todo:
         return None
-    specs = [RunSpec(r.name, r.cfg) for r in todo]
     executor = InlineExecutor() if workers == 1 else "local"
     rates = rates_for([r.cfg for r in todo], measure=measure)
     rule = ensemble_rule(lambda cfg: rates[cost_key(cfg)].step_s if rates[cost_key(cfg)].basis == "measured" else None)
-    rep = run_sweep(specs, runs_dir, executor=executor, workers=workers, ensemble=rule, progress=progress,
-                    threads=threads, cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps))
-    if rep.counts["failed"]:
-        first = next(iter(rep.failed.items()))
-        raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
-    if rep.counts["running"]:
-        raise GroklensError(f"{rep.counts['running']} run(s) in {runs_dir} are being written by another process; "
-                            "wait for it or use another -o")
-    alone = rep.single_fallback
-    return (f"trained {len(todo) - len(alone)} run(s) in {rep.ensembles} batched ensemble(s), {len(alone)} alone"
+    ensembles, alone = 0, {}
+    for wave in ([r for r in todo if not r.cfg.attn_mask_from], [r for r in todo if r.cfg.attn_mask_from]):
+        if not wave:
+            continue
+        rep = run_sweep([RunSpec(r.name, r.cfg) for r in wave], runs_dir, executor=executor, workers=workers,
+                        ensemble=rule, progress=progress, threads=threads,
+                        cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps))
+        if rep.counts["failed"]:
+            first = next(iter(rep.failed.items()))
+            raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
+        if rep.counts["running"]:
+            raise GroklensError(f"{rep.counts['running']} run(s) in {runs_dir} are being written by another process; "
+                                "wait for it or use another -o")
+        ensembles += rep.ensembles
+        alone.update(rep.single_fallback)
+    return (f"trained {len(todo) - len(alone)} run(s) in {ensembles} batched ensemble(s), {len(alone)} alone"
             + (f" (e.g. {next(iter(alone))}: {next(iter(alone.values()))})" if alone else ""))
 
 

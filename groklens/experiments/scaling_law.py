@@ -9,8 +9,9 @@ from typing import Any
 
 from groklens.errors import BadInput
 from groklens.experiments.core import (
-    Context, Experiment, Plan, Published, Row, SMOKE, SMOKE_NOTE, Scale, fit_text, lr_tag, no_analyses, register)
-from groklens.experiments.verdicts import contains_verdict, interval_verdict, near_verdict, undetermined
+    Context, Experiment, Plan, Published, Row, SMOKE, SMOKE_NOTE, Scale, fit_exponents, lr_tag, no_analyses,
+    register)
+from groklens.experiments.verdicts import exponent_verdict, interval_verdict, near_verdict, undetermined
 
 SCALING = "Grokking scaling law (2026; REFERENCES.md)"
 
@@ -48,13 +49,13 @@ def _read_scaling(ctx: Context) -> list[Row]:
     diff = ctx.sc.note + "; D = train_frac (the paper's D is the training data size: the same exponent when p is fixed)"
     claims = ctx.sc.extra.get("claims", False)
     recs = _records(ctx)
-    fits = fit_text(recs, list(DEFAULT_VARS))
+    fits = fit_exponents(recs, list(DEFAULT_VARS))
     names = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)", "weight_decay": "lambda (weight decay)"}
     rows = []
     for v in DEFAULT_VARS:
-        ours, text, ci = fits[v]
+        ours, ci, text = fits[v]
         pub = SCALING_PUBLISHED[v]
-        verdict = contains_verdict(ci, pub, text) if claims else ""
+        verdict = exponent_verdict(ci, pub, no_ci=text) if claims else ""
         rows.append(Row(f"scaling exponent of {names[v]}", Published(pub, f"{pub:+.2f}", SCALING), ours, text, diff,
                         verdict))
     try:

@@ -23,10 +23,11 @@ threshold**. An interval that contains the threshold, or no interval (fewer than
 - "This run does (not) grok" from runs that never crossed: only when the step cap is at least
   `FAR` times the reference time (the published grokking time, or, where none is published, our
   baseline's measured one); a shorter cap cannot tell "never" from "later".
+- A power law (a fitted exponent, Tobit where runs are censored): disagrees when its 95%
+  interval excludes the published exponent, agrees when it holds it and excludes 0 on the
+  published side, undetermined when it holds both.
 - A measure read at a phase: only from the seeds that have a value there (compare's phase rule);
   with none it is `undetermined (missing: why)`.
-- A published number with an interval of ours (a fitted exponent): the claim is the number
-  itself; an interval that contains it agrees, one wholly on one side of it disagrees.
 - "Near a value" (a phase boundary near weight decay 1.0): within a factor NEAR of it; an
   interval inside [value / NEAR, value x NEAR] agrees, one wholly outside it disagrees.
 - A rate over runs ("the weight norm falls monotonically"): the claim is "most runs", the rate
@@ -118,15 +119,6 @@ def welch_log_ratio(a: Sequence[float], b: Sequence[float],
     return ratio, [math.exp(ma - mb - half), math.exp(ma - mb + half)]
 
 
-def contains_verdict(ci: Sequence[float] | None, value: float, no_ci: str) -> str:
-    """Verdict on "ours is `value`" (a published exponent): agrees when the 95% interval
-    contains it, disagrees when the interval lies wholly on one side."""
-    if ci is None:
-        return undetermined(f"no interval: {no_ci}")
-    lo, hi = ci
-    return "agrees" if lo <= value <= hi else "disagrees"
-
-
 def near_verdict(ci: Sequence[float] | None, value: float, no_ci: str) -> str:
     """Verdict on "near `value`": within a factor NEAR, by the 95% interval."""
     if ci is None:
@@ -138,6 +130,21 @@ def near_verdict(ci: Sequence[float] | None, value: float, no_ci: str) -> str:
         return "disagrees"
     return undetermined(f"the 95% interval {fmt_ci(ci)} reaches beyond [{value / NEAR:g}, {value * NEAR:g}] and "
                         "into it")
+
+
+def exponent_verdict(ci: Sequence[float] | None, published: float, *, no_ci: str = "no fit") -> str:
+    """Verdict on a published power law "T ~ x^published" (published < 0: T falls with x) from the
+    fitted exponent's 95% interval: disagrees when the interval excludes the published exponent;
+    agrees when it holds it and lies wholly below 0 (T does fall with x); undetermined when it
+    holds both (the data cannot tell the law from no effect)."""
+    if ci is None:
+        return undetermined(f"no interval: {no_ci}")
+    lo, hi = ci
+    if not lo <= published <= hi:
+        return f"disagrees (the 95% interval {fmt_ci(ci)} excludes {published:g})"
+    if hi < 0:
+        return "agrees"
+    return undetermined(f"the 95% interval {fmt_ci(ci)} holds {published:g} and 0")
 
 
 def ratio_verdict(ratio: float | None, ci: Sequence[float] | None, *, below: bool, missing: str,
