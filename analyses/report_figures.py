@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses import figures as F
+from groklens.analyses.grokking import grokked_rule
 from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
@@ -166,7 +167,8 @@ def accuracy_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Li
             lines.append(F.Line(s, acc, c, None if len(g.runs) > 1 else g.label, bold=len(g.runs) == 1))
         mean = _mean_over_common(series)
         if mean is not None:
-            lines.append(F.Line(mean[0], mean[1], c, g.label, bold=True))
+            lines.append(F.Line(mean[0], mean[1], c, g.label, bold=True,
+                                ends_early=F.ends_early(mean[0], [s for s, _ in series])))
         elif len(g.runs) > 1:
             lines[-1].label = g.label  # no evaluation shared by every seed: name the group anyway
     return lines
@@ -250,7 +252,7 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
             clustered = (fr >= thr) & (nf >= 1)
             counts[i, k] = np.bincount(nf[clustered], minlength=n_freq + 1)[1: n_freq + 1]
             uncl[i, k] = int((~clustered).sum())
-    rows = [f"{g.label}\n({r.name})" if g.n > 1 else g.label for g, _, r in reps]
+    rows = [f"{g.label} (run {r.name})" if g.n > 1 else g.label for g, _, r in reps]
     cols = [c for _, c, _ in reps]
     spec = F.spectrum_grid(freqs, power, rows, col_labels, key_frequencies=keys, colours=cols)
     clus = F.cluster_grid(freqs, counts, uncl, rows, col_labels,
@@ -300,8 +302,9 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
     figs.append(FigureSpec(
         "curves", "Accuracy and loss against step",
         "Train (dashed) and test (solid) accuracy and loss, log step axis; one colour per variant, seeds thin "
-        "and the mean over seeds bold (over the evaluations all seeds have); dots: grokking points "
-        f"(first test accuracy >= {thr:g}).",
+        "and the mean over seeds bold, over the evaluations every seed has: where a seed stopped early (its stop "
+        "rule) the mean ends, marked by a dotted vertical line, and the longer seeds go on alone; dots: grokking points "
+        f"({grokked_rule([r.grok_evals for g in groups for r in g.runs], f'{thr:g}')}).",
         F.training_curves(variant_curves(groups, colours), threshold=thr)))
     times, cens, means = [], [], []
     for g in groups:
