@@ -48,6 +48,7 @@ SOURCE = "the demo (no published number)"
 
 
 SEEDS = {"quick": 3, "paper": 3, "smoke": 2}
+DEFAULT_OUT = "demo-out"  # `groklens demo`'s output directory (ignored by git: .gitignore)
 
 
 def demo_scale(base: dict[str, Any], note: str, analyze_every: int, sparse: list[tuple[str, dict[str, Any]]],
@@ -106,11 +107,10 @@ register(Experiment(
     "demo",
     "the demo: a standard, a bounded-sphere, a uniform-attention and an activation-norm transformer on one "
     "modular-addition task (no published numbers)",
-    SCALES, _plan, _read, _analyses, seeds=SEEDS, published=False))
+    SCALES, _plan, _read, _analyses, seeds=SEEDS, published=False, own_out=DEFAULT_OUT))
 
 
 # ---------------------------------------------------------------------- `groklens demo`
-DEFAULT_OUT = "demo-out"  # ignored by git (.gitignore)
 RENAMED_SCALES = {"laptop": "quick"}  # old spelling -> name: refused with a hint
 
 

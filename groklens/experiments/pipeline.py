@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
+    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, default_out, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
     SCALES, Scale)
 
 
@@ -52,9 +52,13 @@ FITS_RUN_S = 4 * 3600  # a scale fits this CPU when no run takes longer on one c
 FITS_TOTAL_S = 72 * 3600  # ... and all its runs (default seeds) take at most this wall time on this CPU's cores
 
 
-def _ledger_dirs(extra: str | Path | None = None) -> list[Path]:
+def _ledger_dirs(extra: str | Path | None = None, local: Sequence[Path] = ()) -> list[Path]:
+    """The committed ledgers (docs/results of a checkout), `extra` (--ledger), and the ledgers of
+    `local` output directories where they exist; each directory once."""
     dirs = [LEDGER_DIR] if LEDGER_DIR.is_dir() else []
-    return dirs + ([Path(extra)] if extra is not None else [])
+    dirs += [Path(extra)] if extra is not None else []
+    dirs += [d / "ledger" for d in local if (d / "ledger").is_dir()]
+    return list({d.resolve(): d for d in dirs}.values())
 
 
 def _last_steps(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -77,12 +81,12 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
             echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every experiment with its runs, their estimated CPU-core time (to the expected stop, and
     to the step cap), the time per run measured where one ran (the ledgers: docs/results/ of a
-    checkout, and `ledger_dir`: CPU time where recorded, else wall time), and whether it fits
-    this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
+    checkout, `ledger_dir`, and those of the experiment's default output directories here, such
+    as ./demo-out after `groklens demo`: CPU time where recorded, else wall time), and whether
+    it fits this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
     from groklens.experiments.cost import EXPECTED_MARGIN, rates_for
     from groklens.experiments.ledger import ledger_entries, measured_time
 
-    dirs = _ledger_dirs(ledger_dir)
     cores = os.cpu_count() or 1
     plans = {}
     for name in EXPERIMENTS:
@@ -94,7 +98,7 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
     out = {}
     for (name, scale), (e, n, runs) in plans.items():
         item = out.setdefault(name, {"name": e.name, "summary": e.summary, "scales": {}})
-        entries = ledger_entries(dirs, e.name, scale)
+        entries = ledger_entries(_ledger_dirs(ledger_dir, e.default_outs(scale)), e.name, scale)
         costs = estimate_runs(e, scale, runs, entries, rates)
         measured = measured_time(entries)
         kind = None if measured is None or not all(d.startswith("cpu") for d in measured["devices"]) else \
@@ -206,7 +210,7 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
         raise BadInput(f"--seeds must be a positive integer, at most {MAX_SEEDS}; got {seeds!r}")
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
-    out = Path(out_dir if out_dir is not None else f"reproduce-{name}-{scale}")
+    out = Path(out_dir) if out_dir is not None else default_out(name, scale)
     if out.exists() and not out.is_dir():
         raise BadInput(f"{out} exists and is not a directory")
     if not out.exists() and not out.parent.is_dir():
