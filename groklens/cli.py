@@ -243,34 +243,49 @@ class _MetricOption(click.Option):
 
 
 @cli.command()
-@click.argument("run", type=click.Path())
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
 @click.option("--metric", "metrics", multiple=True, metavar="NAME", cls=_MetricOption)
 @_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: metric -> {steps, values...}.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: metric -> {steps, values...}; with several runs, run path -> that object.")
 @click.option("--summary", is_flag=True,
               help="One line per measure (compare's columns): its value at the first analyzed checkpoint, at "
                    "memorization, at grokking and at the last, instead of the table of every step.")
 @click.option("--copy", "copy", type=int, default=None, metavar="M",
               help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
-def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
-    """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+def analyze(runs, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
+    """Measure mechanisms at the checkpoints of RUN.h5 (one or more runs, one after the other);
+    results are kept in each RUN.analyses.h5."""
     if summary and as_json:
         raise BadInput("--summary prints lines, --json the whole object; give one of them")
     _threads()
+    from groklens.analyses.notes import one_per_kind
     from groklens.analyses.runner import analyze_run, format_results, summary_lines
+    from groklens.checkpoints import Trajectory
 
-    results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
-                                 recompute=recompute, progress=not quiet, copy=copy)
-    for note in notes:
+    runs = list(dict.fromkeys(runs))
+    for run in runs:  # every file opens before anything is computed: a bad one is refused first
+        Trajectory(run, copy=copy)
+    several = len(runs) > 1
+    outputs, notes = {}, []
+    for run in runs:
+        results, said = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
+                                    recompute=recompute, progress=not quiet, copy=copy)
+        notes += [f"{Path(run).name}: {n}" if several else n for n in said]
+        outputs[run] = results
+    for note in one_per_kind(notes):  # a note that holds for several runs: one line naming them
         click.echo(f"groklens: {note}", err=True)
-    if summary:
-        click.echo("\n".join(summary_lines(run, results, copy)))
+    if as_json:
+        click.echo(strict_json(outputs if several else outputs[runs[0]]))
         return
-    click.echo(strict_json(results) if as_json else format_results(results))
+    for run, results in outputs.items():
+        if several:
+            click.echo(f"=== {run}")
+        click.echo("\n".join(summary_lines(run, results, copy)) if summary else format_results(results))
 
 
 @cli.command("llc-calibrate")
