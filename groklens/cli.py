@@ -71,6 +71,14 @@ def _which_checkpoints(func):
                         help="Every K-th checkpoint (by index), plus the last and the memorization / grokking ones.")(func)
 
 
+def _log_option(whose: str):
+    """--log tensorboard:DIR|wandb:PROJECT (repeatable), for the commands that train."""
+    return click.option("--log", "log_to", multiple=True, metavar="tensorboard:DIR|wandb:PROJECT",
+                        help=f"Also send each evaluation row{whose} to TensorBoard (event files in DIR) or Weights & "
+                             "Biases (PROJECT; offline unless WANDB_MODE says otherwise), with the config; "
+                             "repeatable. The HDF5 file stays the record.")
+
+
 def _threads() -> None:
     """The thread rule of groklens/threads.py for a command that computes (silent; train says more)."""
     from groklens.threads import apply_threads
@@ -99,9 +107,7 @@ def cli(debug: bool) -> None:
 @click.option("--threads", type=int, default=None, metavar="N",
               help="torch threads (default: $GROKLENS_THREADS, else $OMP_NUM_THREADS, else the cores shared "
                    "with other groklens processes, 1 on a busy machine; docs/CLI.md, Threads).")
-@click.option("--log", "log_to", multiple=True, metavar="tensorboard:DIR|wandb:PROJECT",
-              help="Also send each evaluation row to TensorBoard (event files in DIR) or Weights & Biases "
-                   "(PROJECT; offline unless WANDB_MODE says otherwise); repeatable. The HDF5 file stays the record.")
+@_log_option("")
 @_config_options
 def train(preset_name, config_file, out, force, resume_path, quiet, as_json, threads, log_to, **overrides) -> None:
     """Train a model and write its checkpoint trajectory to one HDF5 file.
@@ -382,8 +388,9 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
 @click.option("--dry-run", is_flag=True, help="List the runs and what would happen to each; train nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_log_option(" of every run trained (each under its run's name)")
 def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address, gpus_per_run, partition,
-          time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json) -> None:
+          time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json, log_to) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
     from groklens.trainers import sweeps
 
@@ -444,7 +451,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
-                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost)
+                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost,
+                              log=log_to)
     c = report.counts
     if as_json:
         click.echo(strict_json(report.to_dict()))
@@ -612,8 +620,9 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
                    "steps of each config here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
+@_log_option(" of every run trained (each under its run's name)")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, no_measure,
-              quiet, as_json) -> None:
+              quiet, as_json, log_to) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
@@ -635,7 +644,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
         check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
-                         compile=compile_, measure=not no_measure)
+                         compile=compile_, measure=not no_measure, log=log_to)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

@@ -280,7 +280,8 @@ def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: i
     return out
 
 
-def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1) -> None:
+def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1,
+           log: Sequence[str] = ()) -> None:
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
 
     if not todo:
@@ -288,7 +289,7 @@ def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, prog
     specs = [RunSpec(r.name, r.cfg) for r in todo]
     executor = InlineExecutor() if workers == 1 else "local"
     rep = run_sweep(specs, runs_dir, executor=executor, workers=workers, ensemble=True, progress=progress,
-                    threads=threads)
+                    threads=threads, log=log)
     if rep.counts["failed"]:
         first = next(iter(rep.failed.items()))
         raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
@@ -307,18 +308,20 @@ def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
 def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
               train: bool = True, progress: bool = True, echo: Callable[[str], None] = print,
-              compile: bool = False, measure: bool = True) -> Result:
+              compile: bool = False, measure: bool = True, log: Sequence[str] = ()) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
     reads only what is finished (a study that grows run by run): missing runs are listed, not trained.
     compile=True trains each new run that can be compiled with compile=true (`compile_runs`).
     Before training it prints the runs' estimated cost (`estimate_text`; measure=False: from the
-    FLOP model, nothing timed)."""
+    FLOP model, nothing timed). `log`: `--log` specs; each run trained mirrors its rows there."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
+    from groklens.trainers.loggers import check_specs
 
     t0 = time.perf_counter()
     exp = get_experiment(name)
+    check_specs(log)  # a missing package or a malformed spec: before anything else
     seeds, out = _check_args(exp, name, scale, seeds, workers, out_dir, results_md)
     if compile and train:
         check_compilers([c for _, _, c in run_configs(exp, scale, seeds)])
@@ -358,7 +361,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
             echo(f"training layout: {layout.why}")
         if compile and todo:
             todo = compile_runs(todo, echo, threads)
-        _train(todo, runs_dir, name, train_workers, progress, threads)
+        _train(todo, runs_dir, name, train_workers, progress, threads, log)
     else:
         todo = []
     t_train = time.perf_counter() - t0
