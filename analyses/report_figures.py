@@ -366,14 +366,21 @@ def _fourier_figures(f: _Figs) -> None:
     if f.lacks("fourier", "Fourier-circuit FVE against step", "Embedding Fourier spectrum",
                "Neuron-frequency clusters"):
         return
-    panels = [F.Panel(lbl, f.lines("fourier", key), ylim=(-0.02, 1.02))
+    # an embedding without Fourier structure puts the key set's share of the frequencies in the key
+    # set (key_share): drawn dotted, the level the embedding FVE is at by construction (at small p
+    # the key set holds most frequencies and the FVE sits near 1 whatever the embedding)
+    chance = [F.Line(ln.x, ln.y, ln.colour, None, style=":") for ln in f.lines("fourier", "key_share")]
+    panels = [F.Panel(lbl, f.lines("fourier", key) + (chance if key == "embedding_fve" else []), ylim=(-0.02, 1.02))
               for key, lbl in (("neuron_fve", "FVE, neuron (Nanda)"), ("ls_fve", "FVE, least squares"),
-                               ("embedding_fve", "FVE, embedding"))]
+                               ("embedding_fve", "FVE, embedding\n(dotted: key set's share\nof the frequencies)"))]
     f.over_time(
         "fourier_fve", "Fourier-circuit FVE against step",
         "Fraction of variance explained by the key frequencies: neuron activations (Nanda's 2-D block "
         "definition), least squares on the readout directions (bounded-sphere paper), and the embedding; "
-        "aligned with test accuracy. Definitions: docs/ANALYSES.md.", panels, "Fourier-circuit FVE")
+        "aligned with test accuracy. Dotted in the embedding panel: the key set's share of the p//2 "
+        "frequencies, what an embedding without Fourier structure scores (at small p the key set holds most "
+        "frequencies, so the embedding FVE is near 1 by construction: read its distance above the dotted line). "
+        "Definitions: docs/ANALYSES.md.", panels, "Fourier-circuit FVE")
     spec, clus = fourier_grids(f.groups, f.colours, f.steps)
     which = f.which_runs()
     f.figs.append(FigureSpec(
@@ -397,6 +404,9 @@ def progress_panel(run: RunSummary) -> F.ProgressPanel | None:
     bounds = [0, ph["memorization_end"], ph["circuit_formation_end"], ph["cleanup_end"]]
     names = ("memorization", "circuit formation", "cleanup")
     phases = [(lo, hi, n) for lo, hi, n in zip(bounds, bounds[1:], names) if lo is not None and hi is not None]
+    known = [b for b in bounds if b is not None]
+    if len(known) < len(bounds):  # the phase the run stopped in: shaded to its last step, said open
+        phases.append((known[-1], int(c.steps[-1]), f"{names[len(known) - 1]} (not over by the last step)"))
     return F.ProgressPanel(run.name, c.steps, c.train_loss, c.test_loss, c.weight_sq, c.ck_steps, c.restricted,
                            c.excluded, phases, c.key_source)
 

@@ -91,7 +91,10 @@ def _analyses(sc: Scale, scale: str) -> list[tuple[str, dict[str, Any], str]]:
     from groklens.analyses.registry import default_requests
 
     every, sparse_every = sc.extra["analyze_every"], sc.extra["sparse_every"]
+    # and the fourier curves on the last checkpoint's key set, which the report's progress-measures
+    # figure reads (Nanda's fixed key set; without it the figure says it has none)
     return ([(n, p, f"every:{every}+phases") for n, p in default_requests(ANALYSES_USED, cheap=True)]
+            + [("fourier", {"key_frequencies": "last"}, f"every:{every}+phases")]
             + [(n, p, f"every:{sparse_every}+phases") for n, p in sc.extra["sparse_analyses"]])
 
 
