@@ -192,6 +192,8 @@ class Line:
     band: tuple[np.ndarray, np.ndarray] | None = None  # (low, high) shaded around the line
     marker: str | None = None
     ends_early: bool = False  # a mean over seeds that ends where a seed stopped: its end is marked
+    ms: float = 3.0  # marker size
+    own_label: bool = False  # in a lower panel of aligned_panels: keep the label (a mark's meaning, not a group)
 
 
 @dataclass
@@ -207,7 +209,7 @@ def _draw_line(a, ln: Line, i: int) -> None:
     c = ln.colour or colour(i)
     style = BOLD if ln.bold else THIN
     label = textwrap.fill(ln.label, LEGEND_CHARS) if ln.label else ln.label
-    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=label, marker=ln.marker, ms=3 if ln.marker else None, **style)
+    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=label, marker=ln.marker, ms=ln.ms if ln.marker else None, **style)
     if ln.band is not None:
         a.fill_between(ln.x, ln.band[0], ln.band[1], color=c, alpha=0.12, lw=0)
     if ln.ends_early and len(ln.x):
@@ -231,8 +233,7 @@ def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: 
     top.set_ylim(-0.02, 1.02)
     for a, panel in zip(axes[1:], panels):
         for i, ln in enumerate(panel.lines):
-            ln_nolabel = Line(**{**ln.__dict__, "label": None})
-            _draw_line(a, ln_nolabel, i)
+            _draw_line(a, ln if ln.own_label else Line(**{**ln.__dict__, "label": None}), i)
         for y, c, label in panel.hlines:
             a.axhline(y, color=c or "black", ls=":", lw=1.2, label=label)
         a.set_ylabel(panel.ylabel, fontsize=8)

@@ -495,17 +495,18 @@ def _llc_figures(f: _Figs) -> None:
     f.over_time(
         "llc", "Local learning coefficient over time",
         "LLC estimate n*beta (E[L] - L(w*)) by devinterp's SGLD at each analyzed checkpoint, mean over chains, "
-        "and the standard deviation across chains, on a symmetric-log axis (a negative estimate stays on it); "
+        "on a symmetric-log axis (a negative estimate stays on it), and the standard deviation across chains; "
         "an X marks an estimate flagged negative or with its chains pinned by the localization (distance from "
         "w* ~ sqrt(d/gamma)): not a learning coefficient. The sampler's hyperparameters and how to calibrate "
         "them: docs/ANALYSES.md, \"llc\".",
         [F.Panel("LLC (mean over chains)", mean + llc_flag_lines(f.groups, f.colours), yscale="symlog"),
-         F.Panel("LLC spread\n(std across chains)", spread, yscale="symlog")],
+         F.Panel("LLC spread\n(std across chains)", spread, yscale=_yscale(spread))],
         "Local learning coefficient")
 
 
 def llc_flag_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Line]:
-    """X markers at each run's llc estimates flagged negative or pinned (analyses/llc.py)."""
+    """X markers at each run's llc estimates flagged negative or pinned (analyses/llc.py), in its
+    group's colour, and a black X naming them in the panel's legend."""
     lines = []
     for g, c in zip(groups, colours):
         for r in g.runs:
@@ -515,8 +516,10 @@ def llc_flag_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Li
             (x, y), (_, negative), (_, pinned) = series
             bad = (negative == 1) | (pinned == 1)
             if bad.any():
-                label = None if lines else "flagged: negative or pinned"
-                lines.append(F.Line(x[bad], y[bad], c, label, style="none", marker="X"))
+                lines.append(F.Line(x[bad], y[bad], c, bold=True, style="none", marker="X", ms=9))
+    if lines:
+        lines.append(F.Line(np.zeros(0), np.zeros(0), "black", "flagged: negative or pinned", bold=True,
+                            style="none", marker="X", ms=9, own_label=True))
     return lines
 
 
