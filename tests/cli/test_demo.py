@@ -61,6 +61,10 @@ def test_smoke_demo_end_to_end(smoke):
     for title, metric in (("Local learning coefficient over time", "llc"), ("Clock or pizza over time", "clock_pizza"),
                           ("Hessian eigenvalue density", "hessian_density")):
         assert f"--metric {metric}" in dict(missing)[title]
+    # the progress-measures figure reads one fixed key set (the last checkpoint's), which the demo stores
+    from groklens.analyses.progress import progress_curves
+
+    assert all(progress_curves(out / "runs" / f"{name}.h5").key_set for name in names)
     figs = set(re.findall(r'src="(fig_[a-z_]+\.png)"', page))
     assert {"fig_curves.png", "fig_hessian.png", "fig_radial.png", "fig_attention.png"} <= figs
     assert json.loads((out / "report" / "comparison.json").read_text())["baseline"] == "act_norm_lambda=0 attention=softmax norm=ln unembed=linear"
