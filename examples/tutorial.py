@@ -114,7 +114,11 @@ for step, fve in zip(along.steps, along["neuron_fve"]):
 # directions removed), beside train / test loss and the weight norm, are Nanda's progress
 # measures; `groklens.analyses.progress` locates his three phases (memorization, circuit
 # formation, cleanup) on them by the rule in `PHASE_RULE`. A boundary these curves do not show
-# (a run stopped before it, checkpoints too sparse) is None, never a guess.
+# (a run stopped before it, checkpoints too sparse) is None, never a guess: this run stops 10
+# evaluations after grokking, while its excluded loss is still rising (measured: 9.4 at step 1400,
+# 14.2 at its last checkpoint, 1650), so circuit formation has no end here and C and K are None;
+# a peak at the last checkpoint would only say where training stopped. Train longer
+# (`stop_after_grok`, `steps`) to see them.
 
 # %%
 from groklens.analyses.progress import PHASE_RULE, phase_boundaries, progress_curves
