@@ -1,4 +1,5 @@
-"""Attention mass on informative tokens (REFERENCES.md, definition 3).
+"""Attention mass on informative tokens (REFERENCES.md, definition 3), and the task loss's
+gradient that reaches attention (`attention_gradient`, below).
 
 For layer l, head h, input i, with q the readout (query) position and I_i the task's
 informative positions (TaskData.informative_mask, e.g. {0, 1} for [a, b, =]):
@@ -78,7 +79,9 @@ def mass_statistics(pattern_q: np.ndarray, informative: np.ndarray, quantiles: S
 
 @analysis("attention", "attention mass of the readout query on informative tokens, per layer and head",
           export="attention_mass",
-          check=check, measures=[("attn_mass", "mass", "attention mass on informative tokens", "mean")])
+          check=check, measures=[("attn_mass", "mass", "attention mass on informative tokens", "mean"),
+                                 ("attn_min_mass", "min_token_mass",
+                                  "attention on the least-attended informative token (per input; mean)", "mean")])
 def attention_mass(model, data: TaskData, *, quantiles: Sequence[float] = QUANTILES,
                    batch_size: int = 4096) -> dict:
     """Definition 3 for every attention layer, over all of the task's inputs.
@@ -98,3 +101,105 @@ def attention_mass(model, data: TaskData, *, quantiles: Sequence[float] = QUANTI
     out["min_token_mass"] = out["min_token_mass_per_head"].mean(axis=1)
     out["quantile_levels"] = np.asarray(quantiles, dtype=np.float64)
     return out
+
+
+# ---------------------------------------------------------------------- the gradient that reaches attention
+def readout_gradients(model, data: TaskData, rows, *, loss: str = "ce", batch_size: int = 4096) -> dict:
+    """The task loss's gradients at the readout query of every attention layer, on inputs `rows`.
+
+    With l_i the loss of input i (summed: each input's pattern moves its own loss only) and
+    L = mean_i l_i: per layer, d l_i / d pattern[i, h, q, :] and d l_i / d scores[i, h, q, :]
+    ([N, H, n_ctx] each, float64), and the gradients of L for every parameter (what the optimizer
+    is given, before AdamW's normalization). Eval mode; the model's own gradients are untouched."""
+    import torch
+
+    from groklens.analyses.common import task_loss
+
+    sites = pattern_sites(model)
+    scores_sites = [s.replace("hook_pattern", "hook_attn_scores") for s in sites]
+    q = int(data.readout_pos)
+    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    out = {"pattern": {s: [] for s in sites}, "scores": {s: [] for s in sites}}
+    param_grads = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    rows = torch.as_tensor(rows)
+    total = 0.0
+    for chunk in rows.split(batch_size):
+        acts: dict[str, torch.Tensor] = {}
+
+        def keep(act, hook, acts=acts):
+            acts[hook.name] = act
+            return act
+
+        x, y = data.inputs[chunk], data.labels[chunk]
+        with torch.enable_grad(), model.hooks(fwd_hooks=[(s, keep) for s in sites + scores_sites]):
+            lsum = task_loss(model(x), y, data, loss, reduction="sum")
+            wrt = [acts[s] for s in sites] + [acts[s] for s in scores_sites] + list(params)
+            grads = torch.autograd.grad(lsum, wrt, allow_unused=True)
+        total += float(lsum.detach())
+        n = len(sites)
+        for i, s in enumerate(sites):
+            out["pattern"][s].append(grads[i][:, :, q].double())
+            out["scores"][s].append(torch.nan_to_num(grads[n + i][:, :, q].double()))  # masked keys: 0
+        for acc, g in zip(param_grads, grads[2 * n:]):
+            if g is not None:
+                acc += g.double()
+    N = len(rows)
+    return {"pattern": {s: torch.cat(v).numpy() for s, v in out["pattern"].items()},
+            "scores": {s: torch.cat(v).numpy() for s, v in out["scores"].items()},
+            "params": {nm: (g / N).numpy() for nm, g in zip(names, param_grads)}, "loss": total / N, "sites": sites}
+
+
+def _check_gradient(model, data: TaskData, params: dict) -> list[str]:
+    from groklens.analyses.common import EVAL_SETS, check_loss
+
+    sites = check(model, data, {})
+    check_loss(params.get("loss"))
+    if params.get("eval_set", "train") not in EVAL_SETS:
+        raise BadInput(f"eval_set must be one of {', '.join(EVAL_SETS)}; got {params.get('eval_set')!r}")
+    if data.n_targets:
+        raise BadInput("the gradient at the readout query needs a single readout position; this task has several")
+    return sites
+
+
+@analysis("attention_gradient",
+          "the task loss's gradient that reaches attention at the readout query: dL/dpattern, the pull toward "
+          "the informative tokens, and the W_Q/W_K gradient norm", check=_check_gradient, tier="named",
+          measures=[("attn_qk_grad", "qk_grad", "gradient norm of W_Q, W_K (task loss)", "mean"),
+                    ("attn_qk_share", "qk_grad_share", "W_Q, W_K share of the whole gradient norm", "mean"),
+                    ("attn_struct_pull", "struct_pull", "pull of the loss toward the informative tokens", "mean")])
+def attention_gradient(model, data: TaskData, *, eval_set: str = "train", loss: str = "ce",
+                       batch_size: int = 4096) -> dict:
+    """Per attention layer (our measures of "the structural gradient", docs/ANALYSES.md), from the
+    task loss on `eval_set` (training: what the optimizer sees), l_i per input, L their mean:
+
+    pattern_grad [L]   sqrt(mean_i sum_{h,k} (d l_i / d pattern[i, h, q, k])^2), q the readout query
+    struct_pull [L]    mean_{i,h} of -sum_{j in I_i} d l_i / d scores[i, h, q, j]: how fast l_i falls
+                       when every informative key's score rises together (> 0: the loss pulls the
+                       readout query toward the informative tokens)
+    qk_grad [L]        sqrt(||dL/dW_Q||^2 + ||dL/dW_K||^2) of the layer
+    qk_grad_share [L]  qk_grad / the norm of dL/d(every parameter)
+    and per head [L, H]: pattern_grad_per_head, struct_pull_per_head; grad_norm, train loss `loss`.
+    """
+    from groklens.analyses.common import eval_rows
+
+    sites = _check_gradient(model, data, {"eval_set": eval_set, "loss": loss})
+    g = readout_gradients(model, data, eval_rows(data, eval_set), loss=loss, batch_size=batch_size)
+    rows = eval_rows(data, eval_set).numpy()
+    informative = data.informative_mask.numpy()[rows][:, None, :]  # [N, 1, n_ctx]
+    grad_norm = float(np.sqrt(sum(float((v ** 2).sum()) for v in g["params"].values())))
+    out: dict[str, list] = {k: [] for k in ("pattern_grad", "pattern_grad_per_head", "struct_pull",
+                                            "struct_pull_per_head", "qk_grad", "qk_grad_share")}
+    for layer, s in enumerate(sites):
+        gp, gs = g["pattern"][s], g["scores"][s]  # [N, H, n_ctx]
+        out["pattern_grad_per_head"].append(np.sqrt((gp ** 2).sum(-1).mean(0)))
+        out["pattern_grad"].append(float(np.sqrt((gp ** 2).sum((1, 2)).mean())))
+        pull = -np.where(informative, gs, 0.0).sum(-1)  # [N, H]
+        out["struct_pull_per_head"].append(pull.mean(0))
+        out["struct_pull"].append(float(pull.mean()))
+        qk = float(np.sqrt(sum(float((g["params"][f"blocks.{layer}.attn.{w}"] ** 2).sum()) for w in ("W_Q", "W_K"))))
+        out["qk_grad"].append(qk)
+        out["qk_grad_share"].append(qk / grad_norm if grad_norm > 0 else float("nan"))
+    res = {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+    res["grad_norm"] = grad_norm
+    res["loss"] = g["loss"]
+    return res

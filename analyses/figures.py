@@ -16,6 +16,8 @@ caller (`groklens.analyses.report`). They never touch pyplot's global state: fig
   parameter_paths    each run's parameter trajectory on its first two principal components,
                      the checkpoints coloured by phase
   eigenvalue_densities  Hessian eigenvalue densities (SLQ) at chosen checkpoints, log density
+  spread_over_seeds  one measure against step over seeds (each seed, the median and min-max band)
+                     and its per-seed values at a marked checkpoint
 """
 
 from __future__ import annotations
@@ -257,6 +259,66 @@ def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: 
     axes[-1].set_xlabel("step")
     if title:
         top.set_title(title, fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------- one measure over seeds
+@dataclass
+class SeedSpread:
+    """One group's seeds of a measure: each seed's (steps, values), the spread over the steps every
+    seed has (steps, median, low, high) or None, and each seed's (step, value) at a marked checkpoint."""
+
+    label: str
+    colour: str
+    series: list[tuple[np.ndarray, np.ndarray]]
+    spread: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
+    marked: list[tuple[float, float]]
+
+
+def spread_over_seeds(groups: Sequence[SeedSpread], *, ylabel: str, mark_label: str, title: str = "",
+                      log_x: bool = True, ylim: tuple[float, float] | None = (-0.02, 1.02), ax=None) -> Figure:
+    """Left: the measure against step, every seed thin, each group's median bold with its min-max
+    band, each seed's marked checkpoint a dot. Right: the values at the marked checkpoints, one row
+    per group, a dot per seed and the group's median as a bar (the distribution, not only a mean)."""
+    if ax is not None:
+        fig, (left, right) = ax[0].figure, ax
+    else:
+        fig = Figure(figsize=(9.0, 4.0), layout="constrained")
+        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 1]})
+    for i, g in enumerate(groups):
+        for steps, values in g.series:
+            left.plot(steps, values, color=g.colour, **THIN)
+        if g.spread is not None:
+            steps, med, lo, hi = g.spread
+            left.plot(steps, med, color=g.colour, label=f"{g.label}: median, min-max of {len(g.series)} seeds", **BOLD)
+            left.fill_between(steps, lo, hi, color=g.colour, alpha=0.12, lw=0)
+        elif g.series:
+            left.plot([], [], color=g.colour, label=g.label, **BOLD)
+        if g.marked:
+            xs, ys = np.asarray(g.marked, dtype=float).T
+            left.plot(xs, ys, "o", ms=5, mfc=g.colour, mec="black", mew=0.5, ls="none")
+            jitter = np.linspace(-0.15, 0.15, len(ys)) if len(ys) > 1 else np.zeros(1)
+            right.plot(i + jitter, ys, "o", ms=6, mfc=g.colour, mec="black", mew=0.5, ls="none")
+            right.plot([i - 0.3, i + 0.3], [np.median(ys)] * 2, color=g.colour, lw=2.5)
+    left.plot([], [], "o", mfc="grey", mec="black", ls="none", label=f"each seed at {mark_label}")
+    if log_x:
+        log_step_axis(left)
+    left.set_xlabel("step")
+    left.set_ylabel(ylabel)
+    if ylim is not None:
+        left.set_ylim(*ylim)
+    left.grid(alpha=0.25, which="both", lw=0.4)
+    left.legend(fontsize=7, loc="best", framealpha=0.8)
+    right.set_xticks(range(len(groups)))
+    right.set_xticklabels([textwrap.shorten(g.label, 24) for g in groups], rotation=30, ha="right", fontsize=7)
+    right.set_xlim(-0.6, len(groups) - 0.4)
+    right.set_title(f"at {mark_label}\n(bar: median)", fontsize=8)
+    right.grid(alpha=0.25, axis="y", lw=0.4)
+    if not any(g.marked for g in groups):
+        right.text(0.5, 0.5, f"no seed reached\n{mark_label}", ha="center", va="center", fontsize=8,
+                   transform=right.transAxes)
+    if title:
+        left.set_title(title, fontsize=10)
     return fig
 
 

@@ -2,13 +2,13 @@
 
 `build_report(paths, out_dir, fmt=...)` compares the runs (`groklens.analyses.compare`), makes
 the figures from their metrics and stored analyses (`report_figures`), writes one file per
-figure and `index.html`.
+figure, `index.html`, and `explorer.html`, the interactive page over the checkpoints (`explorer`).
 A figure is made only when its data exists; the page lists the others and why they are missing.
 Nothing is computed on the models unless `analyze=True` (then the default analyses are run along
 the checkpoints first, through `groklens.analyses.runner.analyze_runs`, and kept in each run's sidecar).
 
 Files written into OUT_DIR (other files there are left alone; these names are overwritten):
-  index.html, comparison.csv, comparison.json, and fig_<name>.<png|pdf|svg> per figure
+  index.html, explorer.html, comparison.csv, comparison.json, and fig_<name>.<png|pdf|svg> per figure
   (with --format pdf also fig_<name>.png, the page's preview of each PDF).
 """
 
@@ -33,6 +33,7 @@ from groklens.errors import BadInput
 from groklens.fileio import staged_outputs
 from groklens.analyses.report_figures import FIGURE_NAMES, MISSING_NAMES
 from groklens.analyses.compare_format import dash_reasons, mark_notes
+from groklens.analyses.explorer import explorer_data, render_explorer
 from groklens.analyses.notes import one_per_kind
 
 FORMATS = ("png", "pdf", "svg")
@@ -46,6 +47,7 @@ class ReportResult:
     missing: list[tuple[str, str]]
     comparison: Comparison
     notes: list[str] = field(default_factory=list)
+    explorer: Path | None = None
 
 
 # ---------------------------------------------------------------------- the page
@@ -77,6 +79,8 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
              "<h1>groklens report</h1>",
              (f'<p class="note">{len([r for g in comp.groups for r in g.runs])} run(s), grokking threshold '
               f'{comp.threshold:g}; groklens {e(__version__)}; written {e(time.strftime("%Y-%m-%d %H:%M:%S"))}.</p>'),
+             '<p id="explorer-link">Interactive: <a href="explorer.html">explorer.html</a>, a checkpoint slider '
+             "over the curves, attention patterns, Fourier spectrum, neuron clusters and the clock / pizza label.</p>",
              "<h2>Comparison</h2>"]
     head, body = comp.core_cells()
     parts.append(_table(head, body, "comparison"))
@@ -121,7 +125,7 @@ def render_html(comp: Comparison, figures: Sequence[tuple[FigureSpec, str, str |
 
 
 # ---------------------------------------------------------------------- writing, whole or not at all
-FIXED_OUTPUTS = ("index.html", "comparison.csv", "comparison.json")
+FIXED_OUTPUTS = ("index.html", "explorer.html", "comparison.csv", "comparison.json")
 
 
 def _check_targets(out: Path, names: Sequence[str], inputs: Sequence[Path]) -> None:
@@ -282,6 +286,7 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, *, fmt: str =
         (stage / "comparison.csv").write_text(comp.to_csv())
         (stage / "comparison.json").write_text(json.dumps(comp.to_json(), indent=1))
         (stage / "index.html").write_text(render_html(comp, shown, missing, notes))
+        (stage / "explorer.html").write_text(render_explorer(explorer_data(comp)))
     written = [out / p.name for p in written]
     index = out / "index.html"
-    return ReportResult(out, index, written, missing, comp, notes)
+    return ReportResult(out, index, written, missing, comp, notes, out / "explorer.html")

@@ -18,8 +18,11 @@ from groklens.analyses.grokking import grokked_rule
 from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
+from groklens.analyses.fourier import CLUSTER_THRESHOLD
+from groklens.analyses.phases import phase_checkpoint
 from groklens.analyses.progress import phase_boundaries, progress_curves, PHASE_RULE
 from groklens.analyses.trajectory_pca import parameter_pca
+from groklens.config import PHASE_THRESHOLDS
 
 DPI = 110
 # the figures every report makes from the metrics (make_figures), before the analysis families
@@ -63,8 +66,8 @@ def _positive(steps: np.ndarray, *arrays: np.ndarray):
     return (np.asarray(steps)[keep], *[np.asarray(a)[keep] for a in arrays])
 
 
-def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
-    """Mean of several (steps, values) series over the steps every series has; None if < 2."""
+def _on_common_steps(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """(steps every series has, [series, steps] values) of several (steps, values) series; None if < 2."""
     if len(series) < 2:
         return None
     common = set(np.asarray(series[0][0]).tolist())
@@ -77,7 +80,22 @@ def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
     for s, v in series:
         idx = {int(x): i for i, x in enumerate(np.asarray(s).tolist())}
         vals.append(np.asarray(v, dtype=float)[[idx[int(x)] for x in steps]])
-    return steps, np.nanmean(np.stack(vals), axis=0)
+    return steps, np.stack(vals)
+
+
+def _mean_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """Mean of several (steps, values) series over the steps every series has; None if < 2."""
+    common = _on_common_steps(series)
+    return None if common is None else (common[0], np.nanmean(common[1], axis=0))
+
+
+def _spread_over_common(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """(steps, median, min, max) of several series over the steps every series has; None if < 2."""
+    common = _on_common_steps(series)
+    if common is None:
+        return None
+    steps, vals = common
+    return steps, np.nanmedian(vals, axis=0), np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
 
 
 def run_curves(run: RunSummary) -> F.RunCurves:
@@ -185,7 +203,7 @@ def _present(groups: Sequence[Group], analysis: str) -> bool:
     return any(analysis in r.stored and r.stored[analysis].steps for g in groups for r in g.runs)
 
 
-def _why_missing(groups: Sequence[Group], analysis: str) -> str:
+def why_missing(groups: Sequence[Group], analysis: str) -> str:
     return (f"no run has '{analysis}' results in its sidecar: run `groklens analyze RUN.h5 --metric {analysis}` "
             f"(or `groklens report --analyze --metric {analysis}`)")
 
@@ -217,6 +235,20 @@ def chosen_checkpoints(run: RunSummary, stored_steps: Sequence[int], steps: Sequ
     return out
 
 
+def cluster_counts(neuron_frequency, neuron_fraction, threshold: float, n_freq: int) -> tuple[np.ndarray, int]:
+    """MLP neurons per frequency 1..n_freq whose variance lies >= `threshold` in that frequency's
+    2-D block (the fourier analysis' neuron_frequency / neuron_fraction), and how many are not."""
+    nf = np.asarray(neuron_frequency).reshape(-1).astype(int)
+    fr = np.asarray(neuron_fraction, dtype=float).reshape(-1)
+    clustered = (fr >= threshold) & (nf >= 1)
+    return np.bincount(nf[clustered], minlength=n_freq + 1)[1: n_freq + 1], int((~clustered).sum())
+
+
+def cluster_threshold(stored_fourier) -> float:
+    """The cluster threshold the stored fourier analysis ran with."""
+    return float(json.loads(stored_fourier.attrs.get("params", "{}")).get("cluster_threshold", CLUSTER_THRESHOLD))
+
+
 def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequence[int] | None):
     """Spectrum and cluster figures of each group's first run at its chosen checkpoints."""
     reps = [(g, c, g.runs[0]) for g, c in zip(groups, colours) if "fourier" in g.runs[0].stored
@@ -236,8 +268,7 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     for i, ((_g, _c, r), plan) in enumerate(zip(reps, plans)):
         st = r.stored["fourier"]
         where = {s: j for j, s in enumerate(st.steps)}
-        params = json.loads(st.attrs.get("params", "{}"))
-        thr = float(params.get("cluster_threshold", 0.85))
+        thr = cluster_threshold(st)
         thresholds.add(thr)
         for k, (s, label) in enumerate(plan):
             col_labels[i][k] = label
@@ -247,11 +278,8 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
             pw = np.asarray(st.values["embedding_power"][j], dtype=float).reshape(-1)
             power[i, k, : len(pw)] = pw
             keys[i][k] = [int(x) for x in np.asarray(st.values["key_frequencies"][j]).reshape(-1)]
-            nf = np.asarray(st.values["neuron_frequency"][j]).reshape(-1).astype(int)
-            fr = np.asarray(st.values["neuron_fraction"][j], dtype=float).reshape(-1)
-            clustered = (fr >= thr) & (nf >= 1)
-            counts[i, k] = np.bincount(nf[clustered], minlength=n_freq + 1)[1: n_freq + 1]
-            uncl[i, k] = int((~clustered).sum())
+            counts[i, k], uncl[i, k] = cluster_counts(st.values["neuron_frequency"][j], st.values["neuron_fraction"][j],
+                                                      thr, n_freq)
     rows = [f"{g.label} (run {r.name})" if g.n > 1 else g.label for g, _, r in reps]
     cols = [c for _, c, _ in reps]
     spec = F.spectrum_grid(freqs, power, rows, col_labels, key_frequencies=keys, colours=cols)
@@ -260,7 +288,12 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
     return spec, clus
 
 
-_OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (groklens/tasks.py)
+OPERAND_POSITIONS = ("a", "b", "=")  # the binary tasks' sequence (groklens/tasks.py)
+
+
+def position_names(n_pos: int) -> list[str]:
+    """The names of a pattern's source positions: a, b, = for the binary tasks, else their indices."""
+    return list(OPERAND_POSITIONS) if n_pos == 3 else [str(j) for j in range(n_pos)]
 
 
 def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
@@ -285,7 +318,7 @@ def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
             if s is not None:
                 pats[i, k] = np.asarray(st.values["pattern"][where[s]], dtype=float)[-1]
     n_heads, n_pos = shape
-    names = _OPERAND_POSITIONS if n_pos == 3 else [str(j) for j in range(n_pos)]
+    names = position_names(n_pos)
     rows = [label.replace(" ", "\n") for label, _, _ in reps]  # "norm=ln act_norm_lambda=1": one field a line
     return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
 
@@ -342,7 +375,7 @@ class _Figs:
         """True, with each title listed as missing and why, when no run stored `analysis`."""
         if _present(self.groups, analysis):
             return False
-        why = _why_missing(self.groups, analysis)
+        why = why_missing(self.groups, analysis)
         self.missing += [(t, why) for t in titles]
         return True
 
@@ -392,6 +425,54 @@ def _fourier_figures(f: _Figs) -> None:
         "neuron_clusters", "Neuron-frequency clusters at chosen checkpoints",
         f"MLP neurons whose variance lies >= the cluster threshold in one frequency's 2-D block, counted per "
         f"frequency ({which}, same checkpoints); the rest are unclustered.", clus))
+
+
+FVE_TOP5 = "The bounded-sphere paper's FVE reading over seeds and along the run"
+
+
+def value_at_accuracy(run: RunSummary, series: tuple[np.ndarray, np.ndarray], accuracy: float):
+    """(step, value) of a stored series at the first evaluation with test accuracy >= `accuracy`,
+    read at the stored checkpoint within one evaluation interval of it (compare's phase rule); None
+    when the run never reached it or no stored checkpoint is that close."""
+    hit = np.nonzero(np.asarray(run.metrics["test_acc"], dtype=float) >= accuracy)[0]
+    if not len(hit):
+        return None
+    steps, values = series
+    cp, _ = phase_checkpoint([int(s) for s in steps], int(run.metrics["step"][hit[0]]),
+                             int(run.config.get("eval_every", 1)), f"test accuracy {accuracy:g}")
+    return None if cp is None else (cp, float(values[list(steps).index(cp)]))
+
+
+@figure("fve_top5", missing={FVE_TOP5: ("fve_top5",)})
+def _fve_top5_figures(f: _Figs) -> None:
+    """The least-squares FVE of W_L's top 5 frequencies (the bounded-sphere paper's reading) over
+    seeds: its distribution along the run and where the paper reads it (test accuracy 0.99)."""
+    if f.lacks("fourier", FVE_TOP5):
+        return
+    at = PHASE_THRESHOLDS[1]
+    groups = []
+    for g, c in zip(f.groups, f.colours):
+        series, marked = [], []
+        for r in g.runs:
+            key = _key_for(r, "fourier", "ls_fve_top_k")
+            s = stored_series(r, "fourier", key) if key else None
+            if s is None:
+                continue
+            series.append(s)
+            if (m := value_at_accuracy(r, s, at)) is not None:
+                marked.append(m)
+        groups.append(F.SeedSpread(g.label, c, series, _spread_over_common(series), marked))
+    f.figs.append(FigureSpec(
+        "fve_top5", FVE_TOP5,
+        "Least-squares FVE of the cos and sin directions of the top 5 frequencies of W_L by Fourier norm, the mean "
+        "of those 10 values (fve_ls_top5: the bounded-sphere paper's notebook's reading, docs/ANALYSES.md), at every "
+        "analyzed checkpoint: each seed thin, each group's median bold with its min-max band over the checkpoints "
+        f"every seed has. Dots and the right panel: each seed's value at its first evaluation with test accuracy >= "
+        f"{at:g} (the stored checkpoint within one evaluation interval; the notebook's checkpoint), the bar the "
+        "group's median. Analyze every checkpoint (`groklens analyze RUN --metric fourier --every 1`) to see the "
+        "whole run.",
+        F.spread_over_seeds(groups, ylabel="FVE, least squares, top 5 of W_L", mark_label=f"test accuracy >= {at:g}",
+                            title="Fourier FVE (top 5 of W_L) over seeds")))
 
 
 def progress_panel(run: RunSummary) -> F.ProgressPanel | None:

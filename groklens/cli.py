@@ -392,6 +392,7 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
 def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address, gpus_per_run, partition,
           time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json, log_to) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
+    from groklens.experiments.cost import cap_cost
     from groklens.trainers import sweeps
 
     if status_dir is not None:
@@ -427,7 +428,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
     if ensemble:  # the ensembles are sized by the runs' step times, measured once they are known to build
         sweeps.check_buildable(spec.runs())
-    cost = _measured_cost(spec.runs(), quiet or as_json) if ensemble else None
+    cost = cap_cost([r.config for r in spec.runs()], None if quiet or as_json else
+                    lambda s: click.echo(f"groklens: {s}", err=True)) if ensemble else None
     if dry_run:
         # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
         ex = sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
@@ -469,15 +471,6 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             click.echo(f"failed   {name}: {error}{skipped}")
     if c["failed"]:
         raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
-
-
-def _measured_cost(runs, quiet: bool):
-    """cost(cfg) -> CPU seconds to its step cap, from step times measured here on one thread (and
-    cached; groklens/experiments/cost.py), for sizing a sweep's ensembles."""
-    from groklens.experiments.cost import cost_key, rates_for, run_seconds
-
-    rates = rates_for([r.config for r in runs], echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
-    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 @cli.command("scaling-law")
@@ -570,7 +563,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, every, params, steps, figures,
            style, width_in, font_pt, quiet, as_json) -> None:
-    """Write figures and an index.html with the comparison table of RUN.h5 files into --out DIR."""
+    """Write figures, an index.html with the comparison table of RUN.h5 files and explorer.html (a checkpoint
+    slider over the curves, attention, Fourier spectrum, neuron clusters and clock/pizza label) into --out DIR."""
     _threads()
     from groklens.analyses.report import build_report
     from groklens.analyses.runner import parse_steps
@@ -582,7 +576,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
                           analyze=analyze, metrics=list(metrics) or None, every=every, steps=parse_steps(steps),
                           progress=not quiet, params=params, style=style, style_opts=opts, figures=figures)
     if as_json:
-        click.echo(strict_json({"index": str(result.index), "figures": [str(p) for p in result.figures],
+        click.echo(strict_json({"index": str(result.index), "explorer": str(result.explorer),
+                               "figures": [str(p) for p in result.figures],
                                "missing": [{"figure": t, "why": w} for t, w in result.missing],
                                "notes": result.notes}))
         return
@@ -590,7 +585,7 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
         click.echo(f"groklens: {note}", err=True)
     for title, why in result.missing:
         click.echo(f"missing  {title}: {why}")
-    click.echo(f"wrote {len(result.figures)} figure file(s) and {result.index}")
+    click.echo(f"wrote {len(result.figures)} figure file(s), {result.index} and {result.explorer}")
 
 
 @cli.command()
@@ -618,18 +613,21 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--no-measure", is_flag=True,
               help="Cost runs (--list, and the estimate before training) by the FLOP model instead of timing a few "
                    "steps of each config here.")
+@click.option("--arms", default=None, metavar="PATTERNS",
+              help="Train only the arms (variants) whose names match these comma-separated patterns (* and ?, "
+                   "e.g. '*_base,*_t16_always': a study trained in stages); the rows read every arm the ledger holds.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
 @_log_option(" of every run trained (each under its run's name)")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, no_measure,
-              quiet, as_json, log_to) -> None:
+              arms, quiet, as_json, log_to) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
 
     if list_:
-        if name is not None:
-            raise BadInput("--list takes no experiment NAME")
+        if name is not None or arms is not None:
+            raise BadInput("--list takes no experiment NAME and no --arms")
         from groklens.experiments.cost import echo_stderr
 
         items = E.listing(ledger_dir, measure=not no_measure, echo=None if quiet else echo_stderr)
@@ -644,7 +642,8 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
         check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
-                         compile=compile_, measure=not no_measure, log=log_to)
+                         compile=compile_, measure=not no_measure, arms=None if arms is None else arms.split(","),
+                         log=log_to)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ STORED_LEGACY = {
     "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
     "grok_evals": 1,  # grokked at the first crossing, before a sustained crossing was asked for
 }
+# Fields a run fills in from another run when it starts, by the field that names that run
+# (trainers/ticket.py): a planned config leaves them at their defaults, the stored one holds them.
+DERIVED_FROM = {"attn_mask": "attn_mask_from"}
 ROUTING_MAX_COPIES = 64
 GROKFAST_MAX_WINDOW = 1_000  # grokfast_filter=ma keeps this many gradients of every parameter in memory
 MODEL_ENTRY_POINTS = "groklens.models"  # the entry-point group of models added by installed packages
@@ -74,7 +78,8 @@ def plugin_models() -> tuple[str, ...]:
     return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
 
 # options of model=transformer that another model accepts only at their defaults
-TRANSFORMER_ONLY = ("norm", "attention", "unembed", "init", "norm_placement", "init_scheme")
+TRANSFORMER_ONLY = ("norm", "attention", "attention_rate", "unembed", "init", "norm_placement", "init_scheme",
+                    "attn_mask", "attn_mask_from")
 
 
 @dataclass
@@ -108,6 +113,10 @@ class RunConfig:
     # x = ln1(x); x = x + attn(x); x = x + mlp(ln2(x)), with a final norm
     norm_placement: str = "pre"
     attention: str = "softmax"  # softmax, or uniform (fixed equal weights over the positions)
+    # attention=softmax: pattern = rate * softmax + (1 - rate) * the uniform pattern, Zhong et al.'s
+    # attention rate (their attn_coeff; their uniform part is all ones, ours 1/allowed positions):
+    # 1 = learned attention, 0 = uniform (docs/VARIANTS.md)
+    attention_rate: float = 1.0
     unembed: str = "linear"  # linear, or bounded (normalized unembedding with logit temperature tau)
     init: str = "default"  # default (init_scheme), or fourier (embeddings from fourier_freqs)
     # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
@@ -144,6 +153,12 @@ class RunConfig:
     geomdr_site: str = ""  # one hook name; "" = the model's default (last residual stream / hidden layer)
     kl_attn_beta: float = 0.0  # weight of KL(uniform on informative positions || attention at the readout query)
     kl_attn_layer: int = 0  # layer whose heads are pulled; -1 = every layer
+    # attention-mask transfer (our reading of a lottery ticket; docs/VARIANTS.md): the key positions
+    # the readout query (the last position) may attend to in every layer, e.g. "0 7" ("" = all of them)
+    attn_mask: str = ""
+    # the run beside this run's file whose grokked attention gives attn_mask when that is "" (its
+    # name; "{seed}" = this run's seed), read when the run starts
+    attn_mask_from: str = ""
     grokfast_alpha: float = 0.98  # decay of Grokfast's gradient EMA (Lee et al. 2024)
     grokfast_lambda: float = 0.0  # Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)
     grokfast_filter: str = "ema"  # ema (gradfilter_ema, alpha) | ma (gradfilter_ma: mean of the last window gradients)
@@ -276,6 +291,8 @@ class RunConfig:
                + (f" with distractor_vocab {self.distractor_vocab}" if self.distractor_vocab else "") + " has others")
         _check(self.kl_attn_beta == 0 or not task.multi_target,
                f"kl_attn_beta needs a single readout position; task {self.task!r} has several")
+        _check(not (self.attn_mask or self.attn_mask_from) or not task.multi_target,
+               f"attn_mask masks the single readout query; task {self.task!r} has several readout positions")
 
 
     def _validate_variants(self) -> None:
@@ -285,6 +302,13 @@ class RunConfig:
         for name in ("act_norm_lambda", "geomdr_lambda", "kl_attn_beta", "grokfast_lambda"):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, f"{name} must be >= 0; got {value}")
+        _check(math.isfinite(self.attention_rate) and 0.0 <= self.attention_rate <= 1.0,
+               f"attention_rate must be in [0, 1]; got {self.attention_rate}")
+        _check(self.attention_rate == 1.0 or self.attention == "softmax",
+               f"attention_rate mixes softmax attention with the uniform pattern; attention={self.attention} is "
+               "already uniform (attention_rate 0 of attention=softmax)")
+        _check(self.attention_rate == 1.0 or self.kl_attn_beta == 0,
+               "kl_attn_beta reads the softmax of hook_attn_scores, which is not the pattern when attention_rate < 1")
         _check(0.0 <= self.grokfast_alpha < 1.0, f"grokfast_alpha must be in [0, 1); got {self.grokfast_alpha}")
         _check(1 <= self.grokfast_window <= GROKFAST_MAX_WINDOW,
                f"grokfast_window must be in 1..{GROKFAST_MAX_WINDOW}; got {self.grokfast_window}")
@@ -296,6 +320,10 @@ class RunConfig:
         self._validate_routing()
         _check(-1 <= self.kl_attn_layer < self.n_layers,
                f"kl_attn_layer must be -1 (every layer) or in 0..{self.n_layers - 1}; got {self.kl_attn_layer}")
+        parse_positions(self.attn_mask)
+        _check(not self.attn_mask_from or re.fullmatch(RUN_NAME_PATTERN, self.attn_mask_from) is not None,
+               f"attn_mask_from must be a run name (letters, digits, _ - ., and {{seed}}), no path; "
+               f"got {self.attn_mask_from!r}")
         freqs = parse_freqs(self.fourier_freqs)
         transformer_only = [(n, getattr(self, n)) for n in TRANSFORMER_ONLY if getattr(self, n) != getattr(RunConfig, n)]
         if self.model != "transformer":
@@ -332,6 +360,12 @@ class RunConfig:
         return parse_freqs(self.fourier_freqs)
 
 
+def as_planned(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping as it was planned: the fields a run fills in from another run (DERIVED_FROM)
+    back at their defaults while the field naming that run is set."""
+    return {k: getattr(RunConfig, k) if k in DERIVED_FROM and cfg.get(DERIVED_FROM[k]) else v for k, v in cfg.items()}
+
+
 def stored_dict(data: Any) -> Any:
     """A stored config mapping with the keys an older file lacks filled in as that file meant."""
     if not isinstance(data, dict):
@@ -341,14 +375,28 @@ def stored_dict(data: Any) -> Any:
 
 def parse_freqs(text: str) -> tuple[int, ...]:
     """'14 35 41' or '14,35,41' -> (14, 35, 41): distinct integers >= 1, at least one."""
+    return _distinct_ints(text, "fourier_freqs", lowest=1, empty=False)
+
+
+def _distinct_ints(text: str, name: str, lowest: int, empty: bool) -> tuple[int, ...]:
+    """Field `name`'s integers separated by spaces or commas: distinct, >= lowest, some unless `empty`."""
     parts = text.replace(",", " ").split()
     try:
-        freqs = tuple(int(x) for x in parts)
+        values = tuple(int(x) for x in parts)
     except ValueError:
-        raise BadInput(f"fourier_freqs must be integers separated by spaces or commas; got {text!r}") from None
-    _check(len(freqs) >= 1 and all(k >= 1 for k in freqs) and len(set(freqs)) == len(freqs),
-           f"fourier_freqs must be distinct integers >= 1; got {text!r}")
-    return freqs
+        raise BadInput(f"{name} must be integers separated by spaces or commas; got {text!r}") from None
+    _check((empty or len(values) >= 1) and all(k >= lowest for k in values) and len(set(values)) == len(values),
+           f"{name} must be distinct integers >= {lowest}; got {text!r}")
+    return values
+
+
+# attn_mask_from: a run's name beside this run's file, where {seed} stands for this run's seed
+RUN_NAME_PATTERN = r"(?:[A-Za-z0-9_\-]|\{seed\})(?:[A-Za-z0-9_.\-]|\{seed\})*"
+
+
+def parse_positions(text: str) -> tuple[int, ...]:
+    """attn_mask '0 7' or '0,7' -> (0, 7): distinct positions >= 0 ('' -> (), no mask)."""
+    return _distinct_ints(text, "attn_mask", lowest=0, empty=True)
 
 
 def did_you_mean(key: str, known) -> str:

@@ -47,8 +47,9 @@ from groklens.trainers.step import (
 PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "grok_evals",
                      "stop_after_grok", "stop_test_loss", "stop_min_steps") + MEMBER_FIELDS
 # Fields of a strategy of their own: a config that sets one trains alone (`ensemble_key` None);
-# compile: a vmapped step is not compiled, a compiled config trains as a single run.
-SOLO_FIELDS = ("routing_copies", "routing_width", "routing_unit", "compile")
+# compile: a vmapped step is not compiled, a compiled config trains as a single run;
+# attn_mask_from: each run reads its own mask from another run when it starts (trainers/ticket.py).
+SOLO_FIELDS = ("routing_copies", "routing_width", "routing_unit", "compile", "attn_mask_from")
 
 
 def shared_fields() -> list[str]:

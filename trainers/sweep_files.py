@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from groklens.config import RunConfig
+from groklens.config import RunConfig, as_planned
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
 from groklens.trainers.sweep_grid import RunSpec, Sweep
@@ -101,8 +101,8 @@ def config_diff(a: dict, b: dict) -> list[str]:
 
 def check_same_config(path: Path, cfg: RunConfig) -> None:
     stored = stored_config(path)
-    if stored is not None and stored != cfg.to_dict():
-        diff = config_diff(stored, cfg.to_dict())
+    if stored is not None and as_planned(stored) != as_planned(cfg.to_dict()):
+        diff = config_diff(as_planned(stored), cfg.to_dict())
         raise BadInput(f"{path} holds a run with a different config ({', '.join(diff)}); move it away or use another -o")
 
 

@@ -56,14 +56,15 @@ def check_buildable(runs: Sequence[RunSpec]) -> None:
             raise BadInput(f"run {r.name}: {exc}") from None
 
 
-def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemble_size: int,
-               workers: int, threads: int, cost: Callable[[RunConfig], float] | None = None
+def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool | Callable[[RunConfig], str | None],
+               ensemble_size: int, workers: int, threads: int, cost: Callable[[RunConfig], float] | None = None
                ) -> tuple[list[dict], dict[str, str]]:
     """Tasks for an executor: one per run, or ensembles of runs sharing `ensemble_key`, sized
     by `cost` (seconds a run takes; default its step count) so that the workers finish together
-    (`balanced_chunks`), the costliest task first. Each task carries its `cost`.
+    (`balanced_chunks`), the costliest task first. Each task carries its `cost`. `ensemble` may
+    be a rule: cfg -> None where its runs should join an ensemble, else why they train alone.
 
-    Returns (tasks, fallback) where fallback maps runs that cannot join an ensemble to why.
+    Returns (tasks, fallback) where fallback maps runs that train alone to why.
     """
     cost = cost or (lambda cfg: float(cfg.steps))
 
@@ -82,10 +83,11 @@ def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemb
     singles: list[RunSpec] = []
     fallback: dict[str, str] = {}
     for r in runs:
-        key = ensemble_key(r.config)
+        alone = None if ensemble is True else ensemble(r.config)
+        key = ensemble_key(r.config) if alone is None else None
         if key is None:
             singles.append(r)
-            fallback[r.name] = unsupported_reason(r.config) or "not supported"
+            fallback[r.name] = alone or unsupported_reason(r.config) or "not supported"
         else:
             groups.setdefault(key, []).append(r)
     chunks = balanced_chunks([[(r, cost(r.config)) for r in g] for g in groups.values()],

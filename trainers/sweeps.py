@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from groklens.config import as_planned
 from groklens.errors import BadInput
 from groklens.trainers.sweep_executors import (
     EXECUTORS,
@@ -90,12 +91,13 @@ class SweepReport:
 
 
 def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor: str | Executor = "local",
-              workers: int | None = None, ensemble: bool = False, ensemble_size: int = 64,
+              workers: int | None = None, ensemble: bool | Callable[[Any], str | None] = False, ensemble_size: int = 64,
               address: str | None = None, gpus_per_run: float | None = None, retry_failed: bool = False,
               threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None,
               cost: Callable[[Any], float] | None = None, log: Sequence[str] = ()) -> SweepReport:
     """Run every unfinished run of `sweep` into `out_dir`; see the module docstring. `cost`:
     the seconds a run's config takes, which sizes the ensembles (plan_tasks; default: its steps).
+    `ensemble`: True, or a rule cfg -> None (joins an ensemble) or why the run trains alone.
     `log`: `--log` specs (tensorboard:DIR, wandb:PROJECT): every run trained mirrors its rows
     there under its own name (trainers/loggers.py), checked before anything is written.
 
@@ -180,7 +182,7 @@ def _classify(runs: Sequence[RunSpec], out_dir: Path, retry_failed: bool) -> tup
         path = run_path(out_dir, r.name)
         if state in ("done", "interrupted", "running"):
             stored = stored_config(path)
-            if stored is not None and stored != r.config.to_dict():
+            if stored is not None and as_planned(stored) != as_planned(r.config.to_dict()):
                 # reported, not written to an error file: moving the file away is the fix
                 report.failed[r.name] = f"{path.name} holds a run with a different config; move it away or use another -o"
                 counts["failed"] += 1

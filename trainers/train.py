@@ -83,6 +83,10 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
         raise BadInput(f"directory {out.parent} does not exist")
     device = resolve_device(cfg.device)  # fail on a missing GPU before touching any file
     check_resources(cfg, device=device.type, device_memory=device_free_memory(device))  # before any allocation
+    if cfg.attn_mask_from and not cfg.attn_mask:  # the donor's mask, kept in this run's stored config
+        from groklens.trainers.ticket import transferred_mask
+
+        cfg = cfg.replace(attn_mask=transferred_mask(cfg, out))
     data = TASKS.get(cfg.task).build(cfg)
 
     def make_writer(strategy) -> TrajectoryWriter:

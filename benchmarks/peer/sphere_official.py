@@ -52,8 +52,9 @@ RECIPES = {
 MARKER = "# EXECUTION & PLOTTING"
 
 
-def read_notebook(repo: Path, name: str) -> tuple[str, str]:
-    """(the notebook's code cell, the repository's commit) from a checkout or a git directory."""
+def read_notebook(repo: Path, name: str, cell: int = 0) -> tuple[str, str]:
+    """(the notebook's code cell `cell` (0: the first), the repository's commit) from a checkout or
+    a git directory."""
     git = ["git", f"--git-dir={repo}"] if (repo / "HEAD").is_file() else ["git", "-C", str(repo)]
     commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     if (repo / name).is_file():
@@ -64,14 +65,14 @@ def read_notebook(repo: Path, name: str) -> tuple[str, str]:
             raise SystemExit(f"sphere_official: {name} not found in {repo}")
         text = out.stdout
     cells = [c for c in json.loads(text)["cells"] if c["cell_type"] == "code"]
-    return "".join(cells[0]["source"]), commit
+    return "".join(cells[cell]["source"]), commit
 
 
-def definitions(cell: str, assignments: dict[str, str]) -> str:
-    """The cell up to its main block, with each `NAME = ...` line of `assignments` replaced."""
-    if cell.count(MARKER) != 1:
-        raise SystemExit(f"sphere_official: the notebook has changed ({MARKER!r} not found once)")
-    code = cell.split(MARKER, 1)[0]
+def definitions(cell: str, assignments: dict[str, str], marker: str = MARKER) -> str:
+    """The cell up to its main block (`marker`), with each `NAME = ...` line of `assignments` replaced."""
+    if cell.count(marker) != 1:
+        raise SystemExit(f"sphere_official: the notebook has changed ({marker!r} not found once)")
+    code = cell.split(marker, 1)[0]
     for name, value in assignments.items():
         pattern = rf"^{re.escape(name)} = .*$" if not name.startswith("os.") else rf"^{re.escape(name)}.*$"
         code, n = re.subn(pattern, value, code, flags=re.M)
@@ -103,7 +104,8 @@ def run(repo: Path, arm: str, seed: int, epochs: int | None = None, p: int = 113
     start = time.process_time()
     out = ns["train_model"](model, arm, tr_x, tr_y, te_x, te_y, epochs or default_epochs)
     return {"arm": arm, "seed": seed, "notebook": notebook, "repo_commit": commit, "lr": ns["LR"],
-            "weight_decay": ns["WEIGHT_DECAY"], "p": ns["P"], "epochs": epochs or default_epochs,
+            "weight_decay": ns["WEIGHT_DECAY"], "p": ns["P"], "frac_train": ns["FRAC_TRAIN"], "device": device,
+            "epochs": epochs or default_epochs,
             "grok_epoch": out["grok_epoch"], "cpu_s": time.process_time() - start, "history": out["history"],
             "train_pairs": [[int(a), int(b)] for a, b, _ in tr_x.tolist()]}
 

@@ -1,7 +1,9 @@
 """Zhong et al. 2023, "The Clock and the Pizza" (`reproduce clock-pizza`): which algorithm a
 1-layer transformer learns on modular addition, with uniform attention (their Model A, attention
 rate 0) and learned attention (Model B, rate 1), read by gradient symmetricity and distance
-irrelevance (analyses/clock_pizza.py) at the end of training.
+irrelevance (analyses/clock_pizza.py) at the end of training; and between them their
+attention-rate interpolation (RunConfig.attention_rate, docs/VARIANTS.md) on a stated grid, with
+the rate where the label switches from pizza to clock (BOUNDARY_RULE).
 
 Their setup (code/train-main.py, the configs of code/save/; REFERENCES.md): p=59, 80 % of the pairs,
 full batch, d_model 128, 4 heads, d_mlp 512, ReLU, no norm, no attention mask, trained MLP biases,
@@ -28,24 +30,55 @@ PUBLISHED = {"uniform": {"gradient_symmetricity": 0.993, "distance_irrelevance":
                          "runs": "241 runs with attention rate <= 0.1"},
              "learned": {"gradient_symmetricity": 0.483, "distance_irrelevance": 0.853, "label": "clock",
                          "runs": "226 runs with attention rate >= 0.9"}}
-VARIANTS = {"uniform": {"attention": "uniform"}, "learned": {"attention": "softmax"}}
+VARIANTS = {"uniform": {"attention": "uniform"}, "learned": {"attention": "softmax"}}  # rates 0 and 1
+# Their phase boundary: result/1l_fixedwidth.csv's runs of PUBLISHED's selection (2,381) binned by
+# attn_coeff in steps of 0.05 and labelled by our rule: pizza the majority of every bin up to 0.55,
+# clock of every bin above 0.75, neither in the bins between (the label counts: docs/ANALYSES.md).
+THEIR_PIZZA_TO, THEIR_CLOCK_ABOVE = 0.55, 0.75
+THEIR_POSITIONS = 2  # their inputs [a, b]
+
+
+def softmax_share(coeff: float, n: int = THEIR_POSITIONS) -> float:
+    """Their attn_coeff c as the softmax's share of the attention mass over n positions (their
+    uniform part is all ones): c / (c + n (1 - c)); our attention_rate is that share itself."""
+    return coeff / (coeff + n * (1 - coeff))
+
+
+def their_coeff(share: float, n: int = THEIR_POSITIONS) -> float:
+    """The inverse of softmax_share: their attn_coeff with the softmax's share `share`."""
+    return n * share / (1 + (n - 1) * share)
+
+
+BOUNDARY_RULE = ("per attention rate the label of a strict majority of its seeds (else mixed); the boundary lies "
+                 "between the largest pizza rate and the smallest clock rate when every pizza rate is below every "
+                 "clock rate (its estimate: their midpoint), and rates are the softmax's share of the readout's "
+                 "attention mass (ours: attention_rate; theirs: c / (c + 2 (1 - c)))")
 THEIRS = dict(task="add", p=59, train_frac=0.8, d_model=128, n_heads=4, d_head=32, d_mlp=512, act_fn="relu",
               norm="none", causal=False, mlp_bias=True, lr=1e-3, weight_decay=2.0, betas=[0.9, 0.98], warmup_steps=10,
               batch_size=0)
 DIFFERS = "inputs [a, b, =] read at '=', uniform attention 1/3 over 3 positions, TransformerLens init"
+# The attention rates between 0 (uniform) and 1 (learned) each scale trains. Paper: steps of 0.1
+# over their transition band (shares 0.38-0.60, their attn_coeff 0.55-0.75) and beside it.
 SCALES = {
-    "smoke": Scale.of(SMOKE, SMOKE_NOTE),
+    "smoke": Scale.of(SMOKE, SMOKE_NOTE, rates=(0.5,)),
     "quick": Scale.of({**THEIRS, "p": 31, "d_model": 64, "d_head": 16, "d_mlp": 256, "steps": 4_000,
                        "eval_every": 50, "checkpoint_every": 250, "device": "cpu"},
                       "p=31, d_model 64, d_mlp 256, 4,000 steps (theirs: p=59, d_model 128, d_mlp 512, 20,000); "
-                      + DIFFERS),
+                      + DIFFERS, rates=(0.25, 0.5, 0.75)),
     "paper": Scale.of({**THEIRS, "steps": 20_000, "eval_every": 100, "checkpoint_every": 1_000, "device": "auto"},
-                      "their setup; " + DIFFERS),
+                      "their setup; " + DIFFERS, rates=(0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)),
 }
 
 
+def rate_arms(sc: Scale) -> dict[str, float]:
+    """Arm -> attention rate, in rate order: uniform (0), the scale's grid, learned (1)."""
+    return {"uniform": 0.0, **{f"rate_{r:g}": r for r in sc.extra["rates"]}, "learned": 1.0}
+
+
 def _plan(sc: Scale, scale: str) -> Plan:
-    return Plan(VARIANTS, None, sc.base)
+    grid = {arm: {"attention": "softmax", "attention_rate": r} for arm, r in rate_arms(sc).items()
+            if arm not in VARIANTS}
+    return Plan({"uniform": VARIANTS["uniform"], **grid, "learned": VARIANTS["learned"]}, None, sc.base)
 
 
 def _analyses(sc: Scale, scale: str):
@@ -80,13 +113,22 @@ def _mean_row(ctx: Context, variant: str, key: str, what: str) -> Row:
 
 
 def _label_row(ctx: Context, variant: str) -> Row:
-    runs = ctx.group(variant).runs
     want = PUBLISHED[variant]["label"]
-    labels = [r.run_values.get("label") for r in runs]
     claim = Published(None, f"{'uniform attention: pizza (Model A)' if variant == 'uniform' else 'learned attention: clock (Model B)'}",
                       SOURCE)
+    text, verdict = _labels(ctx, variant, want)
+    return Row(f"algorithm at the end, {variant} attention (our rule: {ALGORITHM_RULE})", claim, None, text,
+               ctx.sc.note, verdict)
+
+
+def _labels(ctx: Context, variant: str, want: str | None) -> tuple[str, str]:
+    """Each seed's label at the end, and the verdict on "every seed is `want`" (none: no claim)."""
+    runs = ctx.group(variant).runs
+    labels = [r.run_values.get("label") for r in runs]
     text = ", ".join(f"seed {r.seed}: {lbl}" for r, lbl in zip(runs, labels)) or "— (no runs)"
-    if not runs:
+    if want is None:
+        verdict = ""
+    elif not runs:
         verdict = undetermined("no runs")
     elif any(r.grok_censored for r in runs):  # an algorithm is read from a model that generalizes
         verdict = undetermined(f"{sum(r.grok_censored for r in runs)} of {len(runs)} seeds did not grok")
@@ -96,8 +138,90 @@ def _label_row(ctx: Context, variant: str) -> Row:
         verdict = undetermined(f"{sum(lbl == want for lbl in labels)} of {len(runs)} seeds")
     else:
         verdict = "disagrees"
-    return Row(f"algorithm at the end, {variant} attention (our rule: {ALGORITHM_RULE})", claim, None, text,
-               ctx.sc.note, verdict)
+    return text, verdict
+
+
+def _their_label(rate: float) -> str | None:
+    """The label their table gives the majority at our rate's softmax share; None in their band."""
+    c = round(their_coeff(rate), 9)  # rate 0.6 is attn_coeff 0.75, not 0.7499...
+    return "pizza" if c <= THEIR_PIZZA_TO else "clock" if c > THEIR_CLOCK_ABOVE else None
+
+
+def _values_text(runs) -> str:
+    parts = []
+    for key, what in (("gradient_symmetricity", "gradient symmetricity"), ("distance_irrelevance", "distance irrelevance")):
+        vals = [float(v) for r in runs if isinstance(v := r.run_values.get(key), (int, float))]
+        if vals:
+            parts.append(f"{what} {sum(vals) / len(vals):.3f}" + (f" [{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""))
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _rate_row(ctx: Context, arm: str, rate: float) -> Row:
+    """One grid rate: each seed's label, the measures' means, against their table at the same share."""
+    want = _their_label(rate)
+    c = their_coeff(rate)
+    claim = (f"{want} (their table's majority at attn_coeff {c:.2f}, the same softmax share)" if want else
+             f"their transition band (attn_coeff {c:.2f}, above {THEIR_PIZZA_TO} and up to {THEIR_CLOCK_ABOVE}: "
+             "neither the majority)")
+    text, verdict = _labels(ctx, arm, want)
+    return Row(f"algorithm at the end, attention rate {rate:g} (our rule)", Published(None, claim, SOURCE), None,
+               text + _values_text(ctx.group(arm).runs), ctx.sc.note, verdict)
+
+
+def majority(labels: list) -> str:
+    """The label of a strict majority of `labels`, else 'mixed' ('—' for none)."""
+    if not labels:
+        return "—"
+    top = max(set(labels), key=labels.count)
+    return top if labels.count(top) * 2 > len(labels) else "mixed"
+
+
+def boundary(labels_by_rate: dict[float, str]) -> tuple[float, float] | str:
+    """(largest pizza rate, smallest clock rate) by BOUNDARY_RULE, or why there is no boundary."""
+    pizza = [r for r, lbl in labels_by_rate.items() if lbl == "pizza"]
+    clock = [r for r, lbl in labels_by_rate.items() if lbl == "clock"]
+    if not pizza or not clock:
+        return "no " + ("pizza" if not pizza else "clock") + " rate"
+    if max(pizza) > min(clock):
+        return f"pizza at {max(pizza):g} above clock at {min(clock):g}: no single boundary"
+    return max(pizza), min(clock)
+
+
+def _boundary_row(ctx: Context) -> Row:
+    arms = rate_arms(ctx.sc)
+    runs = {arm: ctx.group(arm).runs for arm in arms}
+    lo, hi = softmax_share(THEIR_PIZZA_TO), softmax_share(THEIR_CLOCK_ABOVE)
+    mid = softmax_share((THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2)
+    published = Published(round(mid, 3), f"pizza up to attn_coeff {THEIR_PIZZA_TO}, clock above {THEIR_CLOCK_ABOVE} "
+                           f"(shares {lo:.2f} and {hi:.2f}); midpoint {(THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2:g} = share "
+                           f"{mid:.2f} (their result/1l_fixedwidth.csv, 2,381 1-layer runs in bins of 0.05, labelled by our rule)",
+                           SOURCE)
+    per_rate = {arms[a]: majority([r.run_values.get("label") for r in rs]) for a, rs in runs.items() if rs}
+    found = boundary(per_rate)
+    seeds = sorted({r.seed for rs in runs.values() for r in rs})
+    per_seed = []
+    for seed in seeds:  # the same rule on one seed's labels
+        b = boundary({arms[a]: r.run_values.get("label") for a, rs in runs.items() for r in rs if r.seed == seed})
+        per_seed.append(f"seed {seed}: " + (f"{(b[0] + b[1]) / 2:g}" if isinstance(b, tuple) else b))
+    text = ", ".join(f"{r:g}: {lbl}" for r, lbl in sorted(per_rate.items())) or "— (no runs)"
+    ours = None
+    if isinstance(found, tuple):
+        ours = (found[0] + found[1]) / 2
+        text = f"{ours:g} (pizza up to {found[0]:g}, clock from {found[1]:g}); by rate: {text}"
+    else:
+        text = f"— ({found}); by rate: {text}"
+    if per_seed:
+        text += "; per seed: " + "; ".join(per_seed)
+    missing = [a for a, rs in runs.items() if not rs]
+    censored = sum(r.grok_censored for rs in runs.values() for r in rs)
+    if missing:
+        verdict = undetermined(f"no runs at {len(missing)} of {len(arms)} rates")
+    elif censored:
+        verdict = undetermined(f"{censored} run(s) did not grok")
+    else:
+        verdict = "agrees" if ours is not None else "disagrees"
+    return Row(f"phase boundary: attention rate where the label switches from pizza to clock ({BOUNDARY_RULE})",
+               published, ours, text, ctx.sc.note, verdict)
 
 
 def _read(ctx: Context) -> list[Row]:
@@ -106,11 +230,14 @@ def _read(ctx: Context) -> list[Row]:
         rows.append(_mean_row(ctx, variant, "gradient_symmetricity", "gradient symmetricity"))
         rows.append(_mean_row(ctx, variant, "distance_irrelevance", "distance irrelevance"))
         rows.append(_label_row(ctx, variant))
+    rows += [_rate_row(ctx, arm, r) for arm, r in rate_arms(ctx.sc).items() if arm not in VARIANTS]
+    rows.append(_boundary_row(ctx))
     return rows
 
 
 register(Experiment(
     "clock-pizza",
-    "Zhong et al.'s Model A (uniform attention) and B (learned): pizza or clock, by gradient symmetricity and "
-    "distance irrelevance along training",
+    "Zhong et al.'s Model A (uniform attention) and B (learned), and their attention-rate interpolation between "
+    "them: pizza or clock, by gradient symmetricity and distance irrelevance along training, and the rate where "
+    "the label switches",
     SCALES, _plan, _read, _analyses, seeds={"smoke": 1, "quick": 2, "paper": 3}, run_values=_run_values))

@@ -238,6 +238,8 @@ class Experiment:
     # when the run is recorded and kept in its ledger entry (LedgerRun.run_values)
     run_values: Callable[[Path, Scale], dict[str, Any]] | None = None
     own_out: str | None = None  # the directory a command of its own writes to by default (`groklens demo`)
+    # figures drawn from the ledger's runs (the rows' context) into its out_dir; returns their paths
+    figures: Callable[[Context], list[Path]] | None = None
 
     def seeds_default(self, scale: str) -> int:
         return (self.seeds or DEFAULT_SEEDS)[scale]
@@ -348,12 +350,18 @@ def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | N
     """The fitted exponent of each variable of a scaling fit (analyses.scaling) with its text:
     var -> (estimate, 'OLS ... (n grokked); Tobit ... (n, k censored)'); Tobit's estimate when
     some runs are censored."""
+    return {v: (est, text) for v, (est, _, text) in fit_exponents(recs, variables).items()}
+
+
+def fit_exponents(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | None, list | None, str]]:
+    """fit_text's exponents with their 95% intervals: var -> (estimate, ci95 or None, text), the
+    interval of the estimate given (Tobit's when some runs are censored, else OLS's)."""
     from groklens.analyses.scaling import fit_scaling_law
 
     try:
         fit = fit_scaling_law(recs, variables)
     except BadInput as exc:
-        return {v: (None, f"no fit: {exc}") for v in variables}
+        return {v: (None, None, f"no fit: {exc}") for v in variables}
     n_c = fit["n_censored"]
     tobit, terr = None, ""
     if n_c:
@@ -366,14 +374,14 @@ def fit_text(recs: list[Any], variables: list[str]) -> dict[str, tuple[float | N
         e = fit["ols"]["exponents"][v]
         text = (f"OLS {e['estimate']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}] (R^2 {fit['ols']['r2']:.2f}, "
                 f"n={fit['n_grokked']} grokked" + (f", {n_c} censored left out)" if n_c else ")"))
-        ours = e["estimate"]
+        ours, ci = e["estimate"], e["ci95"]
         if tobit is not None:
             t = tobit["exponents"][v]
             text = (f"Tobit {t['estimate']:.2f} [{t['ci95'][0]:.2f}, {t['ci95'][1]:.2f}] (n={tobit['n']}, "
                     f"{tobit['n_censored']} censored); " + text)
-            ours = t["estimate"]
+            ours, ci = t["estimate"], t["ci95"]
         elif n_c:
             text += f"; Tobit n/a ({terr}): OLS on the grokked runs only is biased"
-            ours = None
-        out[v] = (ours, text)
+            ours, ci = None, None
+        out[v] = (ours, ci, text)
     return out

@@ -53,7 +53,7 @@ STEP_OVERHEAD_S = 1.5e-2
 NOT_COSTED = frozenset((
     "seed", "data_seed", "lr", "weight_decay", "betas", "warmup_steps", "steps", "eval_every", "checkpoint_every",
     "log_checkpoints", "grok_threshold", "grok_evals", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device",
-    "compile", "init", "init_scheme"))
+    "compile", "init", "init_scheme", "attn_mask_from"))
 
 CACHE_ENV = "GROKLENS_CACHE_DIR"
 CACHE_FORMAT = 1
@@ -310,6 +310,15 @@ def cost_runs(runs: Iterable[tuple[str, Any]], expect: Callable[[str], int | Non
         stop, basis = expected_stop(cfg, expect(variant), last_steps.get(variant, []))
         out.append(RunCost(variant, run_seconds(cfg, r, stop), run_seconds(cfg, r, cfg.steps), stop, basis, r.basis))
     return out
+
+
+def cap_cost(cfgs: Iterable[Any], echo: Callable[[str], None] | None = None,
+             measure: bool = True) -> Callable[[Any], float]:
+    """cost(cfg) -> CPU seconds of cfg to its step cap, from step times measured here on one
+    thread (`rates_for`, cached; measure=False: the FLOP model), for sizing a sweep's ensembles
+    and ordering its tasks (the costliest first: `sweep --ensemble`, and `reproduce`)."""
+    rates = rates_for(cfgs, measure=measure, echo=echo)
+    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 def echo_stderr(text: str) -> None:

@@ -24,6 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 MEASURE_STEPS = 3  # timed steps per thread count (after one warm-up step)
+# On a CPU a vmapped ensemble pays where a run's step is overhead-bound, not where it is
+# compute-bound. Measured on this project's 2-core CPU (docs/PERFORMANCE.md, 2026-12-05), process
+# CPU time of 24 members against the same 24 single runs: 1.17x the throughput at a 3.5 ms step
+# (the scaling-law paper cell at width 64), 0.86x at a 33 ms step (width 512); 1.6-2.4x at 1.3 ms
+# (docs/SWEEPS.md). `reproduce` trains a CPU run whose step (timed here, one thread) is longer
+# than this alone.
+ENSEMBLE_CPU_MAX_STEP_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,21 @@ def plan_layout(cfgs: Sequence[Any], cores: int,
     costliest = max(cfgs, key=lambda c: step_flops(c)[0])
     threads = sorted({t for _, t in candidates(n, cores)})
     return choose_layout(n, cores, {t: measure(costliest, t) for t in threads})
+
+
+def ensemble_rule(step_seconds: Callable[[Any], float | None]) -> Callable[[Any], str | None]:
+    """`run_sweep`'s ensemble rule for reproduce: None (join an ensemble) for a run on a GPU, or
+    whose step takes at most ENSEMBLE_CPU_MAX_STEP_S on one CPU thread as timed here
+    (`step_seconds`; None where it was not timed: it joins), else why it trains alone."""
+    def rule(cfg) -> str | None:
+        if _on_gpu([cfg]) or getattr(cfg, "device", "cpu") not in ("cpu", "auto"):
+            return None
+        step = step_seconds(cfg)
+        if step is None or step <= ENSEMBLE_CPU_MAX_STEP_S:
+            return None
+        return (f"a {step * 1e3:.3g} ms step on one CPU thread: compute-bound, where an ensemble does not pay "
+                f"(over {ENSEMBLE_CPU_MAX_STEP_S * 1e3:g} ms)")
+    return rule
 
 
 def _on_gpu(cfgs: Sequence[Any]) -> bool:

@@ -10,9 +10,10 @@ that trained it, its wall time and the device. Rows of docs/RESULTS.md are compu
 entries, so a later `--seeds N` trains only the seeds the ledger lacks. Trajectory files are
 never part of the ledger.
 
-Config hash (`config_hash`): sha256 of the config as sorted JSON, with two kinds of fields left
-out: `NOT_HASHED` (where a run ran, not what it computed) and every field of `LEGACY_DEFAULTS`
-whose value equals its legacy default, i.e. the value that reproduces the behaviour from before
+Config hash (`config_hash`): sha256 of the config as sorted JSON, with these fields left out:
+`NOT_HASHED` (where a run ran, not what it computed), a field `DERIVED_FROM` another run while
+the field naming that run is set, and every field of `LEGACY_DEFAULTS` whose value equals its
+legacy default, i.e. the value that reproduces the behaviour from before
 the field existed. So adding a config field whose default keeps the old behaviour leaves old
 entries valid (add it to LEGACY_DEFAULTS in the same commit), while a changed default, or any
 other changed value, changes the hash: such entries are not mixed into the rows (they are
@@ -33,7 +34,7 @@ from typing import Any
 
 from groklens.analyses.compare import PhaseTimes
 from groklens.checkpoints.validate import ACCURACY, metric_range
-from groklens.config import GROK_THRESHOLD, PHASE_THRESHOLDS
+from groklens.config import DERIVED_FROM, GROK_THRESHOLD, PHASE_THRESHOLDS
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
 
@@ -55,9 +56,16 @@ LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl",
                                    # the sphere paper's split from the seed (issue 45)
                                    "split_rule": "pcg64",
                                    # grokked at the first crossing (issue 43)
-                                   "grok_evals": 1}
+                                   "grok_evals": 1,
+                                   # Zhong et al.'s attention rate (issue 42): learned attention
+                                   "attention_rate": 1.0,
+                                   # the attention-mask transfer (issue 41)
+                                   "attn_mask": "", "attn_mask_from": ""}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
+# DERIVED_FROM (groklens.config): fields a run fills in from another run that a field names
+# (attn_mask from attn_mask_from's run) are left out of the hash while that field is set, so the
+# planned config and the one the file stores hash alike; the entry's config shows the value.
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
 # must get its legacy value in LEGACY_DEFAULTS (tests/cli/test_reproduce.py checks it); until
 # then it is hashed whatever its value, so old entries are kept apart, never wrongly mixed in.
@@ -80,7 +88,8 @@ def hashed_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The part of a config the hash covers (see the module docstring)."""
     return {k: v for k, v in cfg.items()
             if k not in NOT_HASHED and not (k in LEGACY_DEFAULTS and v == LEGACY_DEFAULTS[k])
-            and not (k in INERT_UNLESS and not cfg.get(INERT_UNLESS[k]))}
+            and not (k in INERT_UNLESS and not cfg.get(INERT_UNLESS[k]))
+            and not (k in DERIVED_FROM and cfg.get(DERIVED_FROM[k]))}
 
 
 def config_hash(cfg: dict[str, Any]) -> str:

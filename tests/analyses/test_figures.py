@@ -227,3 +227,49 @@ def test_figures_leave_pyplot_alone(runs, tmp_path):
     F.grokking_times(["a"], [[10]], [[False]])
     F.training_curves([F.VariantCurves("x", [curves(runs["ln_s1"])])])
     assert plt.get_fignums() == before
+
+
+def test_spread_over_seeds_draws_every_seed_the_median_and_the_marked_values(tmp_path):
+    steps = np.array([10, 20, 30])
+    seeds = [np.array([0.1, 0.4, 0.6]), np.array([0.2, 0.3, 0.9]), np.array([0.0, 0.5, 0.7])]
+    med = np.median(np.stack(seeds), axis=0)
+    group = F.SeedSpread("sphere", "#1f77b4", [(steps, v) for v in seeds],
+                         (steps, med, np.min(seeds, axis=0), np.max(seeds, axis=0)), [(20, 0.4), (30, 0.9), (20, 0.5)])
+    empty = F.SeedSpread("ln", "#d62728", [(steps, seeds[0])], None, [])
+    fig = F.spread_over_seeds([group, empty], ylabel="FVE", mark_label="test accuracy >= 0.99")
+    render(fig, tmp_path, "spread")
+    left, right = fig.axes
+    drawn = [ln for ln in left.get_lines() if len(ln.get_xdata()) == 3 and ln.get_marker() in ("None", None, "")]
+    assert len(drawn) == 4 + 1  # three seeds and the median of one group, one seed of the other
+    assert any(np.allclose(ln.get_ydata(), med) and ln.get_linewidth() > 2 for ln in drawn)
+    dots = [ln for ln in right.get_lines() if ln.get_marker() == "o"]
+    assert len(dots) == 1 and sorted(dots[0].get_ydata()) == [0.4, 0.5, 0.9]
+    bars = [ln for ln in right.get_lines() if ln.get_marker() in ("None", None, "")]
+    assert len(bars) == 1 and list(bars[0].get_ydata()) == [0.5, 0.5]
+    assert [t.get_text() for t in right.get_xticklabels()] == ["sphere", "ln"]
+
+
+def test_the_fve_figure_reads_each_seed_at_its_first_crossing(tmp_path):
+    """value_at_accuracy: the first evaluation at the accuracy (from the file's raw metrics) and
+    the fourier analysis recomputed there on the checkpoint's model (not read from the sidecar)."""
+    from groklens.analyses import compute
+    from groklens.analyses.compare import load_run
+    from groklens.analyses.fourier import fourier
+    from groklens.analyses.report_figures import _key_for, stored_series, value_at_accuracy
+    from groklens.checkpoints import Trajectory
+    from tests.analyses.test_compare import BASE, raw_metrics
+    from tests.helpers import tiny_config
+    from groklens.trainers.train import train
+
+    path = tmp_path / "r.h5"
+    train(tiny_config(**{**BASE, "checkpoint_every": 10}, norm="sphere", unembed="bounded", seed=1), path, progress=False)
+    compute(path, "fourier", every=1)
+    run = load_run(path)
+    series = stored_series(run, "fourier", _key_for(run, "fourier", "ls_fve_top_k"))
+    raw = raw_metrics(path)
+    acc = float(np.max(raw["test_acc"]))
+    first = int(raw["step"][np.nonzero(raw["test_acc"] >= acc)[0][0]])
+    traj = Trajectory(path)
+    step, value = value_at_accuracy(run, series, acc)
+    assert step == first and value == pytest.approx(fourier(traj.model(step), traj.dataset())["ls_fve_top_k"], abs=1e-9)
+    assert value_at_accuracy(run, series, 1.01) is None  # never reached

@@ -22,19 +22,21 @@ def test_one_rule_gives_each_command_its_default_set():
     assert everything == set(R.names())
     assert everything - set(R.default_names(tier="extended")) == {
         "freq_ablation", "induced_reg", "llc", "probe", "gradient_symmetricity", "distance_irrelevance", "clock_pizza",
-        "hessian_density"}
+        "hessian_density", "attention_gradient"}
     with pytest.raises(ValueError):
         R.default_names(tier="sometimes")
 
 
 def test_the_measures_are_declared_by_their_analyses_in_column_order():
     assert [m.key for m in MEASURES] == ["fve_neuron", "fve_ls", "fve_ls_top5", "n_key_freqs", "attn_mass",
+                                         "attn_min_mass", "attn_qk_grad", "attn_qk_share", "attn_struct_pull",
                                          "hessian_top", "hessian_trace", "eff_rank", "radius", "rho", "rho_baseline",
                                          "induced_anisotropy", "induced_data_dependence", "llc"]
-    assert ANALYSES_USED == ("fourier", "attention", "sharpness", "rank", "radial", "induced_reg", "llc")
+    assert ANALYSES_USED == ("fourier", "attention", "attention_gradient", "sharpness", "rank", "radial", "induced_reg",
+                             "llc")
     for m in MEASURES:
         assert m in R.get(m.analysis).measures
-    assert [a.name for a in R.in_order()][:3] == ["fourier", "attention", "sharpness"]
+    assert [a.name for a in R.in_order()][:4] == ["fourier", "attention", "attention_gradient", "sharpness"]
 
 
 def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_duplicate():
@@ -49,7 +51,7 @@ def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_dup
 
 def test_the_figures_are_registered_by_their_families_in_page_order():
     assert FIGURE_NAMES == ("curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters",
-                            "progress_measures", "attention", "attention_patterns", "hessian", "llc",
+                            "fve_top5", "progress_measures", "attention", "attention_patterns", "hessian", "llc",
                             "effective_rank", "radial", "clock_pizza",
                             "hessian_density", "parameter_pca")
     assert MISSING_NAMES["Attention at the readout position"] == ("attention", "attention_patterns")

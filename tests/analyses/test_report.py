@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ from groklens.errors import BadInput
 from tests.analyses.test_compare import make_runs
 from tests.helpers import groklens, tiny_config
 
-ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "attention",
+ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "fve_top5", "attention",
                "attention_patterns", "hessian", "llc", "effective_rank", "radial", "progress_measures", "clock_pizza",
                "hessian_density", "parameter_pca"}
 
@@ -177,16 +178,24 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-def image_status(index: Path, profile: Path) -> list[dict]:
-    probe = index.with_name("_probe.html")
-    probe.write_text(index.read_text().replace("</head>", _PROBE + "</head>", 1))
+def probe_page(page: Path, profile: Path, script: str, first: bool = False):
+    """The JSON a test's `script` writes into <pre id="probe">, run in a copy of `page` beside it
+    (so relative links resolve as for the page); `first`: as the head's first element, before the
+    page's own scripts (to see their errors), else as its last."""
+    copy = page.with_name("_probe.html")
+    text = page.read_text()
+    copy.write_text(text.replace("<head>", "<head>" + script, 1) if first else text.replace("</head>", script + "</head>", 1))
     try:
-        dom = dump_dom(probe, profile)
+        dom = dump_dom(copy, profile)
     finally:
-        probe.unlink()
+        copy.unlink()
     m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.DOTALL)
     assert m, "the probe script did not run"
-    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return json.loads(html.unescape(m.group(1)))
+
+
+def image_status(index: Path, profile: Path) -> list[dict]:
+    return probe_page(index, profile, _PROBE)
 
 
 @pytest.mark.slow

@@ -17,9 +17,14 @@ from tests.helpers import train_tiny
 
 def test_every_scale_is_a_valid_config_and_the_paper_scale_is_theirs():
     exp = E.EXPERIMENTS.get("clock-pizza")
-    for sc in exp.scales.values():
-        for over in CP.VARIANTS.values():
+    for name, sc in exp.scales.items():
+        plan = exp.plan(sc, name)
+        for over in plan.variants.values():
             config_from(None, overrides={**sc.base, **over}).validate()
+        rates = [config_from(None, overrides={**sc.base, **over}) for over in plan.variants.values()]
+        rates = [0.0 if c.attention == "uniform" else c.attention_rate for c in rates]
+        assert rates == sorted(rates) and rates[0] == 0 and rates[-1] == 1 and len(set(rates)) == len(rates)
+    assert list(CP.rate_arms(exp.scales["paper"]).values()) == [0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1]
     paper = config_from(None, overrides=exp.scales["paper"].base)
     # code/save/config_p99zdpze5l.json and train-main.py
     assert (paper.p, paper.train_frac, paper.d_model, paper.n_heads, paper.d_mlp, paper.lr, paper.weight_decay,
@@ -37,12 +42,16 @@ def test_run_values_are_the_last_checkpoints(tmp_path):
                          "pizza_from_step"}
 
 
-def _ctx(labels, censored=False):
-    runs = [SimpleNamespace(seed=i + 1, grok_censored=censored, run_values={"label": lbl, "gradient_symmetricity": 0.5,
+def _runs(labels, censored=False):
+    return [SimpleNamespace(seed=i + 1, grok_censored=censored, run_values={"label": lbl, "gradient_symmetricity": 0.5,
                                                                            "distance_irrelevance": 0.9})
             for i, lbl in enumerate(labels)]
-    sc = E.EXPERIMENTS.get("clock-pizza").scales["smoke"]
-    return Context("clock-pizza", "smoke", sc, Plan(CP.VARIANTS, None, sc.base), {"learned": runs}, None)
+
+
+def _ctx(labels, censored=False, scale="smoke", arms=None):
+    sc = E.EXPERIMENTS.get("clock-pizza").scales[scale]
+    arms = arms if arms is not None else {"learned": _runs(labels, censored)}
+    return Context("clock-pizza", scale, sc, Plan(CP.VARIANTS, None, sc.base), arms, None)
 
 
 @pytest.mark.parametrize("labels, censored, verdict", [
@@ -56,3 +65,74 @@ def test_label_verdicts(labels, censored, verdict):
 def test_mean_rows_read_the_run_values():
     row = CP._mean_row(_ctx(["clock", "clock"]), "learned", "gradient_symmetricity", "gradient symmetricity")
     assert row.ours == pytest.approx(0.5) and row.published.value == 0.483
+
+
+def test_their_rate_and_the_softmax_share_are_inverse():
+    """share = c / (c + n (1 - c)): the rescaling that makes their all-ones mixture ours
+    (tests/trainers/test_attention_rate.py checks it on the logits with n = 3)."""
+    for c in (0.0, 0.3, 0.55, 0.65, 0.75, 1.0):
+        assert CP.their_coeff(CP.softmax_share(c)) == pytest.approx(c)
+    # their transition band in shares; the published boundary is its midpoint's share
+    assert (CP.softmax_share(0.55), CP.softmax_share(0.75), CP.softmax_share(0.65)) == pytest.approx((0.3793, 0.6, 0.4815),
+                                                                                                      abs=1e-4)
+
+
+@pytest.mark.parametrize("labels, found", [
+    ({0: "pizza", 0.25: "pizza", 0.5: "mixed", 0.75: "clock", 1: "clock"}, (0.25, 0.75)),
+    ({0: "pizza", 0.5: "pizza", 1: "clock"}, (0.5, 1)),
+    ({0: "pizza", 0.25: "clock", 0.5: "pizza", 1: "clock"}, "pizza at 0.5 above clock at 0.25: no single boundary"),
+    ({0: "neither", 0.5: "clock", 1: "clock"}, "no pizza rate"),
+    ({0: "pizza", 1: "neither"}, "no clock rate")])
+def test_boundary_rule(labels, found):
+    assert CP.boundary(labels) == found
+
+
+def test_majority_is_strict():
+    assert [CP.majority(x) for x in (["pizza", "pizza", "clock"], ["pizza", "clock"], [], ["clock"])] == \
+        ["pizza", "mixed", "—", "clock"]
+
+
+def test_boundary_row_reads_the_majorities_and_each_seed():
+    arms = {"uniform": _runs(["pizza", "pizza", "pizza"]), "rate_0.25": _runs(["pizza", "pizza", "neither"]),
+            "rate_0.5": _runs(["clock", "pizza", "neither"]), "rate_0.75": _runs(["clock", "clock", "clock"]),
+            "learned": _runs(["clock", "clock", "clock"])}
+    row = CP._boundary_row(_ctx(None, scale="quick", arms=arms))
+    assert row.ours == pytest.approx(0.5) and row.verdict == "agrees"
+    assert row.published.value == pytest.approx(0.481) and row.ratio == pytest.approx(0.5 / 0.481)
+    assert "pizza up to 0.25, clock from 0.75" in row.ours_text and "0.5: mixed" in row.ours_text
+    # seed 1 switches between 0.25 and 0.5, seed 2 between 0.5 and 0.75, seed 3 between 0 and 0.75
+    assert "seed 1: 0.375; seed 2: 0.625; seed 3: 0.375" in row.ours_text
+    del arms["rate_0.5"]
+    assert CP._boundary_row(_ctx(None, scale="quick", arms=arms)).verdict == "undetermined (no runs at 1 of 5 rates)"
+    arms["rate_0.5"] = _runs(["pizza", "pizza", "pizza"], censored=True)
+    assert CP._boundary_row(_ctx(None, scale="quick", arms=arms)).verdict == "undetermined (3 run(s) did not grok)"
+    flat = {a: _runs(["neither"] * 3) for a in CP.rate_arms(E.EXPERIMENTS.get("clock-pizza").scales["quick"])}
+    row = CP._boundary_row(_ctx(None, scale="quick", arms=flat))
+    assert row.ours is None and row.verdict == "disagrees" and "no pizza rate" in row.ours_text
+
+
+@pytest.mark.parametrize("arm, rate, labels, verdict", [
+    ("rate_0.25", 0.25, ["pizza", "pizza"], "agrees"),  # their attn_coeff 0.4: pizza
+    ("rate_0.5", 0.5, ["clock", "pizza"], ""),  # 0.67: their transition band, no claim
+    ("rate_0.75", 0.75, ["pizza", "pizza"], "disagrees")])  # 0.86: clock
+def test_rate_rows_against_their_table_at_the_same_share(arm, rate, labels, verdict):
+    row = CP._rate_row(_ctx(None, scale="quick", arms={arm: _runs(labels)}), arm, rate)
+    assert row.verdict == verdict and "seed 1" in row.ours_text and "gradient symmetricity 0.500" in row.ours_text
+
+
+@pytest.mark.slow
+def test_smoke_trains_the_rate_grid(tmp_path):
+    import json
+
+    from groklens.checkpoints import Trajectory
+
+    res = E.reproduce("clock-pizza", "smoke", tmp_path / "cp", ledger_dir=tmp_path / "ledger", progress=False,
+                      echo=lambda _m: None)
+    rates = sorted(Trajectory(p).config.attention_rate for p in res.runs
+                   if Trajectory(p).config.attention == "softmax")
+    assert rates == [0.5, 1.0] and len(res.runs) == 3
+    measures = [r.measure for r in res.rows]
+    assert measures[-1].startswith("phase boundary") and any("attention rate 0.5" in m for m in measures)
+    assert len(res.rows) == 6 + 1 + 1  # Model A and B's rows, the grid's rate, the boundary
+    ledger = json.loads((tmp_path / "ledger" / "clock-pizza.smoke.json").read_text())
+    assert {run["arm"] for run in ledger["runs"]} >= {"uniform", "rate_0.5", "learned"}

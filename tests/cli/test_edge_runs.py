@@ -27,4 +27,5 @@ def test_report_of_a_run_with_only_its_step_0_evaluation(tmp_path):
     out = groklens("report", str(run), "-o", str(tmp_path / "rep"), "-q")
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr and "missing" in out.stdout
-    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["comparison.csv", "comparison.json", "index.html"]
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == [
+        "comparison.csv", "comparison.json", "explorer.html", "index.html"]

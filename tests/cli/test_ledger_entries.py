@@ -92,6 +92,11 @@ def test_every_committed_ledger_loads():
     assert ledgers
     for path in ledgers:
         load_ledger_file(path)
+    from groklens.experiments.sphere_official import load_official
+    from groklens.experiments.sphere_paper import ARCH
+
+    for path in sorted((RESULTS / "peer").glob("*.json")):  # the sphere paper's own code's runs
+        load_official(path, ARCH)
 
 
 def test_a_listing_refuses_a_bad_ledger_rather_than_skip_it(tmp_path):

@@ -21,7 +21,7 @@ NAMES = list(E.EXPERIMENTS)
 PUBLISHED = [n for n in NAMES if E.EXPERIMENTS.get(n).published]  # all but the demo
 # the modules of groklens/experiments that hold no experiment; every other module registers one
 # or more (a new experiment is one file: nothing here names it)
-SUPPORT_MODULES = {"core", "pipeline", "ledger", "verdicts", "layout", "cost"}
+SUPPORT_MODULES = {"core", "pipeline", "ledger", "verdicts", "layout", "cost", "sphere_official"}
 
 
 def test_registry_has_every_experiment_module():
@@ -56,10 +56,12 @@ def test_paper_scale_is_the_published_sphere_setup():
     assert (c.norm, c.unembed, c.tau, c.radius, c.causal, tuple(c.betas), c.weight_decay, c.lr) == (
         "sphere", "bounded", 10.0, 1.0, False, (0.9, 0.999), 0.0, 6e-4)
     assert c.init_scheme == "torch" and c.eval_every == 200
-    # the paper's five arms (post-norm baselines) at lr 6e-4, and our TL-init arm beside them
-    assert set(cfgs) == {f"{a}_lr6e-4" for a in ("ln", "rms", "sphere_wd1", "sphere_wd0", "sphere_fourier_wd0",
-                                                  "sphere_wd0_tlinit", "ln_papersplit", "sphere_wd1_papersplit",
-                                                  "sphere_wd0_papersplit")}
+    # the paper's five arms (post-norm baselines) at lr 6e-4 and 1e-4, and our arms beside them at 6e-4
+    table = ("ln", "rms", "sphere_wd1", "sphere_wd0", "sphere_fourier_wd0")
+    assert set(cfgs) == {f"{a}_lr6e-4" for a in (*table, "sphere_wd0_tlinit", "ln_papersplit", "sphere_wd1_papersplit",
+                                                 "sphere_wd0_papersplit")} | {f"{a}_lr1e-4" for a in table}
+    for a in table:  # lr 1e-4: the same model, only the rate differs
+        assert cfgs[f"{a}_lr1e-4"].replace(lr=6e-4) == cfgs[f"{a}_lr6e-4"] and cfgs[f"{a}_lr1e-4"].lr == 1e-4
     # the paper's split of each seed (its make_dataset), and data_seed 598 for the others
     assert (cfgs["sphere_wd0_papersplit_lr6e-4"].split_rule, cfgs["sphere_wd0_papersplit_lr6e-4"].data_seed) == (
         "python_shuffle", 1)
@@ -68,6 +70,35 @@ def test_paper_scale_is_the_published_sphere_setup():
     assert (cfgs["ln_lr6e-4"].norm_placement, cfgs["rms_lr6e-4"].norm_placement) == ("post", "post")
     assert cfgs["sphere_wd0_tlinit_lr6e-4"].init_scheme == "tl"
     assert E.DEFAULT_SEEDS["paper"] == 10
+
+
+def test_s5_paper_scale_is_the_official_notebooks_setup():
+    """S5_Final.ipynb, typed in here from its code: lr 1e-3, full batch, 30% split from the seed
+    (python shuffle), 100,000 epochs logged every 200, grokked at test accuracy >= 0.99, the sphere
+    wd 1 model with a plain unembedding, the wd 0 one bounded, post-norm baselines at wd 1."""
+    cfgs = {v: c for v, _, c in E.run_configs(E.get_experiment("s5-control"), "paper", 2) if c.seed == 2}
+    assert set(cfgs) == {"ln", "rms", "sphere_wd1", "sphere_wd0"}
+    for c in cfgs.values():
+        assert (c.task, c.train_frac, c.lr, c.batch_size, c.steps, c.eval_every, c.grok_threshold) == (
+            "s5", 0.3, 1e-3, 0, 100_000, 200, 0.99)
+        assert (c.split_rule, c.data_seed, tuple(c.betas), c.warmup_steps, c.causal) == (
+            "python_shuffle", 2, (0.9, 0.999), 0, False)
+        assert (c.d_model, c.n_heads, c.d_mlp, c.init_scheme) == (128, 4, 512, "torch")
+    assert (cfgs["sphere_wd1"].norm, cfgs["sphere_wd1"].unembed, cfgs["sphere_wd1"].weight_decay) == ("sphere", "linear", 1.0)
+    assert (cfgs["sphere_wd0"].unembed, cfgs["sphere_wd0"].weight_decay) == ("bounded", 0.0)
+    assert (cfgs["rms"].norm, cfgs["ln"].weight_decay) == ("rms", 1.0)
+
+
+def test_uniform_attention_paper_scale_adds_the_fourier_init_wd1_arm():
+    cfgs = {v: c for v, _, c in E.run_configs(E.get_experiment("uniform-attention"), "paper", 1)}
+    sphere = {v: c for v, _, c in E.run_configs(E.get_experiment("bounded-sphere"), "paper", 1)}
+    for att in ("softmax", "uniform"):
+        c = cfgs[f"sphere_fourier_wd1_{att}"]
+        assert (c.init, c.fourier_freqs, c.weight_decay, c.unembed, c.attention) == (
+            "fourier", "14 35 41 42 52", 1.0, "bounded", att)  # inject_fourier_bias's key_freqs
+        # the same model as bounded-sphere's Fourier-init arm but for the weight decay and attention
+        assert c.replace(weight_decay=0.0, attention="softmax") == sphere["sphere_fourier_wd0_lr6e-4"]
+    assert cfgs["ln_softmax"] == sphere["ln_lr6e-4"].replace(attention="softmax")  # the shared runs stay shared
 
 
 def test_fourier_fve_paper_rows_come_from_the_bounded_sphere_runs():
@@ -143,6 +174,8 @@ def test_list_prints_every_experiment_with_costs():
     (["fourier-fve", "--list"], "--list takes no experiment NAME"),
     (["fourier-fve", "--results-md", "/no/such/dir/R.md"], "does not exist"),
     (["fourier-fve", "--results", "R.md"], "--results is now --results-md"),
+    (["geomdr", "--scale", "smoke", "--arms", "base,nope"], "--arms 'nope' matches no arm of geomdr at smoke"),
+    (["--list", "--arms", "x"], "--list takes no experiment NAME and no --arms"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     proc = groklens("reproduce", *args, "-o", str(tmp_path / "out"))
@@ -582,6 +615,10 @@ def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
     for name in PUBLISHED:
         for k in (1, 2):
             assert any(f" reproduce {name} --scale paper --seeds {k} " in f" {c} " for c in would), (name, k)
+    # the scaling law's paper grid: a GPU sweep of ensembles and its fit, after the reproduce commands
+    assert any(" sweep " in ln and "scaling_law_gpu.yaml" in ln and "--ensemble" in ln
+               for ln in proc.stdout.splitlines() if "would sweep: " in ln)
+    assert any("scaling-law" in ln and "--censored" in ln for ln in proc.stdout.splitlines() if "would fit: " in ln)
     assert not (tmp_path / "led").exists()  # nothing trained, nothing recorded
 
 

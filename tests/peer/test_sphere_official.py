@@ -44,3 +44,105 @@ def test_a_changed_notebook_is_refused():
         peer.definitions("P = 1\n", {"P": "P = 2"})
     with pytest.raises(SystemExit, match="assigned 0 times"):
         peer.definitions(f"X = 1\n{peer.MARKER}\n", {"P": "P = 2"})
+
+
+# ---------------------------------------------------------------------- the peer ledger and its rows
+RECORDER = SCRIPT.with_name("record_sphere_official.py")
+
+
+def _script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def official_jsons(tmp_path_factory):
+    """Result JSONs of the peer script itself (their code, p=7, 3 epochs): two arms, two seeds."""
+    out = tmp_path_factory.mktemp("official")
+    peer = _peer()
+    for arm in ("sphere_wd1", "sphere_wd0"):
+        for seed in (1, 2):
+            peer.main(["--repo", str(REPO), "--arm", arm, "--seed", str(seed), "--epochs", "3", "--p", "7",
+                       "--out", str(out / f"{arm}_s{seed}.json")])
+    return sorted(out.glob("*.json"))
+
+
+def test_the_recorder_keeps_each_run_checked_and_its_split(official_jsons, tmp_path, capsys):
+    import json
+
+    from groklens.experiments.sphere_official import OfficialRun, load_official, pairs_sha256
+    from groklens.experiments.sphere_paper import ARCH
+
+    ledger = tmp_path / "peer" / "sphere-official.json"
+    assert _script(RECORDER).main([*map(str, official_jsons), "--ledger", str(ledger)]) == 0
+    assert "split = groklens' python_shuffle split" in capsys.readouterr().out
+    entries = load_official(ledger, ARCH)
+    assert len(entries) == 4
+    for path in official_jsons:
+        result = json.loads(path.read_text())
+        e = next(e for e in entries if (e["arm"], e["seed"]) == (result["arm"], result["seed"]))
+        assert e["train_pairs_sha256"] == pairs_sha256(result["train_pairs"])
+        assert e["log"]["test_acc"] == result["history"]["test_acc"] and e["epochs"] == 3 and e["p"] == 7
+        run = OfficialRun(e)  # their last logged epoch 2 is groklens' step 3
+        assert run.last_step == result["history"]["epochs"][-1] + 1 == 3
+        assert (run.grokking is None) == (not isinstance(result["grok_epoch"], int))
+    # recording again replaces, never duplicates
+    assert _script(RECORDER).main([str(official_jsons[0]), "--ledger", str(ledger)]) == 0
+    assert len(load_official(ledger, ARCH)) == 4
+
+
+def test_a_bad_entry_or_file_is_refused_in_one_line(official_jsons, tmp_path, capsys):
+    import json
+
+    from groklens.errors import BadInput
+    from groklens.experiments.sphere_official import load_official
+    from groklens.experiments.sphere_paper import ARCH
+
+    ledger = tmp_path / "l.json"
+    assert _script(RECORDER).main([str(official_jsons[0]), "--ledger", str(ledger)]) == 0
+    good = json.loads(ledger.read_text())
+    for change, why in (({"grok_epoch": 2}, "their rule"), ({"weight_decay": 0.5}, "weight_decay"),
+                        ({"train_pairs_sha256": "x"}, "sha256")):
+        bad = {**good, "runs": [{**good["runs"][0], **change}]}
+        ledger.write_text(json.dumps(bad))
+        with pytest.raises(BadInput, match=why):
+            load_official(ledger, ARCH)
+    ledger.write_text(json.dumps({**good, "runs": good["runs"] * 2}))
+    with pytest.raises(BadInput, match="counted twice"):
+        load_official(ledger, ARCH)
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"arm": "ln"}')
+    fresh = tmp_path / "fresh.json"
+    assert _script(RECORDER).main([str(junk), "--ledger", str(fresh)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "sphere_official.py" in err and not fresh.exists()
+
+
+def test_bounded_sphere_rows_read_the_official_runs(official_jsons, tmp_path, monkeypatch):
+    """The rows of the paper scale at the official runs' p: their steps (epoch + 1), the seeds'
+    splits, and the weight-decay order (undetermined: every run is censored at 3 epochs)."""
+    import dataclasses
+
+    from groklens.experiments import pipeline, sphere_paper
+    from groklens.experiments.core import Context
+
+    ledger = tmp_path / "sphere-official.json"
+    assert _script(RECORDER).main([*map(str, official_jsons), "--ledger", str(ledger)]) == 0
+    monkeypatch.setattr(sphere_paper, "PEER_LEDGER", ledger)
+    exp = pipeline.get_experiment("bounded-sphere")
+    sc = exp.scales["paper"]
+    sc = dataclasses.replace(sc, base={**sc.base, "p": 7})
+    rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, tmp_path))
+    official = {r.measure: r for r in rows if "the official code" in r.measure}
+    assert len(official) == 4
+    wd1 = next(r for m, r in official.items() if "grok step" in m and "wd 1.0" in m)
+    assert wd1.ours == 3 and wd1.ours_text.startswith("> 3 (n=2, all censored)") and wd1.bound == "lower"
+    assert "s1 > 3 / —, s2 > 3 / —" in wd1.ours_text
+    assert "python_shuffle split on 2 of 2 seeds" in wd1.ours_text
+    assert wd1.published.value == sphere_paper.SPHERE_TABLE[(6e-4, "sphere_wd1")]
+    ln = next(r for m, r in official.items() if "LayerNorm" in m)
+    assert ln.ours is None and ln.ours_text == "no official-code run recorded"
+    order = next(r for m, r in official.items() if "weight-decay order" in m)
+    assert order.verdict.startswith("undetermined") and "censored on both sides" in order.ours_text

@@ -159,15 +159,17 @@ def test_ensemble_key_groups_by_architecture():
     assert ensemble_key(a) != ensemble_key(tiny_config(steps=80))
 
 
-def test_only_routed_and_compiled_configs_train_alone():
+def test_only_routed_compiled_and_mask_reading_configs_train_alone():
     """Every RunConfig field is per member (the loop's and the regularizers' declared ones) or
-    shared by an ensemble, except routing's and compile: a routed config is its own strategy, a
-    compiled one a compiled single run, and each trains alone, with the reason said. Any task
-    joins, multi-target ones included."""
+    shared by an ensemble, except routing's, compile and attn_mask_from: a routed config is its own
+    strategy, a compiled one a compiled single run, one that reads its mask from another run reads
+    it as it starts alone, and each trains alone, with the reason said. Any task joins,
+    multi-target ones included."""
     names = {f.name for f in fields(RunConfig)}
     per_member, shared = set(ens.PER_MEMBER_FIELDS), set(ens.shared_fields())
     assert per_member <= names and not per_member & shared
-    assert names - per_member - shared == set(ens.SOLO_FIELDS) == {"routing_copies", "routing_width", "routing_unit", "compile"}
+    assert names - per_member - shared == set(ens.SOLO_FIELDS) == {"routing_copies", "routing_width", "routing_unit", "compile",
+                                                                  "attn_mask_from"}
     assert {"act_norm_lambda", "grokfast_alpha", "perp_grad", "stop_test_loss"} <= per_member
     assert {"act_norm_sites", "geomdr_end", "perp_grad_scale", "task", "betas"} <= shared
     routed = tiny_config(routing_copies=2)

@@ -21,6 +21,11 @@ VARIANTS = {
     "sphere": dict(norm="sphere", unembed="bounded", causal=False, mlp_bias=True, init_scheme="torch"),
     "uniform": dict(norm="ln", attention="uniform"),
     "uniform_bidir": dict(norm="sphere", attention="uniform", causal=False),
+    # Zhong et al.'s attention rate: the softmax mixed with the uniform pattern
+    "rate": dict(norm="ln", attention_rate=0.4),
+    "rate_bidir": dict(norm="none", attention_rate=0.7, causal=False, mlp_bias=True),
+    "attn_mask": dict(norm="ln", attn_mask="0"),  # the readout query sees key 0 only
+    "attn_mask_uniform_bidir": dict(attention="uniform", causal=False, attn_mask="0 2"),
     "digits": dict(task="digits_add", n_digits=1, norm="ln"),
     "grokfast": dict(task="mul", op_token=True, nonzero_b=True, norm="ln", norm_placement="in_stream",
                      act_fn="gelu", mlp_bias=True, init_scheme="torch_mha"),

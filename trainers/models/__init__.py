@@ -36,6 +36,18 @@ def _attach_task(model, cfg: "RunConfig", data: "TaskData"):
     return model
 
 
+def _readout_keys(cfg: "RunConfig", data: "TaskData") -> tuple[int, ...]:
+    """attn_mask's positions, checked against the task: keys of the readout query, the last position."""
+    from groklens.config import parse_positions
+
+    keys = parse_positions(cfg.attn_mask)
+    if keys and (data.n_targets or data.readout_pos != data.n_ctx - 1):
+        raise BadInput(f"attn_mask masks the readout query at the last position; task {cfg.task!r} reads out elsewhere")
+    if any(k >= data.n_ctx for k in keys):
+        raise BadInput(f"attn_mask {cfg.attn_mask!r}: positions are 0..{data.n_ctx - 1} for this task")
+    return keys
+
+
 @MODELS.register("transformer")
 def _build_transformer(cfg: "RunConfig", data: "TaskData"):
     from groklens.trainers.models.transformer import Transformer, TransformerConfig
@@ -46,9 +58,9 @@ def _build_transformer(cfg: "RunConfig", data: "TaskData"):
             d_mlp=cfg.d_mlp, d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx,
             act_fn=cfg.act_fn, norm=cfg.norm, norm_placement=cfg.norm_placement, attention=cfg.attention,
             unembed=cfg.unembed, init=cfg.init, init_scheme=cfg.init_scheme, causal=cfg.causal, mlp_bias=cfg.mlp_bias,
-            radius=cfg.radius, tau=cfg.tau,
+            radius=cfg.radius, tau=cfg.tau, attention_rate=cfg.attention_rate,
             fourier_freqs=cfg.fourier_frequencies() if cfg.init == "fourier" else (),
-            fourier_p=cfg.p if cfg.init == "fourier" else 0,
+            fourier_p=cfg.p if cfg.init == "fourier" else 0, readout_keys=_readout_keys(cfg, data),
         )
     ), cfg, data)
 

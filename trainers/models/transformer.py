@@ -2,7 +2,7 @@
 
 Variants are switches of this class, never copies (docs/VARIANTS.md): `norm` (none | ln | rms |
 sphere), `attention` (softmax | uniform), `unembed` (linear | bounded), `init` (default |
-fourier), `causal`. Pre-norm residual blocks as in TransformerLens:
+fourier), `causal`, `readout_keys` (the attention-mask transfer). Pre-norm residual blocks as in TransformerLens:
     resid_mid  = resid_pre + attn(ln1(resid_pre))
     resid_post = resid_mid + mlp(ln2(resid_mid))
     logits     = unembed(ln_final(resid_post))
@@ -48,6 +48,8 @@ class TransformerConfig(ModelConfig):
     tau: float = 10.0  # unembed=bounded
     fourier_freqs: tuple[int, ...] = ()  # init=fourier: frequencies k_1..k_K
     fourier_p: int = 0  # init=fourier: tokens 0..fourier_p-1 are the residues mod fourier_p
+    attention_rate: float = 1.0  # attention=softmax: rate * softmax + (1 - rate) * uniform (Attention)
+    readout_keys: tuple[int, ...] = ()  # attn_mask: the keys the last query may attend to (() = all)
 
 
 class Embed(nn.Module):
@@ -163,7 +165,16 @@ class Attention(nn.Module):
 
     attention=uniform sets the scores of allowed positions to 0 before the softmax (masked ones
     stay -inf), so the pattern is 1 / (number of allowed positions); q, k and every hook still
-    run, and hook_attn_scores / hook_pattern show what the softmax saw and gave.
+    run, and hook_attn_scores / hook_pattern show what the softmax saw and gave. The allowed keys
+    (`allowed`): the causal mask (with cfg.causal), and with readout_keys the last query (the
+    readout) sees those keys only.
+
+    attention_rate r < 1 (Zhong et al.'s attn_coeff, their code/train-main.py, `Attention.forward`:
+    `normalized * attn_coeff + (1 - attn_coeff)`) mixes the softmax with the uniform pattern,
+    pattern = r softmax(scores) + (1 - r) / (allowed positions); hook_pattern shows the mixture.
+    Their uniform part is all ones (rows sum to r + (1 - r) n); ours keeps every row a
+    distribution, so r = 0 is attention=uniform: their rate c equals our r = c / (c + n (1 - c))
+    with W_O scaled by c + n (1 - c) (tests/trainers/test_attention_rate.py).
 
     Two paths with the same result: the explicit one (every hook fires; always taken when a hook
     is attached anywhere in the model, bit-identical to earlier versions), and the fast one when
@@ -191,7 +202,13 @@ class Attention(nn.Module):
         self.hook_k_input = HookPoint()
         self.hook_v_input = HookPoint()
         n = cfg.n_ctx
-        self.register_buffer("causal_mask", torch.tril(torch.ones(n, n, dtype=torch.bool)), persistent=False)
+        allowed = torch.tril(torch.ones(n, n, dtype=torch.bool)) if cfg.causal else torch.ones(n, n, dtype=torch.bool)
+        if cfg.readout_keys:
+            allowed[n - 1] = False
+            allowed[n - 1, list(cfg.readout_keys)] = True
+        self.register_buffer("allowed", allowed, persistent=False)
+        self.masked = cfg.causal or bool(cfg.readout_keys)  # some query does not see every key
+        self.last_sees_all = not cfg.readout_keys  # the readout query sees every key (no mask needed there)
 
     def forward(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor,
                 query: slice | None = None, fast: str | None = None, xq: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,12 +228,12 @@ class Attention(nn.Module):
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
         if self.cfg.attention == "uniform":
             scores = torch.zeros_like(scores)  # no gradient reaches W_Q, W_K
-        if self.cfg.causal:
+        if self.masked:
             n = k_in.shape[1]
-            mask = self.causal_mask[:n, :n]
+            mask = self.allowed[:n, :n]
             scores = scores.masked_fill(~(mask if query is None else mask[query]), float("-inf"))
         scores = self.hook_attn_scores(scores)
-        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        pattern = self.hook_pattern(self._with_rate(scores.softmax(dim=-1), k_in.shape[1], query, scores))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
         if self.cfg.use_attn_result:
             return self.hook_result(torch.einsum("bqhe,hed->bqhd", z, self.W_O)).sum(-2)
@@ -263,19 +280,33 @@ class Attention(nn.Module):
             else:
                 scores = torch.einsum("bqhe,bkhe->bqkh", q, k)
             scores = self._mask_scores(scores / math.sqrt(e), n, query)
-            pattern = scores.softmax(dim=2)
+            pattern = self._with_rate(scores.softmax(dim=2), n, query, x, per_head_last=True)
         return self._mix(pattern, v)
 
+    def _uniform(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
+        """The uniform pattern, 1 / (allowed keys) for every query: [q, k]."""
+        allowed = (self.allowed[:n, :n] if query is None else self.allowed[query, :n]).to(like.dtype)
+        return allowed / allowed.sum(-1, keepdim=True)
+
     def _uniform_pattern(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
-        """attention=uniform: 1 / (allowed keys) for every query, [1, q, k, 1]."""
-        mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
-        allowed = mask.to(like.dtype) if self.cfg.causal else torch.ones(mask.shape, dtype=like.dtype, device=like.device)
-        return (allowed / allowed.sum(-1, keepdim=True))[None, :, :, None]
+        """attention=uniform on the lean paths' layout: [1, q, k, 1]."""
+        return self._uniform(n, query, like)[None, :, :, None]
+
+    def _with_rate(self, pattern: torch.Tensor, n: int, query: slice | None, like: torch.Tensor,
+                   per_head_last: bool = False) -> torch.Tensor:
+        """The softmax `pattern` mixed with the uniform one at attention_rate r (the class doc):
+        r pattern + (1 - r) uniform; unchanged at r = 1. `pattern` is [b, h, q, k], or [b, q, k, h]
+        on the lean paths (`per_head_last`)."""
+        r = self.cfg.attention_rate
+        if r == 1:
+            return pattern
+        uniform = self._uniform_pattern(n, query, like) if per_head_last else self._uniform(n, query, like)
+        return pattern * r + uniform * (1 - r)
 
     def _mask_scores(self, scores: torch.Tensor, n: int, query: slice | None) -> torch.Tensor:
-        """Causal mask on scores [b, q, k, h] (none needed when the only query is the last position)."""
-        if self.cfg.causal and not (query is not None and query.start == n - 1):  # the last query sees every key
-            mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
+        """The mask on scores [b, q, k, h] (none needed when the only query is the last position and it sees every key)."""
+        if self.masked and not (self.last_sees_all and query is not None and query.start == n - 1):
+            mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
             scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
         return scores
 
@@ -311,25 +342,26 @@ class Attention(nn.Module):
         q_ids = ids if query is None else ids[:, query]
         pairs = (q_ids - start * V)[:, :, None] * (n * V) + ids[:, None, :]  # [b, q, k]: each score's row
         scores = self._mask_scores(F.embedding(pairs, s_tab), n, query)  # [b, q, k, h]
-        return self._mix(scores.softmax(dim=2), v)
+        return self._mix(self._with_rate(scores.softmax(dim=2), n, query, x_tab, per_head_last=True), v)
 
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside. The projections are the
         explicit path's einsums (one matmul each; under torch.func.vmap, as in the ensemble, they
         give the single run's numbers bit for bit); the softmax attention is torch's fused kernel."""
         n = x.shape[1]
-        mask = self.causal_mask[:n, :n] if query is None else self.causal_mask[query, :n]
+        mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
         v = torch.einsum("bpd,hde->bhpe", x, self.W_V)
         if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
-            allowed = mask.to(x.dtype) if self.cfg.causal else torch.ones(mask.shape, dtype=x.dtype, device=x.device)
-            z = (allowed / allowed.sum(-1, keepdim=True)) @ v  # [b, h, q, e]
+            z = self._uniform(n, query, x) @ v  # [b, h, q, e]
         else:
             xq = x if query is None else x[:, query]
             q = torch.einsum("bpd,hde->bhpe", xq, self.W_Q)
             k = torch.einsum("bpd,hde->bhpe", x, self.W_K)
-            if not self.cfg.causal or (query is not None and query.start == n - 1):
+            if not self.masked or (self.last_sees_all and query is not None and query.start == n - 1):
                 mask = None  # every query sees every key (bidirectional, or the last position only)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+            if (r := self.cfg.attention_rate) != 1:  # the mixture's pattern times v, as two products
+                z = z * r + (self._uniform(n, query, x) @ v) * (1 - r)
         return torch.einsum("bhqe,hed->bqd", z, self.W_O)
 
 

@@ -1,0 +1,197 @@
+"""The sphere paper's own code as a peer: its runs, kept in a small committed ledger beside groklens'.
+
+`benchmarks/peer/sphere_official.py` trains one arm with the official notebooks
+(AlperYildirim1/geometric-grokking) and writes one JSON per run; `benchmarks/peer/record_sphere_official.py`
+records those files in PEER_LEDGER (docs/results/peer/sphere-official.json; never a trajectory).
+bounded-sphere's paper rows read it (sphere_paper.py): the official code's grok steps beside
+groklens' runs of the same seeds and split, and beside the paper's table.
+
+An entry is one run: `arm` (a key of the arms given: sphere_paper.ARCH), `seed`, `notebook`, `repo_commit`, `lr`,
+`weight_decay`, `p`, `frac_train`, `epochs`, `grok_epoch` (theirs: the first logged epoch with test
+accuracy > 0.95, strictly; null if none), `log` (their logged evaluations: `epochs`, `train_acc`,
+`test_acc`), `train_pairs_sha256` (sha256 of their training pairs, sorted, as JSON), `cpu_s`,
+`device`, `recorded`. Their epoch e is evaluated after the optimizer step of epoch e (0-based), so
+it is groklens' step e + 1 (OfficialRun reads it so).
+
+Checked on load (`load_official`; BadInput naming the file, the entry and the field): every field
+of its type, the weight decay the arm's (ARCH), the log's epochs increasing within [0, epochs - 1]
+and ending at epochs - 1 (the run finished), accuracies in [0, 1], `grok_epoch` equal to the first
+logged epoch with test accuracy > 0.95 in the log (their rule, recomputed), and one entry per
+(arm, seed, lr, p).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from groklens.analyses.phases import PhaseTimes
+from groklens.config import GROK_THRESHOLD
+from groklens.errors import BadInput
+from groklens.experiments.core import LEDGER_DIR
+
+PEER_LEDGER = LEDGER_DIR / "peer" / "sphere-official.json"
+PEER_FORMAT = 1
+PEER_REPO = "AlperYildirim1/geometric-grokking"
+THEIR_GROK = 0.95  # their grok epoch: the first logged test accuracy > this (strictly)
+ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "arm": (str,), "seed": (int,), "notebook": (str,), "repo_commit": (str,), "lr": (float, int),
+    "weight_decay": (float, int), "p": (int,), "frac_train": (float,), "epochs": (int,),
+    "grok_epoch": (int, type(None)), "log": (dict,), "train_pairs_sha256": (str,), "cpu_s": (float, int),
+    "device": (str,), "recorded": (str,),
+}
+
+
+def pairs_sha256(pairs: list[tuple[int, int]] | list[list[int]]) -> str:
+    """sha256 of a set of (a, b) pairs: sorted, as compact JSON (equal sets, equal hashes)."""
+    text = json.dumps(sorted([int(a), int(b)] for a, b in pairs), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def groklens_split_sha256(p: int, frac_train: float, seed: int) -> str:
+    """pairs_sha256 of the training pairs of groklens' add task with split_rule python_shuffle and
+    data_seed = seed (the *_papersplit arms' split of that seed)."""
+    from groklens.config import RunConfig
+    from groklens.tasks import TASKS
+
+    cfg = RunConfig.from_dict({"task": "add", "p": p, "train_frac": frac_train, "data_seed": seed,
+                               "split_rule": "python_shuffle", "device": "cpu"})
+    data = TASKS.get("add").build(cfg)
+    return pairs_sha256(data.inputs[data.train_idx][:, :2].tolist())
+
+
+def their_grok_epoch(log: dict[str, list]) -> int | None:
+    """Their rule on their log: the first logged epoch with test accuracy > 0.95, None if none."""
+    return next((int(e) for e, acc in zip(log["epochs"], log["test_acc"]) if acc > THEIR_GROK), None)
+
+
+def official_entry(result: dict[str, Any], arms: Mapping[str, dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
+    """The ledger entry of one result JSON of benchmarks/peer/sphere_official.py, checked against
+    `arms` (arm -> config fields, sphere_paper.ARCH)."""
+    try:
+        hist = result["history"]
+        entry = {
+            "arm": result["arm"], "seed": result["seed"], "notebook": result["notebook"],
+            "repo_commit": result["repo_commit"], "lr": result["lr"], "weight_decay": result["weight_decay"],
+            "p": result["p"], "frac_train": float(result.get("frac_train", 0.3)),  # their FRAC_TRAIN
+            "epochs": result["epochs"],
+            # their train_model returns ">N" for a run that never crossed
+            "grok_epoch": result["grok_epoch"] if isinstance(result["grok_epoch"], int) else None,
+            "log": {k: list(hist[k]) for k in ("epochs", "train_acc", "test_acc")},
+            "train_pairs_sha256": pairs_sha256(result["train_pairs"]),
+            "cpu_s": round(float(result["cpu_s"]), 1), "device": str(result.get("device", device)),
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInput(f"not a result of benchmarks/peer/sphere_official.py (missing or bad {exc})") from None
+    problem = entry_problem(entry, arms)
+    if problem:
+        raise BadInput(f"{entry['arm']} seed {entry['seed']}: {problem}")
+    return entry
+
+
+def entry_problem(e: dict[str, Any], arms: Mapping[str, dict[str, Any]]) -> str | None:
+    """What is wrong with one entry (see the module docstring; `arms`: arm -> config fields), or None."""
+    for key, kinds in ENTRY_TYPES.items():
+        v = e.get(key)
+        if key not in e or not isinstance(v, kinds) or isinstance(v, bool):
+            return f"{key!r} is {'missing' if key not in e else repr(v)[:60]}, not {' or '.join(k.__name__ for k in kinds)}"
+    if e["arm"] not in arms:
+        return f"'arm' is {e['arm']!r}, not one of {', '.join(arms)}"
+    if e["weight_decay"] != arms[e["arm"]]["weight_decay"]:
+        return f"'weight_decay' is {e['weight_decay']!r}, not arm {e['arm']}'s {arms[e['arm']]['weight_decay']!r}"
+    if not (e["epochs"] >= 1 and e["p"] >= 2 and 0 < e["frac_train"] < 1 and math.isfinite(e["cpu_s"])
+            and e["cpu_s"] >= 0 and e["lr"] > 0):
+        return "'epochs', 'p', 'frac_train', 'lr' or 'cpu_s' out of range"
+    if not re.fullmatch(r"[0-9a-f]{64}", e["train_pairs_sha256"]):
+        return "'train_pairs_sha256' is not a sha256 hex digest"
+    log = e["log"]
+    if set(log) != {"epochs", "train_acc", "test_acc"} or not all(isinstance(v, list) for v in log.values()):
+        return "'log' is not {epochs, train_acc, test_acc} lists"
+    ep = log["epochs"]
+    if not ep or len(log["train_acc"]) != len(ep) or len(log["test_acc"]) != len(ep):
+        return "'log' lists are empty or of different lengths"
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ep) or ep != sorted(set(ep)) \
+            or ep[0] < 0 or ep[-1] != e["epochs"] - 1:
+        return f"log epochs are not increasing epochs ending at the run's last ({e['epochs'] - 1})"
+    for key in ("train_acc", "test_acc"):
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1 for x in log[key]):
+            return f"log {key} holds a value that is not an accuracy in [0, 1]"
+    want = their_grok_epoch(log)
+    if e["grok_epoch"] != want:
+        return f"'grok_epoch' is {e['grok_epoch']}, but their rule (test acc > {THEIR_GROK}) on the log gives {want}"
+    return None
+
+
+def load_official(path: Path, arms: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checked entries of a peer ledger ([] when the file does not exist); `arms` as entry_problem's."""
+    from groklens.fileio import load_json_file
+
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = load_json_file(path, "peer ledger")
+    if not isinstance(data, dict) or data.get("format") != PEER_FORMAT or not isinstance(data.get("runs"), list):
+        raise BadInput(f"{path} is not a peer ledger of the sphere paper's code (format {PEER_FORMAT})")
+    seen: dict[tuple, int] = {}
+    for i, e in enumerate(data["runs"]):
+        problem = entry_problem(e, arms) if isinstance(e, dict) else f"is a {type(e).__name__}, not a mapping"
+        if problem:
+            raise BadInput(f"{path}: entry {i}: {problem}")
+        key = (e["arm"], e["seed"], e["lr"], e["p"])
+        if key in seen:
+            raise BadInput(f"{path}: entry {i} records arm {e['arm']} seed {e['seed']} at lr {e['lr']:g}, p {e['p']} "
+                           f"again, as entry {seen[key]} does: one run counted twice")
+        seen[key] = i
+    return data["runs"]
+
+
+def save_official(path: Path, entries: list[dict[str, Any]]) -> Path:
+    """Write the ledger atomically, one entry per (arm, seed, lr, p), in that order."""
+    from groklens.fileio import write_text_atomic
+
+    data = {"format": PEER_FORMAT, "peer": PEER_REPO,
+            "what": "runs of the official notebooks (benchmarks/peer/sphere_official.py), recorded by "
+                    "benchmarks/peer/record_sphere_official.py; their epoch e is groklens' step e + 1",
+            "runs": sorted(entries, key=lambda e: (e["arm"], e["lr"], e["p"], e["seed"]))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+
+
+def record(path: Path, entries: list[dict[str, Any]], arms: Mapping[str, dict[str, Any]]) -> Path:
+    """Add entries to the ledger at `path` (an entry of the same arm, seed, lr and p is replaced)."""
+    keep = {(e["arm"], e["seed"], e["lr"], e["p"]): e for e in load_official(path, arms)}
+    keep.update({(e["arm"], e["seed"], e["lr"], e["p"]): e for e in entries})
+    return save_official(path, list(keep.values()))
+
+
+class OfficialRun(PhaseTimes):
+    """An entry with the attributes the rows read (as ledger.LedgerRun), in groklens' steps: their
+    epoch e is step e + 1. Memorization is not read from their runs (None)."""
+
+    def __init__(self, entry: dict[str, Any]):
+        from groklens.analyses.grokking import collapse
+
+        log = entry["log"]
+        steps = [e + 1 for e in log["epochs"]]
+        self.entry, self.seed = entry, entry["seed"]
+        self.name = f"official_{entry['arm']}_s{entry['seed']}"
+        self.memorization = None
+        self.grokking = None if entry["grok_epoch"] is None else entry["grok_epoch"] + 1
+        self.last_step = steps[-1]
+        self.final_test_acc = float(log["test_acc"][-1])
+        # crossing and fall-back read at >= 0.95 (their grok rule is > 0.95: the same unless an
+        # accuracy is 0.95 exactly)
+        self.collapse = collapse({"step": steps, "test_acc": log["test_acc"]}, GROK_THRESHOLD)
+        self.collapsed = bool(self.collapse["collapsed"])
+        self.values, self.phase_notes, self.wall_s = {}, {}, None
+        self.split_sha256 = entry["train_pairs_sha256"]
+
+    def value(self, key: str, phase: str) -> None:
+        return None
