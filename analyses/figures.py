@@ -310,7 +310,9 @@ def spread_over_seeds(groups: Sequence[SeedSpread], *, ylabel: str, mark_label: 
     left.grid(alpha=0.25, which="both", lw=0.4)
     left.legend(fontsize=7, loc="best", framealpha=0.8)
     right.set_xticks(range(len(groups)))
-    right.set_xticklabels([textwrap.shorten(g.label, 24) for g in groups], rotation=30, ha="right", fontsize=7)
+    # one field a line, turned upright: whole labels that stay apart (shortened, rows that differ
+    # only after the first field read the same)
+    right.set_xticklabels([g.label.replace(" ", "\n") for g in groups], rotation=90, fontsize=6)
     right.set_xlim(-0.6, len(groups) - 0.4)
     right.set_title(f"at {mark_label}\n(bar: median)", fontsize=8)
     right.grid(alpha=0.25, axis="y", lw=0.4)

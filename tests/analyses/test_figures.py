@@ -247,6 +247,12 @@ def test_spread_over_seeds_draws_every_seed_the_median_and_the_marked_values(tmp
     bars = [ln for ln in right.get_lines() if ln.get_marker() in ("None", None, "")]
     assert len(bars) == 1 and list(bars[0].get_ydata()) == [0.5, 0.5]
     assert [t.get_text() for t in right.get_xticklabels()] == ["sphere", "ln"]
+    # whole labels, one field a line: rows that differ only after their first field stay apart
+    twins = [F.SeedSpread(f"act_norm_lambda=0 norm={n} unembed={u}", c, [(steps, seeds[0])], None, [])
+             for n, u, c in (("none", "linear", "#1f77b4"), ("sphere", "bounded", "#d62728"))]
+    right = F.spread_over_seeds(twins, ylabel="FVE", mark_label="test accuracy >= 0.99").axes[1]
+    assert [t.get_text() for t in right.get_xticklabels()] == ["act_norm_lambda=0\nnorm=none\nunembed=linear",
+                                                               "act_norm_lambda=0\nnorm=sphere\nunembed=bounded"]
 
 
 def test_the_fve_figure_reads_each_seed_at_its_first_crossing(tmp_path):
