@@ -40,6 +40,15 @@ def grok_evals_of(config: Mapping) -> int:
     return int(config.get("grok_evals", STORED_LEGACY["grok_evals"]))
 
 
+def grokked_rule(evals: Sequence[int], threshold: str = "the threshold") -> str:
+    """What 'grokked' means for runs with these grok_evals, in words (a table's header, a caption)."""
+    ns = sorted(set(evals)) or [1]
+    if ns == [1]:
+        return f"the first evaluation with test accuracy >= {threshold}"
+    mixed = " (the runs' grok_evals)" if len(ns) > 1 else ""
+    return f"the first of {' or '.join(map(str, ns))} consecutive evaluations with test accuracy >= {threshold}{mixed}"
+
+
 def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS,
                    evals: int = 1) -> dict:
     """memorization_step / grokking_step (`evals` consecutive evaluations) / first_crossing keyed

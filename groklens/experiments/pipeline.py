@@ -14,7 +14,7 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
+    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, default_out, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
     SCALES, Scale)
 
 
@@ -52,9 +52,13 @@ FITS_RUN_S = 4 * 3600  # a scale fits this CPU when no run takes longer on one c
 FITS_TOTAL_S = 72 * 3600  # ... and all its runs (default seeds) take at most this wall time on this CPU's cores
 
 
-def _ledger_dirs(extra: str | Path | None = None) -> list[Path]:
+def _ledger_dirs(extra: str | Path | None = None, local: Sequence[Path] = ()) -> list[Path]:
+    """The committed ledgers (docs/results of a checkout), `extra` (--ledger), and the ledgers of
+    `local` output directories where they exist; each directory once."""
     dirs = [LEDGER_DIR] if LEDGER_DIR.is_dir() else []
-    return dirs + ([Path(extra)] if extra is not None else [])
+    dirs += [Path(extra)] if extra is not None else []
+    dirs += [d / "ledger" for d in local if (d / "ledger").is_dir()]
+    return list({d.resolve(): d for d in dirs}.values())
 
 
 def _last_steps(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -77,12 +81,12 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
             echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every experiment with its runs, their estimated CPU-core time (to the expected stop, and
     to the step cap), the time per run measured where one ran (the ledgers: docs/results/ of a
-    checkout, and `ledger_dir`: CPU time where recorded, else wall time), and whether it fits
-    this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
+    checkout, `ledger_dir`, and those of the experiment's default output directories here, such
+    as ./demo-out after `groklens demo`: CPU time where recorded, else wall time), and whether
+    it fits this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
     from groklens.experiments.cost import EXPECTED_MARGIN, rates_for
     from groklens.experiments.ledger import ledger_entries, measured_time
 
-    dirs = _ledger_dirs(ledger_dir)
     cores = os.cpu_count() or 1
     plans = {}
     for name in EXPERIMENTS:
@@ -94,7 +98,7 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
     out = {}
     for (name, scale), (e, n, runs) in plans.items():
         item = out.setdefault(name, {"name": e.name, "summary": e.summary, "scales": {}})
-        entries = ledger_entries(dirs, e.name, scale)
+        entries = ledger_entries(_ledger_dirs(ledger_dir, e.default_outs(scale)), e.name, scale)
         costs = estimate_runs(e, scale, runs, entries, rates)
         measured = measured_time(entries)
         kind = None if measured is None or not all(d.startswith("cpu") for d in measured["devices"]) else \
@@ -206,7 +210,7 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
         raise BadInput(f"--seeds must be a positive integer, at most {MAX_SEEDS}; got {seeds!r}")
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
-    out = Path(out_dir if out_dir is not None else f"reproduce-{name}-{scale}")
+    out = Path(out_dir) if out_dir is not None else default_out(name, scale)
     if out.exists() and not out.is_dir():
         raise BadInput(f"{out} exists and is not a directory")
     if not out.exists() and not out.parent.is_dir():
@@ -277,14 +281,14 @@ def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: i
 
 
 def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1,
-           measure: bool = True) -> str | None:
+           measure: bool = True, log: Sequence[str] = ()) -> str | None:
     """Train `todo` into runs_dir: first the runs that read no other run, then those that take
     their attention mask from a run beside them (attn_mask_from), once it is finished. Runs that
     share an architecture (an arm's seeds; a grid's cell of learning rates and weight decays)
     train as batched ensembles (trainers/ensemble.py) where that pays (layout.ensemble_rule: on a
     GPU, or a CPU step short enough), sized and ordered by their cost to the cap (costliest
     first), on `workers` processes. Returns how they were grouped (a note), None when there was
-    nothing to train."""
+    nothing to train. `log`: `--log` specs; each run trained mirrors its rows there."""
     from groklens.experiments.cost import cost_key, rates_for, run_seconds
     from groklens.experiments.layout import ensemble_rule
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
@@ -300,7 +304,7 @@ def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, prog
             continue
         rep = run_sweep([RunSpec(r.name, r.cfg) for r in wave], runs_dir, executor=executor, workers=workers,
                         ensemble=rule, progress=progress, threads=threads,
-                        cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps))
+                        cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps), log=log)
         if rep.counts["failed"]:
             first = next(iter(rep.failed.items()))
             raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
@@ -341,7 +345,8 @@ def select_arms(exp: Experiment, scale: str, patterns: Sequence[str] | None) -> 
 def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
               train: bool = True, progress: bool = True, echo: Callable[[str], None] = print,
-              compile: bool = False, measure: bool = True, arms: Sequence[str] | None = None) -> Result:
+              compile: bool = False, measure: bool = True, arms: Sequence[str] | None = None,
+              log: Sequence[str] = ()) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
@@ -349,11 +354,14 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     compile=True trains each new run that can be compiled with compile=true (`compile_runs`).
     Before training it prints the runs' estimated cost (`estimate_text`; measure=False: from the
     FLOP model, nothing timed). arms: train only the variants matching these patterns
-    (`select_arms`); the rows read every arm the ledger holds (a study trained in stages)."""
+    (`select_arms`); the rows read every arm the ledger holds (a study trained in stages). `log`: `--log` specs; each run trained mirrors
+    its rows there."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
+    from groklens.trainers.loggers import check_specs
 
     t0 = time.perf_counter()
     exp = get_experiment(name)
+    check_specs(log)  # a missing package or a malformed spec: before anything else
     seeds, out = _check_args(exp, name, scale, seeds, workers, out_dir, results_md)
     chosen = select_arms(exp, scale, arms)
     if compile and train:
@@ -397,7 +405,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
             echo(f"training layout: {layout.why}")
         if compile and todo:
             todo = compile_runs(todo, echo, threads)
-        grouped = _train(todo, runs_dir, name, train_workers, progress, threads, measure=measure and scale != "smoke")
+        grouped = _train(todo, runs_dir, name, train_workers, progress, threads, measure=measure and scale != "smoke",
+                         log=log)
     else:
         todo, grouped = [], None
     t_train = time.perf_counter() - t0
