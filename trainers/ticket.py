@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.config import first_sustained
 from groklens.errors import BadInput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,7 +66,6 @@ def readout_pattern(model, data, batch_size: int = 4096) -> np.ndarray:
 def transferred_mask(cfg: RunConfig, out: str | Path) -> str:
     """attn_mask of a run of `cfg` to be written at `out`, from its donor's readout attention."""
     from groklens.checkpoints import Trajectory
-    from groklens.config import first_sustained
 
     path = donor_path(cfg, out)
     if not path.exists():
