@@ -5,6 +5,7 @@ from __future__ import annotations
 from groklens.experiments.core import (
     CANONICAL_GROK, Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale,
     grok_row, no_analyses, register, speedup_row)
+from groklens.experiments.ledger import GENERALIZED, GENERALIZED_PHASE
 from groklens.experiments.verdicts import (
     fmt_ci, generalized_arms, interval_verdict, mean_flag, paired_interval, ratio_verdict, undetermined,
     welch_log_ratio)
@@ -14,12 +15,13 @@ ACTNORM = "Activation-norm penalty ('radial inflation', 2026; REFERENCES.md)"
 
 def _an_actnorm(sc: Scale, scale: str):
     small = scale == "smoke"
-    # paper: sharpness at every phase too, so that minima are compared where both arms have just
-    # generalized (the grokking checkpoint), not only at the end
+    # paper: sharpness also at each run's first evaluation with test accuracy >= 0.99 (the ledger's
+    # "generalized" phase, phases@0.99), so that minima are compared where both arms have just
+    # generalized (Proposition iii, _hessian_row), not only at the end
     paper = scale == "paper"
     return [("radial", {}, "phases"), *([("induced_reg", {}, "phases")] if paper else []),
             ("sharpness", {"top_k": 1, "trace_samples": 2 if small else 10, "maxiter": 50 if small else None},
-             "phases" if paper else "end")]
+             f"end+phases@{GENERALIZED:g}" if paper else "end")]
 
 
 # ---------------------------------------------------------------------- activation-norm
@@ -78,8 +80,9 @@ def _read_actnorm(ctx: Context) -> list[Row]:
                             ratio, rtext, diff, verdict))
         for suffix, lam in arms:
             tag = f", lambda {lam:g}" if grid else ""
-            for phase in (("end", "grokking") if grid else ("end",)):
-                rows.append(_hessian_row(ctx, m, f"{m}_{suffix}", label + tag, phase, diff))
+            if grid:  # Proposition iii is read at matched generalization; the end is shown beside it
+                rows.append(_hessian_row(ctx, m, f"{m}_{suffix}", label + tag, GENERALIZED_PHASE, diff))
+            rows.append(_hessian_row(ctx, m, f"{m}_{suffix}", label + tag, "end", diff, decides=not grid))
             if grid:  # the paper scale analyzes induced_reg (_an_actnorm)
                 rows += _induced_rows(ctx, f"{m}_{suffix}", label + tag, diff)
             rad, rtext = ctx.measure(f"{m}_{suffix}", "radius", "end")
@@ -128,11 +131,15 @@ def _induced_rows(ctx: Context, v: str, label: str, diff: str) -> list[Row]:
 PROP_I = "anisotropic, data-dependent weight regularization (Proposition i; no number)"
 
 
-def _hessian_row(ctx: Context, m: str, v: str, label: str, phase: str, diff: str) -> Row:
-    """Top Hessian eigenvalue at `phase` (end, or grokking: each run's first evaluation at the
-    threshold, where both arms have just generalized), penalty / baseline: the ratio of geometric
-    means over seeds with Welch's interval on the logs; a flat-minimum comparison only between
-    arms that both generalized."""
+def _hessian_row(ctx: Context, m: str, v: str, label: str, phase: str, diff: str, decides: bool = True) -> Row:
+    """Top Hessian eigenvalue at `phase`, penalty / baseline: the ratio of geometric means over
+    seeds with Welch's interval on the logs. Proposition iii ("flatter minima") is read at the
+    ledger's "generalized" phase, each run's first evaluation with test accuracy >= 0.99 (matched
+    generalization, not the end): its verdict needs every seed of both arms to have a value there
+    (each reached 0.99, with a checkpoint at it), and is "agrees" when the interval lies below 1
+    (the penalty's minima flatter), "disagrees" when it lies at or above 1, else undetermined. At
+    the end ("end") a comparison needs both arms generalized; `decides` False: shown without a
+    verdict (the paper scale decides at matched generalization)."""
     base, act = ctx.group(f"{m}_base").runs, ctx.group(v).runs
     vb = [x for x in (r.value("hessian_top", phase) for r in base) if x is not None]
     va = [x for x in (r.value("hessian_top", phase) for r in act) if x is not None]
@@ -142,10 +149,21 @@ def _hessian_row(ctx: Context, m: str, v: str, label: str, phase: str, diff: str
     ci_text = f" {fmt_ci(ci)}" if ci is not None else ""
     text = (f"{ratio:.3g}{ci_text} (penalty {ta} / baseline {tb})" if ratio is not None
             else f"penalty {ta} / baseline {tb}")
-    why = generalized_arms({"the penalty arm": act, "the baseline": base})
-    verdict = undetermined(why) if why else ratio_verdict(
-        ratio, ci, below=True, missing=text, n=min(len(va), len(vb)))
-    where = "at the end" if phase == "end" else "at grokking (matched generalization)"
+    if phase == GENERALIZED_PHASE:
+        short = [f"{what} reached test accuracy {GENERALIZED:g} (with a checkpoint there) on {len(vals)} of "
+                 f"{len(runs)} seeds" for what, vals, runs in (("the penalty arm", va, act), ("the baseline", vb, base))
+                 if len(vals) < len(runs) or not runs]
+        why = "not matched: " + "; ".join(short) if short else None
+        where = f"at first test accuracy >= {GENERALIZED:g} (matched generalization)"
+    else:
+        why = generalized_arms({"the penalty arm": act, "the baseline": base})
+        where = "at the end"
+    if not decides:
+        verdict, text = "", text + f" (beside the verdict at test accuracy {GENERALIZED:g})"
+    elif why:
+        verdict = undetermined(why)
+    else:
+        verdict = ratio_verdict(ratio, ci, below=True, missing=text, n=min(len(va), len(vb)))
     return Row(f"Hessian top eigenvalue {where}, penalty / baseline, {label}",
                Published(None, "flatter minima (Proposition iii; no number)", ACTNORM), ratio, text, diff, verdict)
 
