@@ -55,7 +55,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl",
                                    # the sphere paper's split from the seed (issue 45)
                                    "split_rule": "pcg64",
                                    # grokked at the first crossing (issue 43)
-                                   "grok_evals": 1}
+                                   "grok_evals": 1,
+                                   # digits_add on a sample of the operand pairs (issue 39)
+                                   "digits_pairs": 0}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
