@@ -86,3 +86,23 @@ def test_no_runs_give_undetermined_rows_not_errors():
     rows = E.get_experiment("activation-norm").read(_ctx({}))
     best = [r for r in rows if r.measure.startswith("best speed-up")]
     assert len(best) == 2 and all(r.ours is None and r.verdict.startswith("undetermined") for r in best)
+
+
+def test_the_paper_scale_analyzes_sharpness_where_the_ledger_reads_generalized():
+    """The ledger keeps a measure at 'generalized' from the checkpoint of the first evaluation at
+    test accuracy 0.99 (ledger.summarize_run): the paper scale must compute sharpness there."""
+    from groklens.analyses.runner import choose_checkpoints
+    from groklens.experiments.ledger import GENERALIZED, GENERALIZED_PHASE
+
+    e = E.get_experiment("activation-norm")
+    where = {name: w for name, _, w in e.analyses(e.scales["paper"], "paper")}
+    assert (GENERALIZED, GENERALIZED_PHASE) == (0.99, "generalized") and where["sharpness"] == "end+phases@0.99"
+    assert {name: w for name, _, w in e.analyses(e.scales["quick"], "quick")}["sharpness"] == "end"
+
+    class Traj:  # a run that crossed test accuracy 0.95 at step 300 and 0.99 at 500, checkpoints at every evaluation
+        steps = [0, 100, 200, 300, 400, 500, 600]
+        config_dict = {"eval_every": 100}
+        metrics = {"step": steps, "train_acc": [0, 0.5, 1, 1, 1, 1, 1], "test_acc": [0, 0, 0.5, 0.96, 0.97, 0.995, 1]}
+        path = "run.h5"
+
+    assert choose_checkpoints(Traj(), where["sharpness"]) == [200, 500, 600]  # memorized, generalized (0.99), end
