@@ -395,7 +395,7 @@ def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
     if task == "s5":
         return 120 * 120, 3, 0
     if task == "digits_add":
-        return 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1
+        return cfg.digits_pairs or 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1
     if task in ("seq_add", "seq_mul"):
         return p ** cfg.n_informative, cfg.seq_len + 1, 0
     if task == "teacher":

@@ -137,6 +137,10 @@ class RunConfig:
     mlp_unembed_bias: bool = True  # model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)
     # --- task knobs (digits_add; seq_add / seq_mul)
     n_digits: int = 3  # digits_add: digits per operand
+    # digits_add: operand pairs drawn from the 10^(2 n_digits) (data_seed, a stream apart from the
+    # split's), which train_frac then splits; 0 = every pair. A 3-digit run on a CPU evaluates a
+    # sample, not 10^6 inputs every evaluation
+    digits_pairs: int = 0
     seq_len: int = 8  # seq tasks: L positions before the `=` readout token
     n_informative: int = 2  # seq tasks: k positions that determine the label
     informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
@@ -291,6 +295,8 @@ class RunConfig:
 
         task = TASKS.get(self.task)
         task.validate(self)
+        _check(self.digits_pairs == 0 or self.task == "digits_add",
+               f"digits_pairs is an option of task digits_add, not task={self.task}")
         for name in ("op_token", "nonzero_b"):
             _check(not getattr(self, name) or self.task in MODULAR_TASKS,
                    f"{name} is an option of the modular tasks ({', '.join(MODULAR_TASKS)}), not task={self.task}")

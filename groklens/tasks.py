@@ -6,7 +6,8 @@ Modular tasks use tokens [a, b, =] with vocabulary p + 1 (`=` is token p) and p 
 permutations of 5 elements (vocabulary 121, 120 classes).
 
 Three further families (docs/VARIANTS.md):
-- `digits_add`: character-level n-digit addition `abc+def=ghij` for a causal LM. Its labels
+- `digits_add`: character-level n-digit addition `abc+def=ghij` for a causal LM (every pair of
+  operands, or a sample of `digits_pairs` of them). Its labels
   are [N, n_digits + 1] (the answer digits) read out at positions readout_pos .. readout_pos +
   n_digits: a multi-target task (loss and accuracy on the answer tokens only).
 - `seq_add`, `seq_mul`: informative-token sequences of length L in which only k positions
@@ -261,6 +262,9 @@ def _digits_grid(cfg: "RunConfig") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = cfg.n_digits
     a, b = np.meshgrid(np.arange(10**n), np.arange(10**n), indexing="ij")
     a, b = a.ravel(), b.ravel()
+    if cfg.digits_pairs:  # a sample of the pairs, in row-major order; the split divides it
+        keep = np.sort(np.random.default_rng([cfg.data_seed, 3]).choice(len(a), cfg.digits_pairs, replace=False))
+        a, b = a[keep], b[keep]
     answer = _digits(a + b, n + 1)  # [N, n+1]: the sum has at most n+1 digits
     col = lambda v: np.full((len(a), 1), v, dtype=np.int64)  # noqa: E731
     inputs = np.concatenate([_digits(a, n), col(DIGIT_PLUS), _digits(b, n), col(DIGIT_EQ), answer[:, :n]], axis=1)
@@ -273,6 +277,9 @@ def _digits_grid(cfg: "RunConfig") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _check_digits(cfg: "RunConfig") -> None:
     if not 1 <= cfg.n_digits <= 3:
         raise BadInput(f"n_digits must be 1, 2 or 3 for task digits_add; got {cfg.n_digits}")
+    if not 0 <= cfg.digits_pairs <= 10 ** (2 * cfg.n_digits):
+        raise BadInput(f"digits_pairs must be 0 (every pair) or at most the {10 ** (2 * cfg.n_digits):,} pairs of "
+                       f"{cfg.n_digits}-digit operands; got {cfg.digits_pairs}")
     if not cfg.causal:
         raise BadInput("task digits_add needs causal=true: its inputs hold the answer digits (teacher forcing)")
     if cfg.model != "transformer":

@@ -70,6 +70,38 @@ def test_digits_add_refuses_bidirectional_attention_and_too_many_digits():
         RunConfig.from_dict({"task": "digits_add", "n_digits": 4})
 
 
+def test_digits_pairs_is_a_sample_of_the_sums_drawn_from_data_seed(tmp_path):
+    """digits_pairs: that many distinct operand pairs, each written out as every pair is, the same
+    sample for the same data_seed (another for another), split by train_frac; a run on it is a
+    valid trajectory file (its data shape is the sample's)."""
+    cfg, data = _data(task="digits_add", n_digits=3, digits_pairs=500, train_frac=0.2)
+    _, full = _data(task="digits_add", n_digits=3)
+    rows = {tuple(r) for r in full.inputs.tolist()}
+    assert data.inputs.shape == (500, 11) and data.labels.shape == (500, 4)
+    assert all(tuple(r) in rows for r in data.inputs.tolist())  # every row a true sum (labels follow)
+    pairs = [tuple(r[:3] + r[4:7]) for r in data.inputs.tolist()]
+    assert len(set(pairs)) == 500 and pairs == sorted(pairs)  # distinct, in the grid's order
+    index = {tuple(r): i for i, r in enumerate(full.inputs.tolist())}
+    assert all(torch.equal(full.labels[index[tuple(r)]], y) for r, y in zip(data.inputs.tolist(), data.labels))
+    assert torch.equal(_data(task="digits_add", digits_pairs=500, train_frac=0.2)[1].inputs, data.inputs)
+    assert not torch.equal(_data(task="digits_add", digits_pairs=500, train_frac=0.2, data_seed=1)[1].inputs,
+                           data.inputs)
+    assert (len(data.train_idx), len(data.test_idx)) == (100, 400)
+    small = {**PRESETS["nanogpt_tiny"], "n_digits": 1, "digits_pairs": 60, "train_frac": 0.5, "steps": 10,
+             "eval_every": 10, "checkpoint_every": 10, "device": "cpu"}
+    train(RunConfig.from_dict(small), tmp_path / "s.h5", progress=False)
+    assert Trajectory(tmp_path / "s.h5").dataset().inputs.shape == (60, 5)
+
+
+def test_digits_pairs_refuses_more_pairs_than_exist_and_other_tasks():
+    with pytest.raises(BadInput, match="digits_pairs must be 0 .* at most the 100 pairs"):
+        RunConfig.from_dict({"task": "digits_add", "n_digits": 1, "digits_pairs": 101})
+    with pytest.raises(BadInput, match="digits_pairs must be 0"):
+        RunConfig.from_dict({"task": "digits_add", "digits_pairs": -1})
+    with pytest.raises(BadInput, match="digits_pairs is an option of task digits_add"):
+        RunConfig.from_dict({"task": "add", "digits_pairs": 10})
+
+
 # ---------------------------------------------------------------------- informative-token sequences
 @pytest.mark.parametrize("layout,expected", [("first", [0, 1, 2]), ("last", [4, 5, 6]), ("spread", [0, 3, 6])])
 def test_fixed_layouts_put_the_informative_tokens_where_they_say(layout, expected):

@@ -182,7 +182,7 @@ class EnsembleRun(Strategy):
         def call(x, **kwargs):
             return torch.func.functional_call(self.base, (params, buffers), (x,), kwargs)
 
-        full = bool(capture and self.hooks)
+        full = bool(capture and self.hooks and not self.resid_capture)  # the model records its own sites in full
         logits = readout_logits(call, x, self.readout_slice, full, getattr(self.base, "supports_readout", False))
         return readout(logits, self.multi_target)
 

@@ -103,9 +103,10 @@ class Lane:
 
         supports = getattr(self.model, "supports_readout", False)
         if self.capture_hooks and capture and self.resid_capture:
+            # the model records its sites at every position and unembeds the readout ones only
             self.acts = self.model.resid_capture = {name: None for name, _ in self.capture_hooks}
             try:
-                return readout_logits(call, x, self.t.readout_slice, True, supports)
+                return readout_logits(call, x, self.t.readout_slice, False, supports)
             finally:
                 self.model.resid_capture = None
         if self.capture_hooks and capture:

@@ -63,7 +63,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl",
                                    "attn_mask": "", "attn_mask_from": "",
                                    # the teacher-student task and Elastic SGD (issue 41)
                                    "teacher_dim": 100, "teacher_hidden": 1, "teacher_alpha": 2.0,
-                                   "teacher_test": 10_000, "elastic_gamma": 0.0}
+                                   "teacher_test": 10_000, "elastic_gamma": 0.0,
+                                   # digits_add on a sample of the operand pairs (issue 39)
+                                   "digits_pairs": 0}
 # Fields that change nothing while another field is off: left out of the hash then.
 INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
 # DERIVED_FROM (groklens.config): fields a run fills in from another run that a field names

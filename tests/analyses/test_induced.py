@@ -78,6 +78,78 @@ def test_a_diagonal_model_on_one_hot_inputs_gets_the_hand_derived_rates():
                                atol=1e-12)
 
 
+def _second_moment(W, X):
+    """M = (2/(n d)) sum_i (1 - sqrt(d)/||h_i||) x_i^T x_i for h_i = x_i W: the penalty's gradient is
+    G = M W, so along W's singular directions (W v_k = s_k u_k) rate_k = u_k^T M u_k."""
+    H = X @ W
+    n, d = H.shape
+    coef = 1 - math.sqrt(d) / np.linalg.norm(H, axis=1)
+    return 2.0 / (n * d) * np.einsum("i,ia,ib->ab", coef, X, X)
+
+
+def _linear_data(X_train, X_other):
+    """TaskData holding the rows of X_train (the train set) and X_other (the test set)."""
+    from groklens.tasks import TaskData
+
+    n, m = len(X_train), len(X_other)
+    X = torch.tensor(np.concatenate([X_train, X_other]))
+    return TaskData(inputs=X, labels=torch.zeros(n + m, dtype=torch.long), train_idx=torch.arange(n),
+                    test_idx=torch.arange(n, n + m), readout_pos=0,
+                    informative_mask=torch.ones(X.shape, dtype=torch.bool), d_vocab=0, d_vocab_out=1)
+
+
+def test_the_rates_are_the_data_weighted_second_moment_along_ws_singular_directions():
+    """The induced regularizer in closed form (docs/ANALYSES.md): G = M W, rate_k = u_k^T M u_k,
+    the diagonal share sum_k (u_k^T M u_k s_k)^2 / ||M W||^2, and the data dependence from M
+    recomputed on the other inputs: the whole analysis against these, on a random W and data."""
+    rng = np.random.default_rng(2)
+    W = rng.standard_normal((6, 4))
+    X, X_other = rng.standard_normal((40, 6)), 2.0 * rng.standard_normal((25, 6))
+    out = induced_regularization(Linear(W), _linear_data(X, X_other), sites=["hook_h"], weights=["W"])
+    U, s, _ = np.linalg.svd(W, full_matrices=False)
+    M, M_other = _second_moment(W, X), _second_moment(W, X_other)
+    rates = np.einsum("ak,ab,bk->k", U, M, U)
+    np.testing.assert_allclose(out["rates@W"], rates, rtol=1e-9)
+    assert out["anisotropy@W"] == pytest.approx(rates.std() / np.abs(rates).mean(), rel=1e-9)
+    G = M @ W
+    assert out["diag_share@W"] == pytest.approx(((rates * s) ** 2).sum() / (G**2).sum(), rel=1e-9)
+    assert out["alignment@W"] == pytest.approx((G * W).sum() / np.linalg.norm(G) / np.linalg.norm(W), rel=1e-9)
+    other = np.einsum("ak,ab,bk->k", U, M_other, U)
+    assert out["data_dependence@W"] == pytest.approx(np.linalg.norm(rates - other) / np.linalg.norm(rates), rel=1e-9)
+    assert out["anisotropy_mean"] == out["anisotropy@W"] and out["data_dependence_mean"] > 0.1
+
+
+def test_isotropic_data_on_a_conformal_w_is_exactly_weight_decay():
+    """W = c Q (Q orthogonal) on an orthonormal basis of inputs: every radius is c, so M = (1 -
+    2/c)/8 I and G = (1 - 2/c)/8 W, weight decay: one rate, anisotropy 0, diag share and alignment
+    1, and no data dependence against another orthonormal basis (d = n = 4)."""
+    rng = np.random.default_rng(3)
+    Q = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    R = np.linalg.qr(rng.standard_normal((4, 4)))[0]  # another orthonormal basis, as the other inputs
+    c = 3.0
+    out = induced_regularization(Linear(c * Q), _linear_data(np.eye(4), R), sites=["hook_h"], weights=["W"])
+    np.testing.assert_allclose(out["rates@W"], (1 - 2 / c) / 8, rtol=1e-9)
+    assert out["anisotropy@W"] == pytest.approx(0.0, abs=1e-9)
+    assert out["diag_share@W"] == pytest.approx(1.0) and out["alignment@W"] == pytest.approx(1.0)
+    assert out["data_dependence@W"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_on_a_rotated_w_the_rates_follow_its_singular_directions_not_the_basis():
+    """W = Q1 diag(w) Q2^T with inputs u_j (W's left singular vectors): ||h_j|| = w_j, so rate_j =
+    (1 - 2/w_j)/8 as for the diagonal model, and with only u_1, u_2 as the other inputs the rates
+    there are (1 - 2/w_j)/4 for j = 1, 2 and 0 for the others: the data dependence is their distance."""
+    rng = np.random.default_rng(4)
+    Q1, Q2 = (np.linalg.qr(rng.standard_normal((4, 4)))[0] for _ in range(2))
+    w = np.array([4.0, 3.0, 1.0, 0.5])
+    out = induced_regularization(Linear(Q1 @ np.diag(w) @ Q2.T), _linear_data(Q1.T, Q1.T[:2]), sites=["hook_h"],
+                                 weights=["W"])
+    rates = (1 - 2 / w) / 8
+    np.testing.assert_allclose(out["rates@W"], rates, rtol=1e-9)
+    assert out["diag_share@W"] == pytest.approx(1.0)
+    other = np.array([(1 - 2 / 4) / 4, (1 - 2 / 3) / 4, 0.0, 0.0])
+    assert out["data_dependence@W"] == pytest.approx(np.linalg.norm(rates - other) / np.linalg.norm(rates), rel=1e-9)
+
+
 def test_the_analysis_reads_the_trainers_penalty_term():
     """The analysis's P and dP/dW against the trainer's ActivationNormPenalty at weight 1 (its own
     code path: the hooks the trainer registers, its term)."""

@@ -91,6 +91,36 @@ def test_fast_path_equals_full_forward(variant, path, n_layers, monkeypatch):
         assert torch.allclose(fast[name], full[name], atol=ATOL, rtol=RTOL), (name, float((fast[name] - full[name]).abs().max()))
 
 
+@pytest.mark.parametrize("n_layers", [1, 2])
+@pytest.mark.parametrize("variant", ["none", "ln_post", "uniform", "grokfast"])
+def test_table_path_at_every_position_equals_the_explicit_path(variant, n_layers, monkeypatch):
+    """The first block at every position (a model with more blocks, or the activation-norm
+    penalty's full forward): a causal position 0 sees only its own key, so it comes from one row
+    per token (TransformerBlock.from_table); logits and gradients as the explicit path's."""
+    cfg = tiny_config(n_layers=n_layers, **VARIANTS[variant])
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    x = data.inputs[data.train_idx][:64]
+    assert model._table_pays(x, None)
+    calls = TableCalls(monkeypatch)
+    grads = []
+    for hooked in (False, True):
+        model.zero_grad(set_to_none=True)
+        if hooked:
+            with model.hooks(fwd_hooks=[("hook_embed", lambda t, hook: None)]):
+                logits = model(x)
+        else:
+            logits = model(x)
+        (logits.double() ** 2).mean().backward()  # every position's logits
+        grads.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert calls.n == 1
+    (fast, g_fast), (full, g_full) = grads
+    assert torch.allclose(fast, full, atol=ATOL, rtol=RTOL)
+    assert g_fast.keys() == g_full.keys()
+    for name in g_full:
+        assert torch.allclose(g_fast[name], g_full[name], atol=ATOL, rtol=RTOL), name
+
+
 def test_hooks_see_the_explicit_path():
     """With a cache attached every attention hook fires (the fast path would skip them)."""
     cfg = tiny_config(n_layers=1)

@@ -38,6 +38,17 @@ def test_the_model_records_the_same_resid_post_as_the_hooks(variant):
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
     for s in sites:
         torch.testing.assert_close(got[s], hooked[s], atol=ATOL, rtol=RTOL)
+    # the trainer's call: logits at the readout positions only, every site still at every position
+    sl = slice(data.readout_pos, data.readout_pos + 1)
+    model.resid_capture = {s: None for s in sites}
+    try:
+        readout = model(x, readout=sl)
+        at_readout = model.resid_capture
+    finally:
+        model.resid_capture = None
+    torch.testing.assert_close(readout, ref[:, sl], atol=ATOL, rtol=RTOL)
+    for s in sites:
+        torch.testing.assert_close(at_readout[s], hooked[s], atol=ATOL, rtol=RTOL)
     # the penalty's gradient flows through the recorded tensors as through the hooked ones
     params = [p for n, p in model.named_parameters() if n.startswith(("blocks.", "embed."))]
     g_lean = torch.autograd.grad(sum((t.norm(dim=-1) ** 2).mean() for t in got.values()), params, allow_unused=True)
@@ -48,12 +59,13 @@ def test_the_model_records_the_same_resid_post_as_the_hooks(variant):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=RTOL)
 
 
-def test_a_penalty_run_trains_the_hooked_runs_trajectory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("n_layers", [1, 2])  # one layer: the readout block is the first, on the table
+def test_a_penalty_run_trains_the_hooked_runs_trajectory(n_layers, tmp_path, monkeypatch):
     """Trained with the penalty: the lean capture against the hooked explicit path (the path every
     act_norm run took before), metrics and parameters to the golden tests' 1e-3."""
     from groklens.trainers import single
 
-    cfg = dict(steps=60, eval_every=10, checkpoint_every=20, act_norm_lambda=0.5, n_layers=2, seed=4)
+    cfg = dict(steps=60, eval_every=10, checkpoint_every=20, act_norm_lambda=0.5, n_layers=n_layers, seed=4)
     lanes = []
     init = single.Lane.__init__
 

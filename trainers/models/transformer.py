@@ -344,6 +344,12 @@ class Attention(nn.Module):
         scores = self._mask_scores(F.embedding(pairs, s_tab), n, query)  # [b, q, k, h]
         return self._mix(self._with_rate(scores.softmax(dim=2), n, query, x_tab, per_head_last=True), v)
 
+    def own_value(self, x: torch.Tensor) -> torch.Tensor:
+        """The output [r, d] of a query that sees only its own key (softmax or uniform pattern 1
+        on it): its value vector through the output projection, for inputs x [r, d]."""
+        h, e = self.cfg.n_heads, self.cfg.d_head
+        return self._project(x, self.W_V) @ self.W_O.reshape(h * e, -1)
+
     def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside. The projections are the
         explicit path's einsums (one matmul each; under torch.func.vmap, as in the ensemble, they
@@ -478,8 +484,21 @@ class TransformerBlock(nn.Module):
         # than reading another position's row; no host sync, so it holds under vmap and compile too
         ids = ids.masked_fill((tokens < 0) | (tokens >= V), n * V)
         x_tab = table if self.post else norm_of(self.ln1, table, True)
-        attn_out = self.attn.table(x_tab, ids, query)
         stream = x_tab if self.in_stream else table  # in_stream: ln1's output is the residual
+        if self.cfg.causal and n > 1 and (query is None or range(n)[query] == range(n)):
+            # every position (the activation-norm penalty's sites): causal position 0 sees only
+            # itself (its pattern is 1 on its own key), so its whole block output is a function of
+            # its token, computed once per token and gathered; the others as below
+            own = self.attn.own_value(x_tab[0])  # [V, d]
+            head = self._after_attention(stream[0][None], own[None], True)[0]  # [V, d]
+            rest = self._from_table(x_tab, stream, ids, slice(1, n))
+            return torch.cat([F.embedding(ids[:, :1], head), rest], dim=1)
+        return self._from_table(x_tab, stream, ids, query)
+
+    def _from_table(self, x_tab: torch.Tensor, stream: torch.Tensor, ids: torch.Tensor, query: slice | None
+                    ) -> torch.Tensor:
+        n, V, d = x_tab.shape
+        attn_out = self.attn.table(x_tab, ids, query)
         rows = F.embedding(ids if query is None else ids[:, query], stream.reshape(n * V, d))
         return self._after_attention(rows, attn_out, True)
 
@@ -577,9 +596,11 @@ class Transformer(TransformerLensWeights, HookedModel):
     # 0.6x the lean step's time (docs/PERFORMANCE.md). False: the first block on the batch's rows.
     embedding_table: bool = True
     # A dict {blocks.{i}.hook_resid_post: None, ...} set by the trainer for one call: each named
-    # block's output is stored in it. A regularizer term that reads only these sites (the
-    # activation-norm penalty's defaults) then needs no TransformerLens hook, whose presence would
-    # force the explicit path (0.71x the penalty step's CPU time at paper scale, docs/PERFORMANCE.md).
+    # block's output is stored in it, at every position (with `readout`, the last block then runs
+    # at every position if it is named, and only the unembedding at the readout ones). A
+    # regularizer term that reads only these sites (the activation-norm penalty's defaults) then
+    # needs no TransformerLens hook, whose presence would force the explicit path (0.71x the
+    # penalty step's CPU time at paper scale, docs/PERFORMANCE.md).
     resid_capture: dict | None = None
 
     def _table_pays(self, tokens: torch.Tensor, query: slice | None) -> bool:
@@ -605,25 +626,30 @@ class Transformer(TransformerLensWeights, HookedModel):
         fast = None if not plain else "sdpa" if fused else "lean" if self.lean_path else None
         lean = fast == "lean"
         last = len(self.blocks) - 1
+        capture = self.resid_capture
+        # the last block at the readout positions only, unless its resid_post is recorded at every
+        # position (the penalty's): then it runs in full and only the unembedding is cut to them
+        query = None if capture is not None and f"blocks.{last}.hook_resid_post" in capture else readout
         embed_norm = self.ln_embed if is_post_ln(cfg) else self.norm_embed
         first = 0
         if lean and self.embedding_table and not self.blocks[0].attn.folded and \
-                self._table_pays(tokens, readout if last == 0 else None):
+                self._table_pays(tokens, query if last == 0 else None):
             # resid_pre of the first block is a function of (position, token): computed once per pair
             n = tokens.shape[-1]
             table = norm_of(embed_norm, self.embed.W_E[None] + self.pos_embed.W_pos[:n, None], True)  # [n, V, d]
-            x, first = self.blocks[0].from_table(table, tokens, readout if last == 0 else None), 1
+            x, first = self.blocks[0].from_table(table, tokens, query if last == 0 else None), 1
         else:
             embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
             x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
             x = norm_of(embed_norm, x, lean)
-        capture = self.resid_capture
         if capture is not None and first == 1 and "blocks.0.hook_resid_post" in capture:
             capture["blocks.0.hook_resid_post"] = x
         for i in range(first, last + 1):
-            x = self.blocks[i](x, readout if i == last else None, fast)
+            x = self.blocks[i](x, query if i == last else None, fast)
             if capture is not None and f"blocks.{i}.hook_resid_post" in capture:
                 capture[f"blocks.{i}.hook_resid_post"] = x
+        if readout is not None and query is None:
+            x = x[:, readout]
         logits = self.unembed(norm_of(self.ln_final, x, lean))
         if readout is not None and return_type != "logits":
             raise TLUnsupported("readout= gives logits at the readout positions only; use return_type='logits'")
