@@ -115,7 +115,7 @@ def check(model, data: TaskData, params: dict) -> None:
 
 @analysis("freq_ablation",
           "loss and accuracy with Fourier frequencies removed from the embedding or a hook site (through a hook)",
-          check=check, tasks=MODULAR_TASKS, tier="named")
+          check=check, tasks=MODULAR_TASKS, tier="named", order=90)
 def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | None = None, site: str = "hook_embed",
                        along: str = "token", position: int | None = None) -> dict:
     """Loss and accuracy (all / train / test) without and with `frequencies` removed at `site`

@@ -72,14 +72,13 @@ from groklens.analyses.measures import (  # noqa: F401 - re-exported
 )
 from groklens.analyses.registry import default_names, get
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
-from groklens.config import GROK_THRESHOLD, RunConfig, field_names
+from groklens.config import GROK_THRESHOLD, SEED_FIELDS, RunConfig, field_names
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.analyses.grokking import collapse, collapse_text
 from groklens.analyses.notes import one_per_kind
 from groklens.analyses.tables import comparison_frame
 
-SEED_FIELDS = ("seed", "data_seed")
 GROUP_VARIANT = "variant"  # --group-by variant: runs whose configs differ only in seed / data_seed
 GROUP_RUN = "run"  # --group-by run: one row per run (compare's default)
 

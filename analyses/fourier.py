@@ -415,7 +415,7 @@ def _neuron_losses(model, data: TaskData, acts: dict, names: dict, c: np.ndarray
     measures=[("fve_neuron", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
               ("fve_ls", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
               ("fve_ls_top5", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
-              ("n_key_freqs", "n_key_frequencies", "key frequencies (Nanda's set): how many")])
+              ("n_key_freqs", "n_key_frequencies", "key frequencies (Nanda's set): how many")], order=10)
 def fourier(
     model,
     data: TaskData,

@@ -113,7 +113,7 @@ def check(model, data: TaskData, params: dict) -> tuple[list[str], list[str]]:
           "along each weight's singular directions, anisotropy, alignment with weight decay, data dependence",
           export="induced_regularization", check=check, tier="named",
           measures=[("induced_anisotropy", "anisotropy_mean", "penalty's induced anisotropy (0 = weight decay)"),
-                    ("induced_data_dependence", "data_dependence_mean", "penalty's induced data dependence")])
+                    ("induced_data_dependence", "data_dependence_mean", "penalty's induced data dependence")], order=60)
 def induced_regularization(model, data: TaskData, *, sites: Sequence[str] | None = None,
                            weights: Sequence[str] | None = None, eval_set: str = "train",
                            other_set: str = "test") -> dict:

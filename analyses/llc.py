@@ -306,7 +306,7 @@ def task_row_loss(model, data: TaskData, rows: torch.Tensor, kind: str) -> Calla
 
 @analysis("llc", "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
           check=check, tier="named",
-          measures=[("llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)")])
+          measures=[("llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)")], order=100)
 def llc(
     model,
     data: TaskData,

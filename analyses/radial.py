@@ -171,7 +171,7 @@ def check(model, data: TaskData, params: dict) -> list[str]:
           check=check,
           measures=[("radius", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
                     ("rho", "rho@{site}", "radial gradient energy rho"),
-                    ("rho_baseline", "rho_baseline@{site}", "isotropic baseline of rho (1/d)")])
+                    ("rho_baseline", "rho_baseline@{site}", "isotropic baseline of rho (1/d)")], order=50)
 def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, position="all",
            eval_set: str = "train", loss: str | None = None, batch_size: int = 2048) -> dict:
     """Definition 6 per site: radius_mean, radius_std, rho, rho_baseline (1/d), rho_excluded.

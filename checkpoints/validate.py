@@ -387,18 +387,12 @@ def _split(train, test, N: int, whole: bool, problems: list[str]) -> None:
 
 def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
     """(inputs, positions per input, answer positions: 0 for labels [N]) of cfg's task, from the
-    config alone; None for a task this function does not know (its data is then not compared)."""
-    task, p = cfg.task, cfg.p
-    if task in ("add", "sub", "mul", "x2y2", "div"):
-        n_ctx = 4 if cfg.op_token else 3  # [a, op, b, =] or [a, b, =]
-        return (p * (p - 1) if task == "div" or cfg.nonzero_b else p * p), n_ctx, 0
-    if task == "s5":
-        return 120 * 120, 3, 0
-    if task == "digits_add":
-        return 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1
-    if task in ("seq_add", "seq_mul"):
-        return p ** cfg.n_informative, cfg.seq_len + 1, 0
-    return None
+    config alone (the task's own `shape`); None for a task that declares none or is not
+    registered here (its data is then not compared)."""
+    if cfg.task not in TASKS:
+        return None
+    shape = TASKS.get(cfg.task).shape
+    return None if shape is None else shape(cfg)
 
 
 def _in_range(ds, lo: int, hi: int, where: str, problems: list[str]) -> None:
@@ -532,9 +526,11 @@ def task_size(cfg: "RunConfig") -> tuple[int, int]:
 
 def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     """Bytes a run of `cfg` holds at its peak, by part (an estimate with generous factors)."""
+    from groklens.trainers.models import model_width
+
     n, n_ctx = task_size(cfg)
     vocab = cfg.p + cfg.distractor_vocab + 16
-    d_model = max(cfg.d_model, vocab if cfg.model == "mlp" and cfg.mlp_embed == "onehot" else 0)
+    d_model = model_width(cfg, vocab)  # the model's own fact (a one-hot embedding is as wide as the vocabulary)
     per_layer = 4 * cfg.n_heads * cfg.d_head * d_model + 2 * d_model * cfg.d_mlp + 8 * d_model
     n_params = 2 * vocab * d_model + n_ctx * d_model + cfg.n_layers * per_layer
     batch = min(cfg.batch_size or n, n)

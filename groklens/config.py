@@ -36,35 +36,6 @@ def first_sustained(hits, n: int) -> int | None:
     return None
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model": ("transformer", "mlp"),
-    "act_fn": ("relu", "gelu"),
-    "norm": ("none", "ln", "rms", "sphere"),
-    "norm_placement": ("pre", "post", "in_stream"),
-    "init_scheme": ("tl", "torch", "torch_mha"),
-    "attention": ("softmax", "uniform"),
-    "unembed": ("linear", "bounded"),
-    "init": ("default", "fourier"),
-    "mlp_embed": ("learned", "onehot", "onehot_residues"),
-    "informative_layout": ("first", "last", "spread", "random"),
-    "loss": ("ce", "stablemax", "ce_float32"),
-    "device": ("auto", "cpu", "cuda"),
-    "routing_unit": ("layer", "sublayer"),
-    "perp_grad_scale": ("orthograd", "unscaled"),
-    "optimizer": ("adamw", "adam"),
-    "grokfast_filter": ("ema", "ma"),
-    "batch_order": ("random", "epoch"),
-    "split_rule": ("pcg64", "python_shuffle"),
-}
-# Fields added after trajectory files were first written, with the value such an old file
-# meant: a key missing from a stored config is read as this, not as today's default.
-STORED_LEGACY = {
-    "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
-    "grok_evals": 1,  # grokked at the first crossing, before a sustained crossing was asked for
-}
-# Fields a run fills in from another run when it starts, by the field that names that run
-# (trainers/ticket.py): a planned config leaves them at their defaults, the stored one holds them.
-DERIVED_FROM = {"attn_mask": "attn_mask_from"}
 ROUTING_MAX_COPIES = 64
 GROKFAST_MAX_WINDOW = 1_000  # grokfast_filter=ma keeps this many gradients of every parameter in memory
 MODEL_ENTRY_POINTS = "groklens.models"  # the entry-point group of models added by installed packages
@@ -77,129 +48,229 @@ def plugin_models() -> tuple[str, ...]:
 
     return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
 
-# options of model=transformer that another model accepts only at their defaults
-TRANSFORMER_ONLY = ("norm", "attention", "attention_rate", "unembed", "init", "norm_placement", "init_scheme",
-                    "attn_mask", "attn_mask_from")
+
+# ---------------------------------------------------------------------- a field and its facts
+class _NoLegacy:
+    def __repr__(self) -> str:
+        return "NO_LEGACY"
+
+
+NO_LEGACY: Any = _NoLegacy()  # a field that was there from the start has no legacy value
+
+
+@dataclass(frozen=True)
+class FieldFacts:
+    """What the rest of groklens needs to know about a RunConfig field, declared with it (`setting`);
+    every table of fields (CHOICES, the ledger's LEGACY_DEFAULTS, the ensembles' PER_MEMBER_FIELDS,
+    ...) and `train --help` are read from these."""
+
+    help: str  # what the field means, in words (`train --help` prints it)
+    choices: tuple[str, ...] = ()  # the values a str field takes ('' = any; model: plugins add theirs)
+    # the value that reproduces the behaviour from before the field existed, for a field added after
+    # the first ledger entries and trajectory files (NO_LEGACY: it was there from the start). The
+    # ledger's hash leaves the field out at this value, and a stored config without the key means it.
+    legacy: Any = NO_LEGACY
+    per_member: bool = False  # members of one ensemble may differ in it (trainers/ensemble.py)
+    solo: bool = False  # a config that sets it trains alone, never in an ensemble
+    hashed: bool = True  # in the ledger's config hash; False: how a run ran, not what it computed
+    inert_unless: str | None = None  # changes nothing while this other field is off: not hashed then
+    # filled in from another run when the run starts, by this field naming that run
+    # (trainers/ticket.py): a planned config leaves it at its default, the stored one holds it
+    derived_from: str | None = None
+    transformer_only: bool = False  # an option of model=transformer: other models take the default only
+    seed: bool = False  # a seed: runs that differ only in seeds are one arm, one variant
+
+    @property
+    def has_legacy(self) -> bool:
+        return self.legacy is not NO_LEGACY
+
+
+def setting(default: Any, help: str, **facts: Any) -> Any:
+    """A RunConfig field: its default, its help and its facts (FieldFacts' names), in one place."""
+    return dataclasses.field(default=default, metadata={"facts": FieldFacts(help=help, **facts)})
 
 
 @dataclass
 class RunConfig:
+    """One run's configuration; every field is declared with `setting` (its help and its facts)."""
+
     # --- task and data split
-    task: str = "add"  # add, sub, mul, div, x2y2, s5, digits_add, seq_add or seq_mul (groklens/tasks.py)
-    p: int = 113  # the modulus: inputs are residues 0..p-1
-    train_frac: float = 0.3  # share of all input pairs in the training set (the rest is the test set)
-    data_seed: int = 598  # seed of the train/test split (Nanda's DATA_SEED), apart from `seed`
-    # how the split is drawn from data_seed: pcg64 (numpy's permutation, round(train_frac n) for
-    # training) or python_shuffle (the sphere paper's make_dataset: random.Random(data_seed)
-    # shuffles the pairs in row-major order, the first int(train_frac n) train)
-    split_rule: str = "pcg64"
-    # modular tasks: the sequence [a, op, b, =] with an operator token p+1 and the output over the
-    # whole vocabulary (p+2 classes), as Power et al.'s and Grokfast's code; off: [a, b, =], p classes
-    op_token: bool = False
-    nonzero_b: bool = False  # modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it
+    task: str = setting("add", "add, sub, mul, div, x2y2, s5, digits_add, seq_add or seq_mul (groklens/tasks.py)")
+    p: int = setting(113, "the modulus: inputs are residues 0..p-1")
+    train_frac: float = setting(0.3, "share of all input pairs in the training set (the rest is the test set)")
+    data_seed: int = setting(
+        598, per_member=True, seed=True,
+        help="seed of the train/test split (Nanda's DATA_SEED), apart from `seed`")
+    split_rule: str = setting(
+        "pcg64", choices=("pcg64", "python_shuffle"), legacy="pcg64",
+        help="how the split is drawn from data_seed: pcg64 (numpy's permutation, round(train_frac n) for training) or "
+             "python_shuffle (the sphere paper's make_dataset: random.Random(data_seed) shuffles the pairs in "
+             "row-major order, the first int(train_frac n) train)")
+    op_token: bool = setting(
+        False, legacy=False,
+        help="modular tasks: the sequence [a, op, b, =] with an operator token p+1 and the output over the whole "
+             "vocabulary (p+2 classes), as Power et al.'s and Grokfast's code; off: [a, b, =], p classes")
+    nonzero_b: bool = setting(
+        False, legacy=False,
+        help="modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it")
     # --- model
-    seed: int = 999  # seed of the model init and the mini-batch order
-    model: str = "transformer"  # transformer (TransformerLens-style) or mlp
-    n_layers: int = 1  # transformer blocks (mlp: hidden layers)
-    d_model: int = 128  # residual-stream width (mlp: embedding width)
-    n_heads: int = 4  # attention heads per layer
-    d_head: int = 32  # width of each head
-    d_mlp: int = 512  # MLP hidden width
-    act_fn: str = "relu"  # activation function of the MLP neurons
-    norm: str = "none"  # none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)
-    # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
-    # baselines, a norm after the embedding and after every residual sum, no final norm;
-    # in_stream = Grokfast's code: the norm's output replaces the stream before the attention,
-    # x = ln1(x); x = x + attn(x); x = x + mlp(ln2(x)), with a final norm
-    norm_placement: str = "pre"
-    attention: str = "softmax"  # softmax, or uniform (fixed equal weights over the positions)
-    # attention=softmax: pattern = rate * softmax + (1 - rate) * the uniform pattern, Zhong et al.'s
-    # attention rate (their attn_coeff; their uniform part is all ones, ours 1/allowed positions):
-    # 1 = learned attention, 0 = uniform (docs/VARIANTS.md)
-    attention_rate: float = 1.0
-    unembed: str = "linear"  # linear, or bounded (normalized unembedding with logit temperature tau)
-    init: str = "default"  # default (init_scheme), or fourier (embeddings from fourier_freqs)
-    # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
-    # module defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1));
-    # torch_mha = torch, with W_Q, W_K, W_V as nn.MultiheadAttention initializes its in_proj (Grokfast's
-    # code): xavier-uniform over the stacked [3 d_model, d_model] matrix
-    init_scheme: str = "tl"
-    causal: bool = True  # causal attention mask; Nanda's TransformerLens model is causal, the sphere paper's is not
-    mlp_bias: bool = False  # train the MLP biases (off: frozen at zero, as in Nanda's demo)
+    seed: int = setting(999, "seed of the model init and the mini-batch order", per_member=True, seed=True)
+    model: str = setting("transformer", "transformer (TransformerLens-style) or mlp", choices=("transformer", "mlp"))
+    n_layers: int = setting(1, "transformer blocks (mlp: hidden layers)")
+    d_model: int = setting(128, "residual-stream width (mlp: embedding width)")
+    n_heads: int = setting(4, "attention heads per layer")
+    d_head: int = setting(32, "width of each head")
+    d_mlp: int = setting(512, "MLP hidden width")
+    act_fn: str = setting("relu", "activation function of the MLP neurons", choices=("relu", "gelu"))
+    norm: str = setting(
+        "none", choices=("none", "ln", "rms", "sphere"), transformer_only=True,
+        help="none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)")
+    norm_placement: str = setting(
+        "pre", choices=("pre", "post", "in_stream"), legacy="pre", transformer_only=True,
+        help="ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's baselines, a "
+             "norm after the embedding and after every residual sum, no final norm; in_stream = Grokfast's code: the "
+             "norm's output replaces the stream before the attention, x = ln1(x); x = x + attn(x); x = x + "
+             "mlp(ln2(x)), with a final norm")
+    attention: str = setting(
+        "softmax", choices=("softmax", "uniform"), transformer_only=True,
+        help="softmax, or uniform (fixed equal weights over the positions)")
+    attention_rate: float = setting(
+        1.0, legacy=1.0, transformer_only=True,
+        help="attention=softmax: pattern = rate * softmax + (1 - rate) * the uniform pattern, Zhong et al.'s attention "
+             "rate (their attn_coeff; their uniform part is all ones, ours 1/allowed positions): 1 = learned "
+             "attention, 0 = uniform (docs/VARIANTS.md)")
+    unembed: str = setting(
+        "linear", choices=("linear", "bounded"), transformer_only=True,
+        help="linear, or bounded (normalized unembedding with logit temperature tau)")
+    init: str = setting(
+        "default", choices=("default", "fourier"), transformer_only=True,
+        help="default (init_scheme), or fourier (embeddings from fourier_freqs)")
+    init_scheme: str = setting(
+        "tl", choices=("tl", "torch", "torch_mha"), legacy="tl", transformer_only=True,
+        help="tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's module "
+             "defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1)); "
+             "torch_mha = torch, with W_Q, W_K, W_V as nn.MultiheadAttention initializes its in_proj (Grokfast's "
+             "code): xavier-uniform over the stacked [3 d_model, d_model] matrix")
+    causal: bool = setting(
+        True,
+        help="causal attention mask; Nanda's TransformerLens model is causal, the sphere paper's is not")
+    mlp_bias: bool = setting(False, "train the MLP biases (off: frozen at zero, as in Nanda's demo)")
     # --- model variants (docs/VARIANTS.md)
-    radius: float = 1.0  # norm=sphere: radius of the residual-stream sphere (the paper: 1)
-    tau: float = 10.0  # unembed=bounded: fixed logit temperature (the paper: 10)
-    fourier_freqs: str = "14 35 41 42 52"  # init=fourier: the K frequencies (Nanda's key frequencies)
-    # model=mlp: learned (d_model wide) or one-hot operand embeddings, onehot over the whole vocabulary
-    # (`=` included), onehot_residues over the p residues only (Prieto et al.'s 2p inputs)
-    mlp_embed: str = "learned"
-    mlp_unembed_bias: bool = True  # model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)
+    radius: float = setting(1.0, "norm=sphere: radius of the residual-stream sphere (the paper: 1)")
+    tau: float = setting(10.0, "unembed=bounded: fixed logit temperature (the paper: 10)")
+    fourier_freqs: str = setting("14 35 41 42 52", "init=fourier: the K frequencies (Nanda's key frequencies)")
+    mlp_embed: str = setting(
+        "learned", choices=("learned", "onehot", "onehot_residues"),
+        help="model=mlp: learned (d_model wide) or one-hot operand embeddings, onehot over the whole vocabulary (`=` "
+             "included), onehot_residues over the p residues only (Prieto et al.'s 2p inputs)")
+    mlp_unembed_bias: bool = setting(
+        True, legacy=True,
+        help="model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)")
     # --- task knobs (digits_add; seq_add / seq_mul)
-    n_digits: int = 3  # digits_add: digits per operand
-    seq_len: int = 8  # seq tasks: L positions before the `=` readout token
-    n_informative: int = 2  # seq tasks: k positions that determine the label
-    informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
-    distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
+    n_digits: int = setting(3, "digits_add: digits per operand")
+    seq_len: int = setting(8, "seq tasks: L positions before the `=` readout token")
+    n_informative: int = setting(2, "seq tasks: k positions that determine the label")
+    informative_layout: str = setting(
+        "first", choices=("first", "last", "spread", "random"),
+        help="seq tasks: where the k positions sit (first|last|spread|random)")
+    distractor_vocab: int = setting(0, "seq tasks: 0 = distractors are residues; D > 0 = D separate tokens")
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
-    # training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the
-    # cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse)
-    loss: str = "ce"
-    act_norm_lambda: float = 0.0  # weight of the activation-norm penalty toward the sqrt(d) sphere
-    act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
-    geomdr_lambda: float = 0.0  # weight of the effective-rank penalty toward geomdr_target
-    geomdr_target: float = 10.0  # the effective rank the geomdr penalty pulls toward
-    geomdr_start: int = 0  # active for geomdr_start <= step < geomdr_end
-    geomdr_end: int = 0  # step the geomdr penalty ends at; 0 = the end of the run
-    geomdr_site: str = ""  # one hook name; "" = the model's default (last residual stream / hidden layer)
-    kl_attn_beta: float = 0.0  # weight of KL(uniform on informative positions || attention at the readout query)
-    kl_attn_layer: int = 0  # layer whose heads are pulled; -1 = every layer
-    # attention-mask transfer (our reading of a lottery ticket; docs/VARIANTS.md): the key positions
-    # the readout query (the last position) may attend to in every layer, e.g. "0 7" ("" = all of them)
-    attn_mask: str = ""
-    # the run beside this run's file whose grokked attention gives attn_mask when that is "" (its
-    # name; "{seed}" = this run's seed), read when the run starts
-    attn_mask_from: str = ""
-    grokfast_alpha: float = 0.98  # decay of Grokfast's gradient EMA (Lee et al. 2024)
-    grokfast_lambda: float = 0.0  # Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)
-    grokfast_filter: str = "ema"  # ema (gradfilter_ema, alpha) | ma (gradfilter_ma: mean of the last window gradients)
-    grokfast_window: int = 100  # grokfast_filter=ma: the window; the filter acts once it is full (the code's warmup)
-    perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
-    perp_grad_scale: str = "orthograd"  # orthograd: rescaled to ||g|| as published; unscaled: the projection only
+    loss: str = setting(
+        "ce", choices=("ce", "stablemax", "ce_float32"),
+        help="training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the "
+             "cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse)")
+    act_norm_lambda: float = setting(
+        0.0, per_member=True,
+        help="weight of the activation-norm penalty toward the sqrt(d) sphere")
+    act_norm_sites: str = setting("", 'hook-name patterns (fnmatch, comma-separated); "" = the model\'s default')
+    geomdr_lambda: float = setting(0.0, "weight of the effective-rank penalty toward geomdr_target", per_member=True)
+    geomdr_target: float = setting(10.0, "the effective rank the geomdr penalty pulls toward")
+    geomdr_start: int = setting(0, "active for geomdr_start <= step < geomdr_end")
+    geomdr_end: int = setting(0, "step the geomdr penalty ends at; 0 = the end of the run")
+    geomdr_site: str = setting("", 'one hook name; "" = the model\'s default (last residual stream / hidden layer)')
+    kl_attn_beta: float = setting(
+        0.0, per_member=True,
+        help="weight of KL(uniform on informative positions || attention at the readout query)")
+    kl_attn_layer: int = setting(0, "layer whose heads are pulled; -1 = every layer")
+    attn_mask: str = setting(
+        "", legacy="", derived_from="attn_mask_from", transformer_only=True,
+        help="attention-mask transfer (our reading of a lottery ticket; docs/VARIANTS.md): the key positions the "
+             'readout query (the last position) may attend to in every layer, e.g. "0 7" ("" = all of them)')
+    attn_mask_from: str = setting(
+        "", legacy="", solo=True, transformer_only=True,
+        help='the run beside this run\'s file whose grokked attention gives attn_mask when that is "" (its name; '
+             '"{seed}" = this run\'s seed), read when the run starts')
+    grokfast_alpha: float = setting(0.98, "decay of Grokfast's gradient EMA (Lee et al. 2024)", per_member=True)
+    grokfast_lambda: float = setting(
+        0.0, per_member=True,
+        help="Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)")
+    grokfast_filter: str = setting(
+        "ema", choices=("ema", "ma"), legacy="ema", per_member=True,
+        help="ema (gradfilter_ema, alpha) | ma (gradfilter_ma: mean of the last window gradients)")
+    grokfast_window: int = setting(
+        100, legacy=100,
+        help="grokfast_filter=ma: the window; the filter acts once it is full (the code's warmup)")
+    perp_grad: bool = setting(
+        False, per_member=True,
+        help="project each gradient tensor orthogonal to its weights (Prieto et al. 2025)")
+    perp_grad_scale: str = setting(
+        "orthograd", choices=("orthograd", "unscaled"), legacy="unscaled", inert_unless="perp_grad",
+        help="orthograd: rescaled to ||g|| as published; unscaled: the projection only")
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
-    routing_copies: int = 1  # M copies trained together; each step's loss is taken on routed models
-    routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
-    routing_unit: str = "layer"  # what one permutation routes: layer | sublayer (transformer: attn, mlp apart)
-    # --- optimizer: adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2
-    #     gradient term wd * w, as devinterp's grokking notebook trains)
-    optimizer: str = "adamw"
-    lr: float = 1e-3  # learning rate (after warm-up)
-    weight_decay: float = 1.0  # weight decay (decoupled with adamw, an L2 gradient term with adam)
-    betas: tuple[float, float] = (0.9, 0.98)  # Adam(W) betas: two numbers
-    adam_eps: float = 1e-8  # Adam(W)'s epsilon (torch's default; Prieto et al. train with 1e-25)
-    warmup_steps: int = 10  # linear learning-rate warm-up from 0 over this many steps
-    batch_size: int = 0  # training inputs per step; 0 = the full training set
-    # random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and
-    # cut into batches in order, the last one smaller (Grokfast's code: ceil(n / batch_size) steps an epoch)
-    batch_order: str = "random"
+    routing_copies: int = setting(1, "M copies trained together; each step's loss is taken on routed models", solo=True)
+    routing_width: float = setting(
+        0.0, solo=True,
+        help="width of the ring kernel Q over the copies: 0 = identity, inf = uniform")
+    routing_unit: str = setting(
+        "layer", choices=("layer", "sublayer"), solo=True,
+        help="what one permutation routes: layer | sublayer (transformer: attn, mlp apart)")
+    # --- optimizer
+    optimizer: str = setting(
+        "adamw", choices=("adamw", "adam"), legacy="adamw",
+        help="adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2 gradient term wd * w, "
+             "as devinterp's grokking notebook trains)")
+    lr: float = setting(1e-3, "learning rate (after warm-up)", per_member=True)
+    weight_decay: float = setting(
+        1.0, per_member=True,
+        help="weight decay (decoupled with adamw, an L2 gradient term with adam)")
+    betas: tuple[float, float] = setting((0.9, 0.98), "Adam(W) betas: two numbers")
+    adam_eps: float = setting(1e-8, "Adam(W)'s epsilon (torch's default; Prieto et al. train with 1e-25)", legacy=1e-8)
+    warmup_steps: int = setting(10, "linear learning-rate warm-up from 0 over this many steps")
+    batch_size: int = setting(0, "training inputs per step; 0 = the full training set")
+    batch_order: str = setting(
+        "random", choices=("random", "epoch"), legacy="random",
+        help="random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and cut "
+             "into batches in order, the last one smaller (Grokfast's code: ceil(n / batch_size) steps an epoch)")
     # --- schedule of the run
-    steps: int = 40_000  # optimizer updates to train for
-    eval_every: int = 100  # evaluate loss and accuracy on every input each this many steps
-    checkpoint_every: int = 100  # store the weights each this many steps (and at every phase event)
-    log_checkpoints: int = 0  # extra log-spaced checkpoints before the first regular one
-    grok_threshold: float = GROK_THRESHOLD  # test accuracy that counts as grokked (and train accuracy as memorized)
-    # grokked = the first of this many consecutive evaluations with test accuracy >= grok_threshold:
-    # 3 so that one evaluation lifted by a loss spike (or a first crossing that falls back) is
-    # not grokking, at the cost of 2 evaluations more before the stop rule can end a run; 1 is
-    # the first crossing (what files and ledgers from before this field recorded)
-    grok_evals: int = 3
-    stop_after_grok: int = 0  # >0: stop this many evaluations after grokking (grok_evals above)
-    stop_test_loss: float = 0.0  # >0: the stop rule counts evaluations after test loss <= this instead
-    stop_min_steps: int = 0  # the stop rule never ends a run before this step
-    device: str = "auto"  # auto (cuda when available), cpu or cuda
-    # torch.compile the training step's forward and backward (single runs without regularizer terms;
-    # CPU: needs a C++ compiler): 0.79-0.82x the step time at paper scale on one thread (1.3-1.4x on
-    # two), after 3-20 s of compiling in the first step; the trajectory equals eager's to float rounding
-    compile: bool = False
+    steps: int = setting(40_000, "optimizer updates to train for")
+    eval_every: int = setting(100, "evaluate loss and accuracy on every input each this many steps")
+    checkpoint_every: int = setting(100, "store the weights each this many steps (and at every phase event)")
+    log_checkpoints: int = setting(0, "extra log-spaced checkpoints before the first regular one")
+    grok_threshold: float = setting(
+        GROK_THRESHOLD, per_member=True,
+        help="test accuracy that counts as grokked (and train accuracy as memorized)")
+    grok_evals: int = setting(
+        3, legacy=1, per_member=True,
+        help="grokked = the first of this many consecutive evaluations with test accuracy >= grok_threshold: 3 so that "
+             "one evaluation lifted by a loss spike (or a first crossing that falls back) is not grokking, at the cost "
+             "of 2 evaluations more before the stop rule can end a run; 1 is the first crossing (what files and "
+             "ledgers from before this field recorded)")
+    stop_after_grok: int = setting(
+        0, per_member=True,
+        help=">0: stop this many evaluations after grokking (grok_evals above)")
+    stop_test_loss: float = setting(
+        0.0, legacy=0.0, per_member=True,
+        help=">0: the stop rule counts evaluations after test loss <= this instead")
+    stop_min_steps: int = setting(0, "the stop rule never ends a run before this step", legacy=0, per_member=True)
+    device: str = setting(
+        "auto", choices=("auto", "cpu", "cuda"), hashed=False,
+        help="auto (cuda when available), cpu or cuda")
+    compile: bool = setting(
+        False, legacy=False, solo=True, hashed=False,
+        help="torch.compile the training step's forward and backward (single runs without regularizer terms; CPU: "
+             "needs a C++ compiler), after some seconds of compiling in the first step; the trajectory equals "
+             "eager's to float rounding (step times and compile cost: docs/PERFORMANCE.md)")
+
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -358,6 +429,27 @@ class RunConfig:
 
     def fourier_frequencies(self) -> tuple[int, ...]:
         return parse_freqs(self.fourier_freqs)
+
+
+def field_facts() -> dict[str, FieldFacts]:
+    """Every RunConfig field's facts, in declaration order."""
+    bare = [f.name for f in fields(RunConfig) if "facts" not in f.metadata]
+    if bare:  # a programming error, said at import: every field states its facts
+        raise TypeError(f"RunConfig field(s) {', '.join(bare)} declared without setting(default, help, ...) "
+                        "(docs/EXTENDING.md, 'Add a config field')")
+    return {f.name: f.metadata["facts"] for f in fields(RunConfig)}
+
+
+# the tables of fields, read from the declarations (FieldFacts says what each fact means)
+FIELD_FACTS = field_facts()
+CHOICES: dict[str, tuple[str, ...]] = {n: f.choices for n, f in FIELD_FACTS.items() if f.choices}
+# a key missing from a stored config (a field added after the file was written) is read as the
+# value the file meant, where that is not today's default
+STORED_LEGACY: dict[str, Any] = {n: f.legacy for n, f in FIELD_FACTS.items()
+                                 if f.has_legacy and f.legacy != getattr(RunConfig, n)}
+DERIVED_FROM: dict[str, str] = {n: f.derived_from for n, f in FIELD_FACTS.items() if f.derived_from}
+TRANSFORMER_ONLY: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if f.transformer_only)
+SEED_FIELDS: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if f.seed)
 
 
 def as_planned(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -578,30 +670,9 @@ def field_names() -> list[str]:
 
 
 def field_help() -> dict[str, str]:
-    """field -> its description in words: the comments on and just above the field's line in
-    RunConfig's source (this file is the one place fields are described; `train --help` shows them)."""
-    import ast
-    import inspect
-
-    try:
-        source = inspect.getsource(RunConfig)
-    except (OSError, TypeError):  # no source shipped: the help shows names and defaults only
-        return {}
-    lines = source.splitlines()
-    out: dict[str, str] = {}
-    for node in ast.parse(source).body[0].body:
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            continue
-        row = lines[node.lineno - 1]
-        parts = [row[row.index("#", node.end_col_offset) + 1:].strip()] if "#" in row[node.end_col_offset:] else []
-        above = []
-        for prev in reversed(lines[: node.lineno - 1]):  # a comment block right above, not a section header
-            text = prev.strip()
-            if not text.startswith("#") or text.startswith("# ---"):
-                break
-            above.insert(0, text.lstrip("#").strip())
-        out[node.target.id] = " ".join(above + parts)
-    return out
+    """field -> its description in words (its `setting`'s help; `train --help` shows them)."""
+    return {n: f.help for n, f in FIELD_FACTS.items()}
 
 
-__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "field_help", "CHOICES", "parse_freqs"]
+__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "field_help",
+           "field_facts", "setting", "FieldFacts", "CHOICES", "parse_freqs"]

@@ -75,6 +75,10 @@ class Task:
     readout: Callable[["RunConfig"], int] | None = None  # overrides readout_pos when it depends on cfg
     multi_target: bool = False  # labels [N, K], read out at K consecutive positions
     residue_tokens: bool = False  # token ids 0..p-1 are the residues mod p (init=fourier needs it)
+    # -> (inputs, positions per input, answer positions: 0 for labels [N]) from the config alone,
+    # without building the grid: what a stored run's /data must hold (checkpoints/validate.py) and
+    # the memory estimate's size. None: unknown (a file's data is then not compared)
+    shape: Callable[["RunConfig"], tuple[int, int, int]] | None = None
 
     def readout_position(self, cfg: "RunConfig") -> int:
         return self.readout(cfg) if self.readout is not None else self.readout_pos
@@ -184,6 +188,11 @@ def _inverse(b: np.ndarray, p: int) -> np.ndarray:
     return np.array([pow(int(x), p - 2, p) for x in b], dtype=np.int64)  # Fermat: p prime
 
 
+def _modular_shape(cfg: "RunConfig", exclude_b_zero: bool) -> tuple[int, int, int]:
+    n = cfg.p * (cfg.p - 1) if exclude_b_zero or cfg.nonzero_b else cfg.p * cfg.p
+    return n, 4 if cfg.op_token else 3, 0  # [a, op, b, =] or [a, b, =]
+
+
 MODULAR_TASKS = ("add", "sub", "mul", "div", "x2y2")  # the tasks that take op_token and nonzero_b
 for _name, _op, _desc, _div in [
     ("add", lambda a, b, p: a + b, "(a + b) mod p", False),
@@ -201,6 +210,7 @@ for _name, _op, _desc, _div in [
             validate=(lambda cfg, _d=_div: _check_p(cfg, prime=_d)),
             readout=_modular_readout,
             residue_tokens=True,
+            shape=(lambda cfg, _d=_div: _modular_shape(cfg, exclude_b_zero=_d)),
         )
     )
 
@@ -226,6 +236,7 @@ TASKS.register("s5")(
         grid=_s5_grid,
         vocab=lambda cfg: (len(S5) + 1, len(S5)),
         validate=lambda cfg: None,  # p is not used by S5
+        shape=lambda cfg: (len(S5) ** 2, 3, 0),
     )
 )
 
@@ -276,6 +287,7 @@ TASKS.register("digits_add")(
         validate=_check_digits,
         readout=lambda cfg: 2 * cfg.n_digits + 1,
         multi_target=True,
+        shape=lambda cfg: (10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1),
     )
 )
 
@@ -357,5 +369,6 @@ for _name, _op, _desc in [
             validate=_check_seq,
             readout=lambda cfg: cfg.seq_len,
             residue_tokens=True,
+            shape=lambda cfg: (cfg.p ** cfg.n_informative, cfg.seq_len + 1, 0),
         )
     )
