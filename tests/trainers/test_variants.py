@@ -327,3 +327,25 @@ def test_mlp_without_unembed_bias_is_devinterps_grokking_mlp():
     torch.testing.assert_close(model(x)[:, -1], by_hand)
     with pytest.raises(BadInput, match="mlp_unembed_bias=false"):
         RunConfig.from_dict({"mlp_unembed_bias": False})  # the transformer has no such bias to drop
+
+
+# ---------------------------------------------------------------------- the memory estimate's width
+@pytest.mark.parametrize("name", ["transformer", "mlp"])
+@pytest.mark.parametrize("extra", [{}, {"mlp_embed": "onehot", "p": 23, "d_model": 8},
+                                   {"mlp_embed": "onehot_residues", "p": 23, "d_model": 8},
+                                   {"n_layers": 2, "d_model": 24, "d_mlp": 64}])
+def test_every_model_declares_a_width_the_memory_estimate_counts_enough_parameters_with(name, extra):
+    """The estimate made before a run starts (checkpoints/validate.estimate_memory, with each
+    model's declared width) counts at least the parameters the built model really has."""
+    from groklens.checkpoints.validate import estimate_memory
+    from groklens.trainers.models import MODELS
+
+    if name != "mlp" and "mlp_embed" in extra:
+        pytest.skip("mlp_embed is an option of model=mlp")
+    assert name in MODELS.names()
+    cfg = tiny_config(model=name, **{**SMALL, **extra})
+    model, _ = _build(cfg)
+    real = sum(p.numel() for p in model.parameters())
+    # the estimate holds 8 float32 numbers per parameter it counts (weights, gradient, Adam's
+    # moments, with room to spare)
+    assert estimate_memory(cfg)["parameters and optimizer state"] / (8 * 4) >= real

@@ -85,7 +85,8 @@ def _build_transformer(cfg: "RunConfig", data: "TaskData"):
 
 
 @MODELS.register("mlp")
-@memory_width(lambda cfg, vocab: max(cfg.d_model, vocab) if cfg.mlp_embed == "onehot" else cfg.d_model)
+# a one-hot embedding is as wide as what it encodes (the builder's `width` below)
+@memory_width(lambda cfg, vocab: max(cfg.d_model, {"onehot": vocab, "onehot_residues": cfg.p}.get(cfg.mlp_embed, 0)))
 def _build_mlp(cfg: "RunConfig", data: "TaskData"):
     from groklens.trainers.models.mlp import MLP, MLPConfig
 
