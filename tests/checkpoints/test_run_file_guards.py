@@ -1,4 +1,4 @@
-"""Hardening, round 3 (issue 29), run files: stored facts checked against each other, no link
+"""Run files guarded (issue 29): stored facts checked against each other, no link
 followed, --resume validates before it writes, --force only over a groklens run, leftovers of
 killed writers cleaned or reported, a full disk never crashes a writer.
 
