@@ -138,5 +138,6 @@ def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | No
             clean = model(data.inputs.to(device)).cpu()
         with scoped_hooks(model, fwd_hooks=[(site, _projector(model, data, freqs, site, along, pos))]):
             ablated = model(data.inputs.to(device)).cpu()
-    return {**_losses(clean, data, int(data.readout_pos), ""), **_losses(ablated, data, int(data.readout_pos), "ablated_"),
+    return {**_losses(clean, data, int(data.readout_pos), ""),
+            **_losses(ablated, data, int(data.readout_pos), "ablated_"),
             "frequencies": np.array(freqs, dtype=np.int64)}

@@ -75,7 +75,8 @@ def progress_curves(run_path: str | Path) -> ProgressCurves:
 
     traj = Trajectory(run_path)
     m = traj.metrics
-    curves = ProgressCurves(np.asarray(m["step"]), np.asarray(m["train_loss"], float), np.asarray(m["test_loss"], float),
+    curves = ProgressCurves(np.asarray(m["step"]), np.asarray(m["train_loss"], float),
+                            np.asarray(m["test_loss"], float),
                             np.asarray(m["weight_norm"], float) ** 2)
     stored, keys = _fixed_key_variant(Path(run_path), traj.config_dict)
     if stored is None or "restricted_loss_all" not in stored.values:

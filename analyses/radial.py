@@ -111,7 +111,8 @@ def _free_scale(model, data: TaskData, sites: Sequence[str], norms: bool, n_inpu
             logits = m(x)
             weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
             keys = [k for k, t in caught.items() if t.requires_grad]
-            grads = [] if not keys else torch.autograd.grad((logits * weights.to(logits.device)).sum(), [caught[k] for k in keys],
+            grads = [] if not keys else torch.autograd.grad((logits * weights.to(logits.device)).sum(),
+                                                            [caught[k] for k in keys],
                                         allow_unused=True)
     finally:
         for h in handles:

@@ -321,7 +321,8 @@ def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
     return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
 
 
-def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[list[FigureSpec], list[tuple[str, str]]]:
+def make_figures(comp: Comparison,
+                 steps: Sequence[int] | None = None) -> tuple[list[FigureSpec], list[tuple[str, str]]]:
     """Every figure whose data exists, and (title, why) for each that is missing."""
     groups = comp.groups
     colours = [F.colour(i) for i in range(len(groups))]
@@ -389,7 +390,8 @@ class _Figs:
 
 
 @figure("fourier_fve", "fourier_spectrum", "neuron_clusters",
-        missing={"Fourier-circuit FVE against step": ("fourier_fve",), "Embedding Fourier spectrum": ("fourier_spectrum",),
+        missing={"Fourier-circuit FVE against step": ("fourier_fve",),
+                 "Embedding Fourier spectrum": ("fourier_spectrum",),
                  "Neuron-frequency clusters": ("neuron_clusters",)})
 def _fourier_figures(f: _Figs) -> None:
     """Fourier FVE over time, the spectrum and the neuron clusters at chosen checkpoints."""
@@ -515,7 +517,8 @@ def _head_lines(f: _Figs) -> list[F.Line]:
     return heads
 
 
-@figure("attention", "attention_patterns", missing={"Attention at the readout position": ("attention", "attention_patterns")})
+@figure("attention", "attention_patterns",
+        missing={"Attention at the readout position": ("attention", "attention_patterns")})
 def _attention_figures(f: _Figs) -> None:
     """Attention at the readout position over time and its patterns at chosen checkpoints."""
     if f.lacks("attention", "Attention at the readout position"):

@@ -39,7 +39,8 @@ WDS = (0.1, 0.3, 1.0, 3.0)
 
 
 def configs(args) -> list[RunConfig]:
-    base = {"model": "mlp", "n_layers": 2, "d_model": args.d_model, "d_mlp": args.d_mlp, "mlp_bias": True, "task": "add",
+    base = {"model": "mlp", "n_layers": 2, "d_model": args.d_model, "d_mlp": args.d_mlp,
+            "mlp_bias": True, "task": "add",
                 "p": args.p, "train_frac": 0.5, "steps": args.steps, "eval_every": args.eval_every,
                 "checkpoint_every": args.checkpoint_every, "device": args.device, "warmup_steps": 10}
     n_seeds = max(1, args.members // (len(LRS) * len(WDS)))

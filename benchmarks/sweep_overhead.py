@@ -38,7 +38,8 @@ def timed_execute_task(task: dict) -> list[dict]:
     with Timed(SingleRun, "train_step") as st, Timed(SingleRun, "evaluate") as ev, \
             Timed(TrajectoryWriter, "write_eval") as ew, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         out = sweep_tasks.execute_task(task)
-    record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0, "step_s": st.total, "steps": st.calls,
+    record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0,
+              "step_s": st.total, "steps": st.calls,
               "eval_s": ev.total + ew.total, "checkpoint_s": ck.total}
     with open(os.environ[TIMINGS_ENV], "a") as f:
         f.write(json.dumps(record) + "\n")

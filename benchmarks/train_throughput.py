@@ -244,7 +244,8 @@ def train_end_to_end(cfg: RunConfig, steps: int) -> tuple[float, dict[str, float
     steps) steps: at steps 0 and `steps`), and where its wall time went (seconds)."""
     from groklens.checkpoints import TrajectoryWriter
 
-    c = cfg.replace(steps=steps, eval_every=min(cfg.eval_every, steps), checkpoint_every=min(cfg.checkpoint_every, steps))
+    c = cfg.replace(steps=steps, eval_every=min(cfg.eval_every, steps),
+                    checkpoint_every=min(cfg.checkpoint_every, steps))
     with tempfile.TemporaryDirectory() as d, Timed(SingleRun, "train_step") as ts, \
             Timed(SingleRun, "evaluate") as ev, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         t = time.perf_counter()

@@ -87,7 +87,8 @@ def cli(debug: bool) -> None:
 
 
 @cli.command()
-@click.option("--preset", "preset_name", default=None, help=f"Starting config: {', '.join(sorted(PRESETS))} (default nanda).")
+@click.option("--preset", "preset_name", default=None,
+              help=f"Starting config: {', '.join(sorted(PRESETS))} (default nanda).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="YAML file of config fields (unknown keys are an error).")
 @click.option("--out", "-o", type=click.Path(), default=None, help="Trajectory file to write (RUN.h5).")
@@ -278,7 +279,8 @@ def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, summa
 @click.option("--checkpoints", "steps", multiple=True, metavar="S",
               help="Checkpoint step(s) to calibrate at (repeatable or comma-separated; default: the memorization "
                    "checkpoint and the last one).")
-@click.option("--lr", "lrs", multiple=True, metavar="X", help="SGLD step sizes (default 3e-7,3e-6,...,3e-1 by decades).")
+@click.option("--lr", "lrs", multiple=True, metavar="X",
+              help="SGLD step sizes (default 3e-7,3e-6,...,3e-1 by decades).")
 @click.option("--nbeta", "nbetas", multiple=True, metavar="X",
               help="Inverse temperatures n*beta (default 0.01,0.1,1,10 x n/log n).")
 @click.option("--localization", "localizations", multiple=True, metavar="X",
@@ -367,7 +369,8 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
 @click.option("--dry-run", is_flag=True, help="List the runs and what would happen to each; train nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address, gpus_per_run, partition,
+def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address,
+          gpus_per_run, partition,
           time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
     from groklens.trainers import sweeps
@@ -463,7 +466,8 @@ def _measured_cost(runs, quiet: bool):
               help="Comma-separated: width (the model's hidden width), n_train, or numeric config fields.")
 @_threshold_option("Test accuracy that counts as grokked.")
 @click.option("--interactions", is_flag=True, help="Also print the fit with pairwise interaction terms.")
-@click.option("--censored", is_flag=True, help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
+@click.option("--censored", is_flag=True,
+              help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
 @click.option("--phase", default=None, metavar="X,Y", help="The two variables of the phase diagram.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
 def scaling_law_cmd(directory, variables, threshold, interactions, censored, phase, as_json) -> None:
@@ -574,7 +578,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 
 @cli.command()
 @click.argument("name", required=False)
-@click.option("--list", "list_", is_flag=True, help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop and to "
+@click.option("--list", "list_", is_flag=True,
+              help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop and to "
                    "the cap), the measured (ledger) time per run, fits this CPU?")
 @click.option("--scale", default="quick", show_default=True, metavar="smoke|quick|paper",
               help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup (GPU).")

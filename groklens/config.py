@@ -325,14 +325,16 @@ class RunConfig:
         )
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"betas must be two numbers in [0, 1); got {list(self.betas)}")
-        _check(math.isfinite(self.adam_eps) and self.adam_eps > 0, f"adam_eps must be a positive number; got {self.adam_eps}")
+        _check(math.isfinite(self.adam_eps) and self.adam_eps > 0,
+               f"adam_eps must be a positive number; got {self.adam_eps}")
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "steps",
                      "eval_every", "checkpoint_every"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1; got {getattr(self, name)}")
         for name in ("warmup_steps", "batch_size", "log_checkpoints", "stop_after_grok", "stop_min_steps"):
             _check(getattr(self, name) >= 0, f"{name} must be >= 0; got {getattr(self, name)}")
         for name in ("seed", "data_seed"):  # torch and numpy take seeds in [0, 2**63)
-            _check(0 <= getattr(self, name) < 2**63, f"{name} must be in 0 <= {name} < 2**63; got {getattr(self, name)}")
+            _check(0 <= getattr(self, name) < 2**63,
+                   f"{name} must be in 0 <= {name} < 2**63; got {getattr(self, name)}")
         _check(self.checkpoint_every <= self.steps,
                f"checkpoint_every ({self.checkpoint_every}) is larger than the run (steps={self.steps})")
         _check(self.eval_every <= self.steps,
@@ -549,7 +551,8 @@ def _coerce(key: str, annotation: Any, raw: Any) -> Any:
 # Named starting points; `nanda` is the default. docs/VARIANTS.md says where each comes from.
 _SPHERE = {  # Yildirim 2026: bounded sphere, bidirectional, MLP biases, betas (0.9, 0.999), no warm-up,
     # PyTorch's default init as the paper's code
-    "norm": "sphere", "init_scheme": "torch", "unembed": "bounded", "radius": 1.0, "tau": 10.0, "causal": False, "mlp_bias": True,
+    "norm": "sphere", "init_scheme": "torch", "unembed": "bounded", "radius": 1.0, "tau": 10.0,
+    "causal": False, "mlp_bias": True,
     "betas": [0.9, 0.999], "warmup_steps": 0, "lr": 6e-4, "weight_decay": 1.0,
     "steps": 10_000, "eval_every": 200, "checkpoint_every": 200,
 }
@@ -674,5 +677,6 @@ def field_help() -> dict[str, str]:
     return {n: f.help for n, f in FIELD_FACTS.items()}
 
 
-__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "field_help",
+__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml",
+           "field_names", "field_help",
            "field_facts", "setting", "FieldFacts", "CHOICES", "parse_freqs"]

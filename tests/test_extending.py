@@ -169,11 +169,13 @@ def tree(tmp_path_factory) -> dict[str, str]:
     text = config.read_text()
     end_of_fields = "\n    # ------------------------------------------------------------------ (de)serialisation"
     assert text.count(end_of_fields) == 1
-    config.write_text(text.replace(end_of_fields, "\n" + code["groklens/config.py: RunConfig"].rstrip() + "\n" + end_of_fields))
+    config.write_text(text.replace(end_of_fields,
+                                   "\n" + code["groklens/config.py: RunConfig"].rstrip() + "\n" + end_of_fields))
     regs = site / "groklens" / "trainers" / "regularizers.py"
     text = regs.read_text()
     assert text.count("\ndef composition_order(") == 1
-    regs.write_text(text.replace("\ndef composition_order(", "\n" + code["trainers/regularizers.py"] + "\n\ndef composition_order("))
+    regs.write_text(text.replace("\ndef composition_order(",
+                                 "\n" + code["trainers/regularizers.py"] + "\n\ndef composition_order("))
     return {"PYTHONPATH": str(site), "cwd": str(tmp_path_factory.mktemp("cwd"))}
 
 

@@ -229,7 +229,8 @@ class RoutedRun(Strategy):
         t = self.t
         nll = -probs.gather(-1, t.labels[..., None])[..., 0].log()
         hit = probs.argmax(-1) == t.labels
-        scores = {"loss": nll.mean(-1) if t.multi_target else nll, "acc": (hit.all(-1) if t.multi_target else hit).double()}
+        scores = {"loss": nll.mean(-1) if t.multi_target else nll,
+                  "acc": (hit.all(-1) if t.multi_target else hit).double()}
         columns = split_columns({k: v[None] for k, v in scores.items()}, t.train_idx[None], t.test_idx[None])
         return {f"ensemble.{k}": float(v[0]) for k, v in columns.items()}
 

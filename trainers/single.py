@@ -119,7 +119,8 @@ class Lane:
         with compile=true (evaluation stays eager: other shapes, no gradient)."""
         if self.compiled is None:
             return self.forward(x)
-        return readout_logits(self.compiled, x, self.t.readout_slice, False, getattr(self.model, "supports_readout", False))
+        return readout_logits(self.compiled, x, self.t.readout_slice, False,
+                              getattr(self.model, "supports_readout", False))
 
     def objective(self, logits: torch.Tensor, y: torch.Tensor, batch: Batch, step: int):
         """(task loss, objective = task loss + the terms on the activations just captured)."""

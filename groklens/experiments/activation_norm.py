@@ -74,7 +74,8 @@ def _read_actnorm(ctx: Context) -> list[Row]:
                 why = generalized_arms({"the penalty arm": ctx.group(v).runs})
                 verdict = undetermined(why) if why else ratio_verdict(ratio, ci, below=True, missing=rtext, n=n)
             rows.append(Row(f"radial gradient energy rho / (1/d) at the end, {label}, {tag}",
-                            Published(None, "rho below the isotropic 1/d baseline (Proposition ii; no number)", ACTNORM),
+                            Published(None,
+                                      "rho below the isotropic 1/d baseline (Proposition ii; no number)", ACTNORM),
                             ratio, rtext, diff, verdict))
         for suffix, lam in arms:
             tag = f", lambda {lam:g}" if grid else ""
@@ -184,7 +185,8 @@ register(Experiment(
     "the sqrt(d) activation-norm penalty against the baseline, MLP and transformer: speed-up, radius and rho "
     "against 1/d, Hessian sharpness at the end",
     {
-        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE, **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
+        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE,
+                          **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
         "quick": Scale.of({**QUICK, "steps": 6000, "stop_after_grok": 2},
                         QUICK_NOTE.replace("pre-LayerNorm", "no norm (Nanda's architecture)")
                         + "; the transformer censored at 20,000 steps (without a norm it grokked after 12,700 steps or "

@@ -85,7 +85,8 @@ def measurable(cfg: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- measuring
-def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS, budget_s: float = MEASURE_BUDGET_S) -> Rates:
+def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS,
+                  budget_s: float = MEASURE_BUDGET_S) -> Rates:
     """Rates of cfg timed here on one torch thread (see the module docstring); torch's thread
     count is restored after. The fastest timed step is the rate: other processes only add to a
     step's time (cache and memory traffic, even in CPU time). cfg.compile: the compiled step

@@ -36,7 +36,8 @@ def _read_geomdr(ctx: Context) -> list[Row]:
     for v in ctx.plan.variants:
         if v == "base":
             continue
-        row = speedup_row(ctx, f"speed-up of GeomDR ({v}) over AdamW", Published(52.0, "up to 52x", GEOMDR), "base", v, diff)
+        row = speedup_row(ctx, f"speed-up of GeomDR ({v}) over AdamW",
+                          Published(52.0, "up to 52x", GEOMDR), "base", v, diff)
         rows.append(row)
         if row.ours is not None and (best is None or row.ours > best.ours):
             best = row

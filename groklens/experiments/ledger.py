@@ -364,7 +364,8 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
     phase_steps = {**run.phase_steps, GENERALIZED_PHASE: run99.phase_steps.get("grokking")}
     phase_notes = dict(run.phase_notes)
     if run99.phase_notes.get("grokking"):
-        phase_notes[GENERALIZED_PHASE] = run99.phase_notes["grokking"].replace("grokking", f"test accuracy {GENERALIZED:g}")
+        phase_notes[GENERALIZED_PHASE] = run99.phase_notes["grokking"].replace("grokking",
+                                                                               f"test accuracy {GENERALIZED:g}")
     from groklens.checkpoints.constants import ATTR_GROKLENS_VERSION
     from groklens.checkpoints.reader import open_trajectory_file
 

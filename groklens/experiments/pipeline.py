@@ -219,7 +219,8 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
     return seeds, out
 
 
-def _plan_runs(exp: Experiment, scale: str, seeds: int, runs_dir: Path, led) -> tuple[list[PlannedRun], list[PlannedRun],
+def _plan_runs(exp: Experiment, scale: str,
+               seeds: int, runs_dir: Path, led) -> tuple[list[PlannedRun], list[PlannedRun],
                                                                                        list[PlannedRun]]:
     """(runs the ledger holds, finished files to record, runs to train) of seeds 1..seeds."""
     from groklens.checkpoints import Trajectory
@@ -517,7 +518,8 @@ def run_table(arms: dict[str, list[Any]]) -> list[str]:
             acc = r.final_test_acc
             lines.append("| " + " | ".join(_cell(c) for c in (
                 variant, r.seed, _steps_text(r.memorization), _steps_text(r.grokking), _steps_text(g99),
-                f"{e['last_step']:,}", "—" if acc is None else f"{acc:.3f}", collapse_text(r.collapse) or ("stayed" if "collapse" in e else "ended above (dips not recorded)"),
+                f"{e['last_step']:,}", "—" if acc is None else f"{acc:.3f}",
+                collapse_text(r.collapse) or ("stayed" if "collapse" in e else "ended above (dips not recorded)"),
                 _fmt_duration(r.wall_s) if isinstance(r.wall_s, (int, float)) else "—")) + " |")
     return lines
 

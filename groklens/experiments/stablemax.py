@@ -38,7 +38,8 @@ PAPER_ARMS = {
                    "eps 1e-25, which OrthoGrad drops); evaluated every 10 steps, as they log"),
     "stablemax": ({"loss": "stablemax", "betas": [0.9, 0.999], "steps": 80_000},
                   "StableMax, beta2 0.999",
-                  Published(None, "groks without regularization (figure 1; their command trains 80,000 epochs)", PRIETO),
+                  Published(None,
+                            "groks without regularization (figure 1; their command trains 80,000 epochs)", PRIETO),
                   "evaluated every 100 steps (they log every 5,000); stops 1 evaluation after grokking"),
     "ce_float64": ({"loss": "ce", "betas": [0.9, 0.99], "steps": CE_CAP},
                    "softmax CE in float64",
@@ -96,7 +97,8 @@ def _read_stablemax(ctx: Context) -> list[Row]:
     if ctx.scale == "paper":
         return _read_paper(ctx)
     rows = []
-    labels = {"ce_wd0": "softmax CE, wd 0", "stablemax_wd0": "StableMax, wd 0", "perp_wd0": "perpendicular gradient, wd 0",
+    labels = {"ce_wd0": "softmax CE, wd 0", "stablemax_wd0": "StableMax, wd 0",
+              "perp_wd0": "perpendicular gradient, wd 0",
               "stablemax_perp_wd0": "StableMax + perpendicular gradient, wd 0"}
     base_runs = ctx.group("ce_wd1").runs
     ref = None if not base_runs or any(r.grok_censored for r in base_runs) else \

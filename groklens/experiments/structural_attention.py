@@ -209,7 +209,8 @@ def _mass_rows(ctx: Context, diff: str) -> list[Row]:
     for key, what in (("attn_min_mass", "the least-attended informative token (per-input minimum over the "
                        "informative positions)"), ("attn_mass", "all informative tokens (sum)")):
         rows.append(_paired_row(ctx, f"attention mass of the readout query on {what}, at grokking / at "
-                                     "memorization (baseline)", need, key, "grokking", "memorization", diff, below=False))
+                                     "memorization (baseline)", need, key, "grokking",
+                                     "memorization", diff, below=False))
     rows.append(_rise_row(ctx, diff))
     return rows
 

@@ -17,7 +17,8 @@ from groklens.errors import BadInput
 from tests.analyses.test_compare import make_runs
 from tests.helpers import groklens, tiny_config
 
-ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "fve_top5", "attention",
+ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters",
+               "fve_top5", "attention",
                "attention_patterns", "hessian", "llc", "effective_rank", "radial", "progress_measures", "clock_pizza",
                "hessian_density", "parameter_pca"}
 

@@ -394,7 +394,8 @@ def test_recovery_frees_a_killed_writers_reservation_before_it_measures_the_room
     assert _allocated_past_end(path) >= 8 << 20
     seen = []
     check_room = recovery._check_room
-    monkeypatch.setattr(recovery, "_check_room", lambda p, tmp: (seen.append(_allocated_past_end(p)), check_room(p, tmp)))
+    monkeypatch.setattr(recovery, "_check_room",
+                        lambda p, tmp: (seen.append(_allocated_past_end(p)), check_room(p, tmp)))
     assert recovery.recover(path) == 60
     assert seen and seen[0] < 32 << 10
     assert Trajectory(path).steps[-1] == 60

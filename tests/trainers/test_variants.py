@@ -110,7 +110,8 @@ def test_uniform_pattern_is_one_over_the_allowed_positions(causal, norm):
                                      seq_len=4, n_informative=2))
     fired = []
     _, cache = model.run_with_cache(data.inputs[:9])
-    model.run_with_hooks(data.inputs[:2], fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: fired.append(t.shape))])
+    model.run_with_hooks(data.inputs[:2],
+                         fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: fired.append(t.shape))])
     assert fired == [(2, 2, 5, 5)]
     pattern = cache["blocks.0.attn.hook_pattern"]  # [b, h, q, k]
     n = pattern.shape[-1]

@@ -70,7 +70,8 @@ class Reference:
     def _transformer(self, tokens: torch.Tensor) -> torch.Tensor:
         cfg, sd = self.cfg, self.sd
         b, n = tokens.shape
-        x = self._at("hook_embed", sd["embed.W_E"][tokens]) + self._at("hook_pos_embed", sd["pos_embed.W_pos"][:n].expand(b, n, -1))
+        x = self._at("hook_embed", sd["embed.W_E"][tokens]) + self._at("hook_pos_embed",
+                                                                       sd["pos_embed.W_pos"][:n].expand(b, n, -1))
         x = self._stream_norm(x, "ln_embed", ("embed",))
         for l in range(cfg.n_layers):
             x = self._at(f"blocks.{l}.hook_resid_pre", x)
@@ -116,7 +117,8 @@ class Reference:
 
     def _mlp(self, tokens: torch.Tensor) -> torch.Tensor:
         sd = self.sd
-        e = self._at("hook_embed", (sd["embed.W_E"] if "embed.W_E" in sd else torch.eye(self.cfg.d_vocab).double())[tokens[:, :-1]])
+        e = self._at("hook_embed",
+                     (sd["embed.W_E"] if "embed.W_E" in sd else torch.eye(self.cfg.d_vocab).double())[tokens[:, :-1]])
         x = self._at("hook_input", e.reshape(e.shape[0], -1))
         for i in range(self.cfg.n_layers):
             pre = self._at(f"layers.{i}.hook_pre", x @ sd[f"layers.{i}.W_in"] + sd.get(f"layers.{i}.b_in", 0.0))
@@ -186,7 +188,8 @@ class Reference:
             x = self.carry(x, entry, target, pos)
         if self.post or self.kind == "none":
             return x
-        prefix = {"attn_in": f"blocks.{target[-1]}.ln1", "mlp_in": f"blocks.{target[-1]}.ln2"}.get(target[0], "ln_final")
+        prefix = {"attn_in": f"blocks.{target[-1]}.ln1",
+                  "mlp_in": f"blocks.{target[-1]}.ln2"}.get(target[0], "ln_final")
         s = self.acts[prefix + ".hook_scale"]
         s = s if pos is None else s[:, pos]
         return (x - x.mean(-1, keepdim=True) if self.kind == "ln" else x) / s

@@ -33,7 +33,8 @@ class ModelConfig:
     n_ctx: int
     act_fn: str = "relu"
     norm: str = "none"
-    norm_placement: str = "pre"  # ln/rms: pre (TransformerLens) | post (after every residual sum) | in_stream (Grokfast)
+    # ln/rms: pre (TransformerLens) | post (after every residual sum) | in_stream (Grokfast)
+    norm_placement: str = "pre"
     attention: str = "softmax"
     unembed: str = "linear"
     init: str = "default"
@@ -76,7 +77,8 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """TL's cfg.to_dict(): every field, and the names TL reads (normalization_type, model_name, dtype, ...)."""
-        return {**dataclasses.asdict(self), "normalization_type": self.normalization_type, "model_name": self.model_name,
+        return {**dataclasses.asdict(self), "normalization_type": self.normalization_type,
+                "model_name": self.model_name,
                 "initializer_range": self.initializer_range, "dtype": self.dtype,
                 "n_key_value_heads": self.n_key_value_heads, "default_prepend_bos": self.default_prepend_bos}
 
