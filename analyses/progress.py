@@ -86,7 +86,8 @@ def progress_curves(run_path: str | Path) -> ProgressCurves:
     curves.excluded = np.array([float(np.asarray(v).reshape(-1)[0]) for v in stored.values["excluded_loss_train"]])
     curves.key_set = keys
     curves.key_source = (f"fixed key set {{{', '.join(map(str, keys))}}}" if keys
-                         else "each checkpoint's own key set (no fixed set stored: --param fourier.key_frequencies=last)")
+                         else "each checkpoint's own key set (no fixed set stored: --param "
+                              "fourier.key_frequencies=last)")
     return curves
 
 

@@ -407,8 +407,8 @@ def format_result(result: dict[str, Any]) -> list[str]:
     """The lines `groklens scaling-law` prints."""
     lines = []
     ols = result["ols"]
-    lines.append(f"runs     {result['n_runs']} finished: {result['n_grokked']} grokked, {result['n_censored']} censored "
-                 f"(never reached test accuracy {result['threshold']:g}); censored runs "
+    lines.append(f"runs     {result['n_runs']} finished: {result['n_grokked']} grokked, {result['n_censored']} "
+                 f"censored (never reached test accuracy {result['threshold']:g}); censored runs "
                  f"{'fitted by Tobit' if result['censored'] == 'tobit' else 'excluded from the fit'}")
     lines += [f"warning  {w}" for w in result.get("warnings", [])]
     for reason, names in {**result["excluded"], **result.get("skipped", {})}.items():

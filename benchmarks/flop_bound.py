@@ -193,7 +193,8 @@ def _paths(lean: bool, table: bool) -> None:
 
 
 def _line(row: dict, variant: bool, compiled: bool) -> str:
-    out = (f"{row['model']:11s} threads {row['threads']} (load {row['load_avg_1min']:.1f}): {row['gflop']:.2f} GFLOP | wall: step {row['step_ms']:.1f} ms, "
+    out = (f"{row['model']:11s} threads {row['threads']} (load {row['load_avg_1min']:.1f}): {row['gflop']:.2f} GFLOP "
+           f"| wall: step {row['step_ms']:.1f} ms, "
            f"GEMM {row['gemm_gflops']:.1f} GFLOP/s, bound {row['bound_ms']:.1f} ms, ratio {row['step_ratio']:.2f}"
            f" | CPU time: step {row['step_cpu_ms']:.1f} ms, GEMM {row['gemm_gflops_cpu']:.1f} GFLOP/s, "
            f"ratio {row['step_cpu_ratio']:.2f}")

@@ -43,7 +43,8 @@ def open_trajectory_file(path: str | Path, validate: bool = True) -> h5py.File:
     if not path.exists():
         raise BadInput(f"{path}: no such file")
     if not path.is_file():
-        raise BadInput(f"{path}: is a directory, not a trajectory file" if path.is_dir() else f"{path}: not a regular file")
+        raise BadInput(f"{path}: is a directory, not a trajectory file" if path.is_dir()
+                       else f"{path}: not a regular file")
     with open(path, "rb") as fh:
         head = fh.read(8)
     if head != HDF5_SIGNATURE:

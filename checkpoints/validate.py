@@ -350,12 +350,13 @@ def _data_fits_config(cfg, arrays, attrs, problems: list[str]) -> bool:
         label_shape = (n, n_targets) if n_targets else (n,)
         if inputs.shape != (n, n_ctx) or labels.shape != label_shape:
             problems.append(f"/{C.DATA} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}; the stored "
-                            f"config's task ({cfg.task}, p={cfg.p}) has inputs {[n, n_ctx]} and labels {list(label_shape)}")
+                            f"config's task ({cfg.task}, p={cfg.p}) has inputs {[n, n_ctx]} and labels "
+                            f"{list(label_shape)}")
             return False
     stored = (attrs.get("d_vocab"), attrs.get("d_vocab_out"))
     if None not in stored and stored != vocab:
-        problems.append(f"/{C.DATA} vocabulary (d_vocab {stored[0]}, d_vocab_out {stored[1]}) is not the stored config's "
-                        f"({vocab[0]}, {vocab[1]})")
+        problems.append(f"/{C.DATA} vocabulary (d_vocab {stored[0]}, d_vocab_out {stored[1]}) is not the stored "
+                        f"config's ({vocab[0]}, {vocab[1]})")
         return False
     if "readout_pos" in attrs and attrs["readout_pos"] != readout:
         problems.append(f"/{C.DATA} readout_pos {attrs['readout_pos']} is not the stored config's ({readout})")

@@ -256,7 +256,8 @@ class _MetricOption(click.Option):
               help="One line per measure (compare's columns): its value at the first analyzed checkpoint, at "
                    "memorization, at grokking and at the last, instead of the table of every step.")
 @click.option("--copy", "copy", type=int, default=None, metavar="M",
-              help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
+              help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to "
+                   "RUN.copyM.analyses.h5.")
 def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
     if summary and as_json:
@@ -448,7 +449,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             skipped = " (failed before; --retry-failed runs it again)" if name in report.skipped_failed else ""
             click.echo(f"failed   {name}: {error}{skipped}")
     if c["failed"]:
-        raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
+        raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` "
+                            "lists them")
 
 
 def _measured_cost(runs, quiet: bool):
@@ -526,7 +528,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help=_GROUP_BY_HELP)
 @_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
-              help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the sidecars).")
+              help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the "
+                   "sidecars).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
 @click.option("--every", type=int, default=None,
@@ -579,10 +582,11 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @cli.command()
 @click.argument("name", required=False)
 @click.option("--list", "list_", is_flag=True,
-              help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop and to "
-                   "the cap), the measured (ledger) time per run, fits this CPU?")
+              help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop "
+                   "and to the cap), the measured (ledger) time per run, fits this CPU?")
 @click.option("--scale", default="quick", show_default=True, metavar="smoke|quick|paper",
-              help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup (GPU).")
+              help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup "
+                   "(GPU).")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for runs/, report/ and results (default ./reproduce-NAME-SCALE); rerun to resume.")
 @click.option("--seeds", type=int, default=None, help="Seeds per variant (default: smoke 1, quick 2, paper 10).")
@@ -590,7 +594,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--results-md", "results_md", type=click.Path(dir_okay=False), default=None,
               help="Markdown file whose reproduce table gets the rows (e.g. docs/RESULTS.md); none by default.")
 @click.option("--ledger", "ledger_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default OUT/ledger).")
+              help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default "
+                   "OUT/ledger).")
 @click.option("--no-train", is_flag=True,
               help="Train nothing: record the finished runs in OUT/runs and read every recorded seed.")
 @_refused("--results", "is now --results-md FILE (rows are written only where asked)")

@@ -407,7 +407,8 @@ class RunConfig:
                "mlp_unembed_bias=false drops the unembedding bias of model=mlp with mlp_bias=true; "
                f"model={self.model} with mlp_bias={str(self.mlp_bias).lower()} has none to drop")
         _check(self.norm_placement == "pre" or self.norm in ("ln", "rms"),
-               f"norm_placement={self.norm_placement} places a LayerNorm or RMSNorm (norm: ln | rms); norm={self.norm} has "
+               f"norm_placement={self.norm_placement} places a LayerNorm or RMSNorm (norm: ln | rms); "
+               f"norm={self.norm} has "
                + ("no norm to place" if self.norm == "none" else "its projection after every sum already"))
         if self.init == "fourier":
             _check(2 * len(freqs) <= self.d_model,

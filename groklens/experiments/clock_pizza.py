@@ -195,8 +195,9 @@ def _boundary_row(ctx: Context) -> Row:
     lo, hi = softmax_share(THEIR_PIZZA_TO), softmax_share(THEIR_CLOCK_ABOVE)
     mid = softmax_share((THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2)
     published = Published(round(mid, 3), f"pizza up to attn_coeff {THEIR_PIZZA_TO}, clock above {THEIR_CLOCK_ABOVE} "
-                           f"(shares {lo:.2f} and {hi:.2f}); midpoint {(THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2:g} = share "
-                           f"{mid:.2f} (their result/1l_fixedwidth.csv, 2,381 1-layer runs in bins of 0.05, labelled by our rule)",
+                           f"(shares {lo:.2f} and {hi:.2f}); midpoint {(THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2:g} = "
+                           f"share {mid:.2f} (their result/1l_fixedwidth.csv, 2,381 1-layer runs in bins of 0.05, "
+                           "labelled by our rule)",
                            SOURCE)
     per_rate = {arms[a]: majority([r.run_values.get("label") for r in rs]) for a, rs in runs.items() if rs}
     found = boundary(per_rate)

@@ -215,8 +215,8 @@ class Context:
         n = len(pairs)
         mn, md = sum(a for a, _ in pairs) / n, sum(b for _, b in pairs) / n
         ci_text = f" {fmt_ci(ci)}" if ci is not None else ""
-        return mean, (f"{fmt_number(mean)}{ci_text} {mean_flag(n, len(runs))} (paired means: {fmt_number(mn)} at {num} / "
-                      f"{fmt_number(md)} at {den})"), ci, n
+        return mean, (f"{fmt_number(mean)}{ci_text} {mean_flag(n, len(runs))} (paired means: {fmt_number(mn)} at "
+                      f"{num} / {fmt_number(md)} at {den})"), ci, n
 
 
 @dataclass

@@ -171,8 +171,8 @@ def estimate_text(exp: Experiment, scale: str, todo: list[Any], ledger_entries: 
     how = ", ".join(f"{k} to {dict(ledger='the ledger runs of their arm', expected=f'{EXPECTED_MARGIN:g}x the expected grokking step', cap='their step cap')[b]}"
                     for b, k in basis.items() if k)
     rate = "/".join(sorted({"timed here" if c.rate_basis == "measured" else "the FLOP model" for c in costs}))
-    return (f"cost estimate: {_fmt_duration(sum(c.expected_s for c in costs))} of CPU-core time for {len(costs)} run(s) "
-            f"({how}; every run to its cap: {_fmt_duration(sum(c.cap_s for c in costs))}; steps {rate})")
+    return (f"cost estimate: {_fmt_duration(sum(c.expected_s for c in costs))} of CPU-core time for {len(costs)} "
+            f"run(s) ({how}; every run to its cap: {_fmt_duration(sum(c.cap_s for c in costs))}; steps {rate})")
 
 
 # ---------------------------------------------------------------------- the pipeline

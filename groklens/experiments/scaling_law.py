@@ -57,8 +57,8 @@ register(Experiment(
                         axes={"d_mlp": [16, 32], "train_frac": [0.4, 0.6], "lr": [1e-3, 3e-3], "weight_decay": [1.0]}),
         "quick": Scale.of(dict(task="add", p=23, model="mlp", n_layers=2, d_model=64, mlp_bias=True, steps=6000,
                              eval_every=50, checkpoint_every=1000, stop_after_grok=1, device="cpu"),
-                        "MLP grid of 16 (2 values per axis: width 128, 256; train_frac 0.5, 0.7; lr 5e-3, 1e-2; wd 1, 3), "
-                        "p=23, embeddings 64 wide; censored at 6000 steps (the paper: 384 configurations)",
+                        "MLP grid of 16 (2 values per axis: width 128, 256; train_frac 0.5, 0.7; lr 5e-3, 1e-2; wd 1, "
+                        "3), p=23, embeddings 64 wide; censored at 6000 steps (the paper: 384 configurations)",
                         axes={"d_mlp": [128, 256], "train_frac": [0.5, 0.7], "lr": [5e-3, 1e-2],
                               "weight_decay": [1.0, 3.0]}),
         "paper": Scale.of(dict(task="add", p=97, model="mlp", n_layers=2, d_model=128, mlp_bias=True, steps=100_000,

@@ -153,8 +153,8 @@ OFFICIAL_ARMS = ("ln", "sphere_wd1", "sphere_wd0")
 OFFICIAL_NOTE = ("the official code (AlperYildirim1/geometric-grokking at {commit}, {notebooks}) run by "
                  "benchmarks/peer/sphere_official.py on this machine for {epochs} epochs (their device line set to the "
                  "CPU), recorded from its JSONs by benchmarks/peer/record_sphere_official.py in "
-                 "docs/results/peer/sphere-official.json; their grok epoch e (the first logged epoch with test accuracy "
-                 "> 0.95, logged every 200 epochs after that epoch's step) is shown as groklens' step e+1")
+                 "docs/results/peer/sphere-official.json; their grok epoch e (the first logged epoch with test "
+                 "accuracy > 0.95, logged every 200 epochs after that epoch's step) is shown as groklens' step e+1")
 
 
 def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]:
@@ -288,13 +288,13 @@ def _read_s5(ctx: Context) -> list[Row]:
 
 
 _S5_NOTEBOOK_NOTE = (
-    "S5 as the official notebook S5_Final.ipynb runs it: the 120 permutations (vocabulary 121), 30% of the 14,400 pairs "
-    "drawn from each seed (make_s5_dataset's random.Random(seed) shuffle: split_rule python_shuffle, data_seed = the "
-    "seed), d_model 128, 4 heads, d_mlp 512, post-norm LayerNorm / RMSNorm (eps 1e-8), PyTorch's init, AdamW lr 1e-3, "
-    "betas (0.9, 0.999), weight decay 1 (0 for the bounded sphere), full batch, evaluation every 200 epochs, grokked at "
-    "the first evaluation with test accuracy >= 0.99 (the notebook's rule, which these rows read), capped at 100,000 "
-    "steps (the notebook's MAX_EPOCHS; no published S5 grokking time is in REFERENCES.md, so the cap is 10x a "
-    "baseline's only if LayerNorm groks by step 10,000); its sphere wd 1 model has a plain unembedding, as here. "
+    "S5 as the official notebook S5_Final.ipynb runs it: the 120 permutations (vocabulary 121), 30% of the 14,400 "
+    "pairs drawn from each seed (make_s5_dataset's random.Random(seed) shuffle: split_rule python_shuffle, data_seed "
+    "= the seed), d_model 128, 4 heads, d_mlp 512, post-norm LayerNorm / RMSNorm (eps 1e-8), PyTorch's init, AdamW lr "
+    "1e-3, betas (0.9, 0.999), weight decay 1 (0 for the bounded sphere), full batch, evaluation every 200 epochs, "
+    "grokked at the first evaluation with test accuracy >= 0.99 (the notebook's rule, which these rows read), capped "
+    "at 100,000 steps (the notebook's MAX_EPOCHS; no published S5 grokking time is in REFERENCES.md, so the cap is "
+    "10x a baseline's only if LayerNorm groks by step 10,000); its sphere wd 1 model has a plain unembedding, as here. "
     "What differs: runs stop 2 evaluations after test accuracy 0.99 (the notebook trains every one of its 100,000 "
     "epochs); our step s is their epoch s-1; groklens' code and RNG streams, not theirs")
 
@@ -308,8 +308,8 @@ FVE_ARMS = {"fully_bounded": ("sphere_wd0", "bounded sphere, wd 0 (the notebook'
             "bounded": ("sphere_wd1", "bounded sphere, wd 1", 0.62),
             "standard": ("ln", "post-norm LayerNorm", 0.29)}
 FVE_PHASE = "generalized"  # ledger.GENERALIZED_PHASE: the first evaluation with test accuracy >= 0.99
-FVE_READING = ("the paper's reading (our reading of its notebook): least-squares FVE of the cos and sin directions of the "
-               "top 5 frequencies of W_L by Fourier norm, the mean of those 10 values")
+FVE_READING = ("the paper's reading (our reading of its notebook): least-squares FVE of the cos and sin directions of "
+               "the top 5 frequencies of W_L by Fourier norm, the mean of those 10 values")
 
 
 def _fve_arms(sc: Scale) -> dict[str, str]:

@@ -55,11 +55,11 @@ PAPER_ARMS = {
 }
 PAPER_NOTE = ("Prieto et al.'s figure-1 setup from their code (add mod 113, 5107 training pairs, full batch, MLP "
               "226-200-200-113 without biases, AdamW lr 0.01, wd 0, eps 1e-25; ⊥AdamW as their code runs it: betas "
-              "(0.9, 0.999), eps 1e-8). Differs: our split is drawn from data_seed 598 (theirs: random_split under seed "
-              "42), our init from each seed (same distribution, U(+-1/sqrt(fan_in))); no per-epoch reshuffle of the "
-              "full batch (changes float rounding only); our step s is their epoch s-1; grokking = first evaluation "
-              "with test acc >= 0.95, evaluated every 10 steps (⊥AdamW) or 100 (their log: every 10 / 5,000); "
-              "runs stop 1 evaluation after grokking; the CE arms are capped at "
+              "(0.9, 0.999), eps 1e-8). Differs: our split is drawn from data_seed 598 (theirs: random_split under "
+              "seed 42), our init from each seed (same distribution, U(+-1/sqrt(fan_in))); no per-epoch reshuffle of "
+              "the full batch (changes float rounding only); our step s is their epoch s-1; grokking = first "
+              "evaluation with test acc >= 0.95, evaluated every 10 steps (⊥AdamW) or 100 (their log: every 10 / "
+              "5,000); runs stop 1 evaluation after grokking; the CE arms are capped at "
               f"{CE_CAP:,} steps (theirs: 80,000); the figure-6 transformer arm is not run")
 
 

@@ -113,7 +113,8 @@ class TransformerLensWeights:
         """TransformerLens-named parameters (what SVDInterpreter reads)."""
         if self.cfg.d_vocab != self.cfg.d_vocab_out:
             raise TLUnsupported(f"SVDInterpreter assumes d_vocab == d_vocab_out, but this task has {self.cfg.d_vocab} "
-                                f"input tokens and {self.cfg.d_vocab_out} classes; use model.OV[l, h].svd() with model.W_U")
+                                f"input tokens and {self.cfg.d_vocab_out} classes; use model.OV[l, h].svd() with "
+                                "model.W_U")
         return {**dict(self.named_parameters()), "unembed.W_U": self.W_U}
 
     def _fold_refusal(self) -> str | None:
