@@ -88,7 +88,8 @@ def collapse_text(c: Mapping) -> str:
 
 
 @analysis("grokking", "memorization and grokking steps per accuracy threshold (grokked: grok_evals consecutive "
-          "evaluations with test accuracy >= threshold; the first crossing apart), with censoring", kind="run", order=80)
+          "evaluations with test accuracy >= threshold; the first crossing apart), with censoring", kind="run",
+          order=80)
 def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS,
                    grok_evals: int = 0) -> dict:
     """Per threshold (in the given order): memorization and grokking steps and the first

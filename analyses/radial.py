@@ -10,8 +10,9 @@ L is the float64 task loss (cross-entropy, or the run's StableMax loss) at the r
 position(s), summed over the evaluation set (default: the training inputs), so g_i is sample
 i's own gradient (our models treat samples independently; the sum's scale cancels in rho).
 Default sites: each layer's hidden representation (blocks.{l}.hook_resid_post, or
-layers.{i}.hook_post of the MLP), all positions, as the activation-norm penalty. Vectors with h_i = 0 or g_i = 0 (a position
-that cannot affect the readout) are left out of rho and counted in `rho_excluded`.
+layers.{i}.hook_post of the MLP), all positions, as the activation-norm penalty. Vectors with
+h_i = 0 or g_i = 0 (a position that cannot affect the readout) are left out of rho and counted in
+`rho_excluded`.
 The model runs in float64 so that confident (grokked) models do not underflow gradients.
 eps_dependent@S = 1 (and an EpsDependenceWarning) when S reaches the logits only through
 scale-invariant norms (norm_fed_sites): there rho ~ 0 by construction and the radius is free,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses import figures as F
-from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
+from groklens.analyses.compare import (
+    Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint)
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
 from groklens.analyses.fourier import CLUSTER_THRESHOLD

@@ -298,7 +298,8 @@ def fit_scaling_law(records: Sequence[GrokRecord], variables: Sequence[str], *, 
     ols = ols_fit(X, y, variables)
     if len(variables) >= 2:
         Xi, labels = _design(X, variables, interactions=True)
-        if len(grokked) > Xi.shape[1] + 1 and np.linalg.matrix_rank(np.hstack([np.ones((len(X), 1)), Xi])) == Xi.shape[1] + 1:
+        if len(grokked) > Xi.shape[1] + 1 and (
+                np.linalg.matrix_rank(np.hstack([np.ones((len(X), 1)), Xi])) == Xi.shape[1] + 1):
             inter = ols_fit(Xi, y, labels)
             ols["r2_interactions"] = inter["r2"]
             if interactions:

@@ -108,7 +108,8 @@ def main() -> None:
             "eigsh_top1": counts[1], "eigsh_top5": counts[5],
             "top1_at_machine_precision": float(ref["top_eigenvalues"][0]),
             "hvps_at_machine_precision": ref["hvp_count"],
-            "top1_relative_error_at_tol": abs(counts[1]["top"][0] - ref["top_eigenvalues"][0]) / abs(ref["top_eigenvalues"][0]),
+            "top1_relative_error_at_tol": (abs(counts[1]["top"][0] - ref["top_eigenvalues"][0])
+                                           / abs(ref["top_eigenvalues"][0])),
             "hutchinson_50": {"trace": tr["trace"], "stderr": tr["trace_stderr"], "seconds": t_tr},
         },
         "sharpness_default_result": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in sharp.items()},

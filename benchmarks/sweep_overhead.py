@@ -6,8 +6,9 @@ Run by hand: `python benchmarks/sweep_overhead.py [--runs 64] [--steps 100] [--w
 It runs `groklens.trainers.sweeps.run_sweep` with the local executor (the process pool of
 `groklens sweep`) on a grid of tiny runs. Inside each worker the training steps
 (`Trainer.train_step`), evaluations (`Trainer.evaluate` and the writing of its row,
-`TrajectoryWriter.write_eval`) and checkpoint writes (`TrajectoryWriter.write_checkpoint`) are timed; their sum over the workers, divided by the
-wall time times the number of workers, is the productive share; the rest is overhead.
+`TrajectoryWriter.write_eval`) and checkpoint writes (`TrajectoryWriter.write_checkpoint`) are
+timed; their sum over the workers, divided by the wall time times the number of workers, is the
+productive share; the rest is overhead.
 Both come from the same sweep, so their ratio holds on a busy machine. With `--workers 1`
 (the default) the reading does not depend on how other processes share the cores.
 

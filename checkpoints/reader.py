@@ -209,7 +209,8 @@ def _open_swmr(file: Path, path: Path) -> h5py.File:
     try:
         return h5py.File(file, "r", libver="latest", swmr=True, locking=False)
     except OSError as exc:
-        raise BadInput(f"{path}: damaged HDF5 file ({str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
+        why = str(exc).splitlines()[0] if str(exc) else "unreadable"
+        raise BadInput(f"{path}: damaged HDF5 file ({why})") from None
 
 
 def _check_not_truncated(path: Path) -> None:

@@ -68,7 +68,8 @@ def _which_checkpoints(func):
     func = click.option("--checkpoints", "steps", multiple=True, metavar="S",
                         help="Checkpoint step(s) (repeatable, or comma-separated).")(func)
     return click.option("--every", type=int, default=None,
-                        help="Every K-th checkpoint (by index), plus the last and the memorization / grokking ones.")(func)
+                        help="Every K-th checkpoint (by index), plus the last and the memorization / grokking "
+                             "ones.")(func)
 
 
 def _threads() -> None:
@@ -122,7 +123,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         given = sorted(k for k, v in overrides.items() if v is not None)
         if given or config_file or preset_name or out:
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
-                              [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out)) if v])
+                              [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out))
+                               if v])
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
         target, cfg = Path(resume_path), None
     else:
@@ -458,7 +460,8 @@ def _measured_cost(runs, quiet: bool):
     cached; groklens/experiments/cost.py), for sizing a sweep's ensembles."""
     from groklens.experiments.cost import cost_key, rates_for, run_seconds
 
-    rates = rates_for([r.config for r in runs], echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
+    rates = rates_for([r.config for r in runs],
+                      echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
     return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
@@ -547,7 +550,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="paper: each figure --width inches wide, its text at --font-size points, 300 dpi, "
                    "TrueType fonts in PDF.")
 @click.option("--width", "width_in", type=float, default=None, metavar="IN",
-              help="With --style paper: figure width in inches, 1 to 20 (default 5.5, a one-column paper's text width).")
+              help="With --style paper: figure width in inches, 1 to 20 (default 5.5, a one-column paper's text "
+                   "width).")
 @click.option("--font-size", "font_pt", type=float, default=None, metavar="PT",
               help="With --style paper: text size in points, 4 to 36 (default 8).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -699,7 +703,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # an unexpected failure: still one line, the traceback with --debug
         if debug:
             raise
-        click.echo(f"groklens: failed: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for details)", err=True)
+        click.echo(f"groklens: failed: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for details)",
+                   err=True)
         code = 1
     if getattr(sys.modules.get("groklens.checkpoints.writer"), "WRITE_FAILED", False):
         sys.stdout.flush()  # HDF5 would fail (or crash) closing a file whose write failed:

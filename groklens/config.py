@@ -398,7 +398,8 @@ class RunConfig:
                f"attn_mask_from must be a run name (letters, digits, _ - ., and {{seed}}), no path; "
                f"got {self.attn_mask_from!r}")
         freqs = parse_freqs(self.fourier_freqs)
-        transformer_only = [(n, getattr(self, n)) for n in TRANSFORMER_ONLY if getattr(self, n) != getattr(RunConfig, n)]
+        transformer_only = [(n, getattr(self, n)) for n in TRANSFORMER_ONLY
+                            if getattr(self, n) != getattr(RunConfig, n)]
         if self.model != "transformer":
             for name, value in transformer_only:
                 raise BadInput(f"{name}={value} is an option of model=transformer, not model={self.model}")

@@ -351,7 +351,8 @@ def _check_seq(cfg: "RunConfig") -> None:
         raise BadInput("informative_layout=random needs distractor_vocab > 0: with distractors drawn from the "
                        "residues, nothing tells the informative tokens apart")
     # logarithms first: p ** n_informative as an integer takes minutes to build for n_informative 1e8
-    if cfg.n_informative * math.log(cfg.p) > math.log(SEQ_MAX_INPUTS) + 1e-9 or cfg.p**cfg.n_informative > SEQ_MAX_INPUTS:
+    if (cfg.n_informative * math.log(cfg.p) > math.log(SEQ_MAX_INPUTS) + 1e-9
+            or cfg.p**cfg.n_informative > SEQ_MAX_INPUTS):
         raise BadInput(f"p^n_informative = {cfg.p}^{cfg.n_informative} inputs is over {SEQ_MAX_INPUTS:,}; "
                        "lower p or n_informative")
 

@@ -56,7 +56,8 @@ def plugin(tmp_path_factory) -> dict[str, str]:
     groups: dict[str, list[str]] = {}
     for group, name, module in eps:
         groups.setdefault(group, []).append(f"{name} = {module}")
-    (info / "entry_points.txt").write_text("".join(f"[{g}]\n" + "\n".join(lines) + "\n\n" for g, lines in groups.items()))
+    text = "".join(f"[{g}]\n" + "\n".join(lines) + "\n\n" for g, lines in groups.items())
+    (info / "entry_points.txt").write_text(text)
     return {"PYTHONPATH": str(site)}
 
 

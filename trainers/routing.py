@@ -11,8 +11,9 @@ for every u, and trained on slot r's batch:
 
 One backward pass then gives copy m's unit u the gradient of exactly one routed path,
 r = pi_u^{-1}(m), because pi_u is a permutation; each copy's gradient transforms (Grokfast,
-the perpendicular gradient) and its own AdamW then run as in a single run. With the identity kernel (routing_width 0) routed model r *is* copy r and
-the copies train exactly like M independent runs with seeds seed, seed+1, ..., seed+M-1
+the perpendicular gradient) and its own AdamW then run as in a single run. With the identity
+kernel (routing_width 0) routed model r *is* copy r and the copies train exactly like M
+independent runs with seeds seed, seed+1, ..., seed+M-1
 (bit-identical on CPU, tests/trainers/test_routing.py).
 
 The kernel Q (ours; `ring_kernel`): copies sit on a ring, Q_ij proportional to

@@ -1,4 +1,5 @@
-"""The activation-norm penalty's experiments: activation-norm (propositions on the no-norm transformer and the MLP) and nanogpt-addition."""
+"""The activation-norm penalty's experiments: activation-norm (propositions on the no-norm
+transformer and the MLP) and nanogpt-addition."""
 
 from __future__ import annotations
 
@@ -171,7 +172,8 @@ def _plan_nanogpt(sc: Scale, scale: str) -> Plan:
 
 
 def _read_nanogpt(ctx: Context) -> list[Row]:
-    diff = f"{ctx.sc.note}; lambda {ctx.sc.extra['lambda']:g} (our choice); grokking = exact-match test accuracy >= 0.95"
+    diff = (f"{ctx.sc.note}; lambda {ctx.sc.extra['lambda']:g} (our choice); grokking = exact-match test "
+            "accuracy >= 0.95")
     rows = [speedup_row(ctx, "speed-up of the sqrt(d) penalty, nanoGPT on 3-digit addition",
                         Published(2.0, "halves the training steps (2x)", ACTNORM), "base", "actnorm", diff)]
     for v in ("base", "actnorm"):
@@ -219,6 +221,7 @@ register(Experiment(
                         "preset nanogpt_tiny: 2-digit addition, 2 layers x 32 wide (the paper: 3 digits, ~10M "
                         "parameters); censored at 6000 steps", **{"lambda": 0.1}),
         "paper": Scale.of({"preset": "nanogpt_10m", "stop_after_grok": 1, "device": "auto"},
-                        "preset nanogpt_10m (10.6M parameters; training setup ours: docs/VARIANTS.md)", **{"lambda": 0.1}),
+                        "preset nanogpt_10m (10.6M parameters; training setup ours: docs/VARIANTS.md)",
+                        **{"lambda": 0.1}),
     },
     _plan_nanogpt, _read_nanogpt, no_analyses))

@@ -115,7 +115,8 @@ def _mean_row(ctx: Context, variant: str, key: str, what: str) -> Row:
 def _label_row(ctx: Context, variant: str) -> Row:
     want = PUBLISHED[variant]["label"]
     claim = Published(None,
-                      f"{'uniform attention: pizza (Model A)' if variant == 'uniform' else 'learned attention: clock (Model B)'}",
+                      "uniform attention: pizza (Model A)" if variant == "uniform"
+                      else "learned attention: clock (Model B)",
                       SOURCE)
     text, verdict = _labels(ctx, variant, want)
     return Row(f"algorithm at the end, {variant} attention (our rule: {ALGORITHM_RULE})", claim, None, text,
@@ -154,7 +155,8 @@ def _values_text(runs) -> str:
                       ("distance_irrelevance", "distance irrelevance")):
         vals = [float(v) for r in runs if isinstance(v := r.run_values.get(key), (int, float))]
         if vals:
-            parts.append(f"{what} {sum(vals) / len(vals):.3f}" + (f" [{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""))
+            spread = f" [{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""
+            parts.append(f"{what} {sum(vals) / len(vals):.3f}{spread}")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

@@ -191,7 +191,8 @@ class RateCache:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError, UnicodeDecodeError):
             return {}
-        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("contexts"), dict):
+        if (not isinstance(data, dict) or data.get("format") != CACHE_FORMAT
+                or not isinstance(data.get("contexts"), dict)):
             return {}
         return {k: v for k, v in data["contexts"].items()
                 if isinstance(v, dict) and isinstance(v.get("rates"), dict)}

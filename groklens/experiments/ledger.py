@@ -185,7 +185,8 @@ def load_ledger_file(path: Path) -> dict[str, Any]:
                                f"not {' or '.join(k.__name__ for k in kinds)}")
         for m, phases in e.get("measures", {}).items():
             if not isinstance(phases, dict) or not all(
-                    v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool)) for v in phases.values()):
+                    v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool))
+                    for v in phases.values()):
                 raise BadInput(f"{where}: measure {m!r} is not a mapping of phase -> number")
         for key in ("memorization_step", "grokking_step"):
             if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in e[key].values()):
@@ -469,7 +470,8 @@ def measured_time(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
 
     num = (int, float)
     cpu = [float(e["cpu_s"]) for e in entries if isinstance(e.get("cpu_s"), num)]
-    wall = [float(e["wall_s"]) for e in entries if not isinstance(e.get("cpu_s"), num) and isinstance(e.get("wall_s"), num)]
+    wall = [float(e["wall_s"]) for e in entries
+            if not isinstance(e.get("cpu_s"), num) and isinstance(e.get("wall_s"), num)]
     if not cpu and not wall:
         return None
     devices = sorted({str(e.get("device", "?")).split(" (")[0] for e in entries

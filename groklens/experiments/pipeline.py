@@ -141,7 +141,8 @@ def format_listing(items: list[dict[str, Any]]) -> str:
             m = s["measured"]
             kind = "cpu" if m and m["cpu"] else "wall" if m else None
             meas = (f"{'CPU' if kind == 'cpu' else 'wall'} {_fmt_duration(m[kind]['mean_s'])} mean, "
-                    f"{_fmt_duration(m[kind]['max_s'])} max (n={m[kind]['n']}, {'/'.join(m['devices'])})") if m else "not run yet"
+                    f"{_fmt_duration(m[kind]['max_s'])} max (n={m[kind]['n']}, {'/'.join(m['devices'])})"
+                    if m else "not run yet")
             fits = (("yes" if s["fits_cpu"] else "no") + f": {_fmt_duration(s['seconds_here'])} ({s['fits_basis']})")
             est = f"{_fmt_duration(s['cpu_seconds_expected'])} ({_fmt_duration(s['cpu_seconds_cap'])}) {_basis_mark(s)}"
             lines.append(f"{it['name'] if scale == 'smoke' else '':<22} {scale:<6} {s['runs']:>4}  {fits:<42}  "
@@ -168,8 +169,9 @@ def estimate_text(exp: Experiment, scale: str, todo: list[Any], ledger_entries: 
     runs = [(r.variant, r.cfg) for r in todo]
     costs = estimate_runs(exp, scale, runs, ledger_entries, rates_for([c for _, c in runs], measure=measure))
     basis = {b: sum(c.stop_basis == b for c in costs) for b in ("ledger", "expected", "cap")}
-    how = ", ".join(f"{k} to {dict(ledger='the ledger runs of their arm', expected=f'{EXPECTED_MARGIN:g}x the expected grokking step', cap='their step cap')[b]}"
-                    for b, k in basis.items() if k)
+    stops = {"ledger": "the ledger runs of their arm", "expected": f"{EXPECTED_MARGIN:g}x the expected grokking step",
+             "cap": "their step cap"}
+    how = ", ".join(f"{k} to {stops[b]}" for b, k in basis.items() if k)
     rate = "/".join(sorted({"timed here" if c.rate_basis == "measured" else "the FLOP model" for c in costs}))
     return (f"cost estimate: {_fmt_duration(sum(c.expected_s for c in costs))} of CPU-core time for {len(costs)} "
             f"run(s) ({how}; every run to its cap: {_fmt_duration(sum(c.cap_s for c in costs))}; steps {rate})")
@@ -502,7 +504,8 @@ RUNS_SECTION = "## The runs behind the rows"
 
 
 def _runs_markers(name: str, scale: str) -> tuple[str, str]:
-    return f"<!-- runs {name} {scale}: written by `groklens reproduce` from the ledger -->", f"<!-- end runs {name} {scale} -->"
+    return (f"<!-- runs {name} {scale}: written by `groklens reproduce` from the ledger -->",
+            f"<!-- end runs {name} {scale} -->")
 
 
 def run_table(arms: dict[str, list[Any]]) -> list[str]:
@@ -530,12 +533,14 @@ def _steps_text(step: int | None) -> str:
 
 def _put_runs_block(text: str, result: Result) -> str:
     begin, end = _runs_markers(result.name, result.scale)
-    block = f"{begin}\n**{result.name}, {result.scale}** (`{result.command}`)\n\n" + "\n".join(result.run_lines) + f"\n{end}"
+    block = (f"{begin}\n**{result.name}, {result.scale}** (`{result.command}`)\n\n" + "\n".join(result.run_lines)
+             + f"\n{end}")
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
         return head + block + rest.split(end, 1)[1]
     if RUNS_SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{RUNS_SECTION}\n\nPer run, from the ledger (the rows above are computed from these entries).\n"
+        text = (text.rstrip("\n") + f"\n\n{RUNS_SECTION}\n\n"
+                "Per run, from the ledger (the rows above are computed from these entries).\n")
     return text.rstrip("\n") + f"\n\n{block}\n"
 
 

@@ -1,4 +1,5 @@
-"""The scaling-law experiment: the MLP grid and its fitted power-law exponents (Tobit beside OLS when runs are censored)."""
+"""The scaling-law experiment: the MLP grid and its fitted power-law exponents (Tobit beside OLS
+when runs are censored)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _read_scaling(ctx: Context) -> list[Row]:
                         ours, text, diff))
     try:
         fit = fit_scaling_law(recs, list(DEFAULT_VARS))
-        r2, text = fit["ols"]["r2"], f"{fit['ols']['r2']:.3f} (OLS, n={fit['n_grokked']} grokked, {fit['n_censored']} censored left out)"
+        r2 = fit["ols"]["r2"]
+        text = f"{r2:.3f} (OLS, n={fit['n_grokked']} grokked, {fit['n_censored']} censored left out)"
     except BadInput as exc:
         r2, text = None, f"no fit: {exc}"
     rows.append(Row("R^2 of the power-law fit",

@@ -90,7 +90,8 @@ def _plan_stablemax(sc: Scale, scale: str) -> Plan:
     return Plan({"ce_wd1": {"weight_decay": 1.0}, "ce_wd0": {"weight_decay": 0.0},
                  "stablemax_wd0": {"loss": "stablemax", "weight_decay": 0.0},
                  "perp_wd0": {"perp_grad": True, "weight_decay": 0.0},
-                 "stablemax_perp_wd0": {"loss": "stablemax", "perp_grad": True, "weight_decay": 0.0}}, "ce_wd1", sc.base)
+                 "stablemax_perp_wd0": {"loss": "stablemax", "perp_grad": True, "weight_decay": 0.0}},
+                "ce_wd1", sc.base)
 
 
 def _read_stablemax(ctx: Context) -> list[Row]:

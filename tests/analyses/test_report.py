@@ -185,7 +185,8 @@ def probe_page(page: Path, profile: Path, script: str, first: bool = False):
     page's own scripts (to see their errors), else as its last."""
     copy = page.with_name("_probe.html")
     text = page.read_text()
-    copy.write_text(text.replace("<head>", "<head>" + script, 1) if first else text.replace("</head>", script + "</head>", 1))
+    copy.write_text(text.replace("<head>", "<head>" + script, 1) if first
+                    else text.replace("</head>", script + "</head>", 1))
     try:
         dom = dump_dom(copy, profile)
     finally:

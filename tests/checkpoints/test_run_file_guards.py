@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from groklens.checkpoints import Trajectory
-from tests.helpers import one_line_exit, snapshot, config_flags, dead_pid, groklens, readonly_groklens, tiny_config, train_interrupted, train_tiny
+from tests.helpers import (
+    one_line_exit, snapshot, config_flags, dead_pid, groklens, readonly_groklens, tiny_config, train_interrupted,
+    train_tiny)
 
 INFO, ANALYZE, RESUME = ("info",), ("analyze", "--metric", "norms", "-q"), ("train", "-q", "--resume")
 
@@ -328,7 +330,8 @@ for i in 1 2 3; do
   {sys.executable} -m groklens train -q --out $M/r.h5 {flags} 2>$M/../err$i.txt
   echo "rc=$?" >> $M/../err$i.txt; kill $FILLER 2>/dev/null; wait
   rm -f $M/filler
-  {sys.executable} -m groklens train -q --resume $M/r.h5 2>>$M/../err$i.txt >/dev/null; echo "resume=$?" >> $M/../err$i.txt
+  {sys.executable} -m groklens train -q --resume $M/r.h5 2>>$M/../err$i.txt >/dev/null
+  echo "resume=$?" >> $M/../err$i.txt
 done
 umount $M
 """)

@@ -417,7 +417,8 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     write(entries)
     items = json.loads(groklens(*args, "--json", check=True).stdout)
     q = next(i for i in items if i["name"] == "grokfast")["scales"]["smoke"]
-    assert q["measured"]["n"] == 2 and q["measured"]["wall"]["mean_s"] == pytest.approx(200.0) and q["measured"]["cpu"] is None
+    assert q["measured"]["n"] == 2 and q["measured"]["wall"]["mean_s"] == pytest.approx(200.0)
+    assert q["measured"]["cpu"] is None
     assert q["fits_basis"] == "measured wall" and q["fits_cpu"] is True
     assert q["stop_basis"] == {"ledger": 2, "expected": 0, "cap": 0}
     text = groklens(*args, check=True).stdout
@@ -515,7 +516,8 @@ def test_collapsed_runs_and_ungrokked_arms_decide_nothing():
     from groklens.experiments.verdicts import generalized_arms, speedup_verdict
 
     crossed = speedup([_R(800, 900), _R(1000, 1100), _R(900, 1000)], [_R(100, 200), _R(110, 210), _R(105, 205)])
-    assert speedup_verdict(crossed, collapsed=1).startswith("undetermined (1 run(s) behind it crossed and then collapsed")
+    assert speedup_verdict(crossed, collapsed=1).startswith(
+        "undetermined (1 run(s) behind it crossed and then collapsed")
     grokked, never = [_R(100, 200)] * 2, [_R(None, 200), _R(150, 200)]
     assert generalized_arms({"penalty": grokked, "baseline": grokked}) is None
     why = generalized_arms({"penalty": never, "baseline": grokked})

@@ -93,7 +93,8 @@ def test_sphere_preset_matches_the_papers_equations():
         weights = weights / weights.sum(-1, keepdim=True)
         attn = attn + (weights @ v) @ P["blocks.0.attn.W_O"][head]
     h1 = N(h0 + attn)
-    mlp = torch.relu(h1 @ P["blocks.0.mlp.W_in"] + P["blocks.0.mlp.b_in"]) @ P["blocks.0.mlp.W_out"] + P["blocks.0.mlp.b_out"]
+    hidden = torch.relu(h1 @ P["blocks.0.mlp.W_in"] + P["blocks.0.mlp.b_in"])
+    mlp = hidden @ P["blocks.0.mlp.W_out"] + P["blocks.0.mlp.b_out"]
     h2 = N(h1 + mlp)
     W_rows = P["unembed.W_U"].T  # the paper's W_U: one row per class
     W_rows = W_rows / torch.sqrt((W_rows**2).sum(-1, keepdim=True))

@@ -113,7 +113,9 @@ class Reference:
     def W_U(self) -> torch.Tensor:
         """[d, v]: what the unembedding multiplies (tau times unit columns for unembed=bounded)."""
         W = self.sd["unembed.W_U"]
-        return self.cfg.tau * W / torch.linalg.vector_norm(W, dim=0, keepdim=True) if self.cfg.unembed == "bounded" else W
+        if self.cfg.unembed != "bounded":
+            return W
+        return self.cfg.tau * W / torch.linalg.vector_norm(W, dim=0, keepdim=True)
 
     def _mlp(self, tokens: torch.Tensor) -> torch.Tensor:
         sd = self.sd
@@ -130,7 +132,9 @@ class Reference:
     def stream_at(self, point: tuple) -> torch.Tensor:
         """The stream a reader reads: resid_pre l, resid_mid l, or the last resid_post."""
         name = {"attn_in": "hook_resid_pre", "mlp_in": "hook_resid_mid"}.get(point[0])
-        return self.acts[f"blocks.{self.cfg.n_layers - 1}.hook_resid_post"] if name is None else self.acts[f"blocks.{point[1]}.{name}"]
+        if name is None:
+            return self.acts[f"blocks.{self.cfg.n_layers - 1}.hook_resid_post"]
+        return self.acts[f"blocks.{point[1]}.{name}"]
 
     def _order(self, point: tuple) -> float:
         """Where a point lies along the stream (adds and reads interleaved)."""
@@ -160,7 +164,8 @@ class Reference:
             if self._order(after) < self._order(target) and prefix + ".b" in self.sd:
                 next_add = self._next_add(after)
                 b = self.sd[prefix + ".b"]
-                total = total + (self.carry(b, next_add, target, pos) if self._order(next_add) < self._order(target) else b)
+                carried = self._order(next_add) < self._order(target)
+                total = total + (self.carry(b, next_add, target, pos) if carried else b)
         return total
 
     def _next_add(self, after: tuple) -> tuple:

@@ -76,9 +76,8 @@ def cache_attn_out(c: Ctx):
 
 def cache_mlp_acts(c: Ctx):
     """cache['pre' / 'post', l] (MLP neurons; the MLP model's layers.i.hook_pre / hook_post)"""
-    _same(c,
-          _hooks_of(c, ("hook_pre", "hook_post")) if c.variant == "mlp" else _hooks_of(c,
-                                                                                       ("mlp.hook_pre", "mlp.hook_post")))
+    names = ("hook_pre", "hook_post") if c.variant == "mlp" else ("mlp.hook_pre", "mlp.hook_post")
+    _same(c, _hooks_of(c, names))
 
 
 def cache_mlp_out(c: Ctx):

@@ -64,14 +64,16 @@ class ModelConfig:
     @property
     def additive_stream(self) -> bool:
         """True when the residual stream is the sum of its component outputs (no norm after a sum)."""
-        return self.norm != "sphere" and not (self.norm in ("ln", "rms") and self.norm_placement in ("post", "in_stream"))
+        after_sums = self.norm in ("ln", "rms") and self.norm_placement in ("post", "in_stream")
+        return self.norm != "sphere" and not after_sums
 
     @property
     def model_name(self) -> str:
         """TL's cfg.model_name (TL prints it in messages): the model and its variant switches."""
         if hasattr(self, "embed"):
             return "groklens-mlp"
-        parts = ["transformer", self.norm] + ([self.norm_placement] if self.norm_placement != "pre" and self.norm in ("ln", "rms") else [])
+        placed = self.norm_placement != "pre" and self.norm in ("ln", "rms")
+        parts = ["transformer", self.norm] + ([self.norm_placement] if placed else [])
         parts += [s for s, default in ((self.attention, "softmax"), (self.unembed, "linear")) if s != default]
         return "groklens-" + "-".join(parts)
 

@@ -122,9 +122,11 @@ class TransformerLensWeights:
         if cfg.norm == "sphere":
             return "the sphere projection has no weight or bias, and it follows every residual sum"
         if cfg.norm_placement == "post":
-            return "a norm after the residual sums has no matrix of its own to fold into (the stream itself carries its weight)"
+            return ("a norm after the residual sums has no matrix of its own to fold into (the stream itself carries "
+                    "its weight)")
         if cfg.norm_placement == "in_stream":
-            return "ln1's output is the residual stream itself (norm_placement=in_stream), not only the attention's input"
+            return ("ln1's output is the residual stream itself (norm_placement=in_stream), not only the attention's "
+                    "input")
         if self.unembed.bounded:
             return "unembed=bounded normalizes W_U's columns, so ln_final's weight cannot move into it"
         return None

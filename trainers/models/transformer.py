@@ -305,7 +305,8 @@ class Attention(nn.Module):
         return pattern * r + uniform * (1 - r)
 
     def _mask_scores(self, scores: torch.Tensor, n: int, query: slice | None) -> torch.Tensor:
-        """The mask on scores [b, q, k, h] (none needed when the only query is the last position and it sees every key)."""
+        """The mask on scores [b, q, k, h] (none needed when the only query is the last position and it
+        sees every key)."""
         if self.masked and not (self.last_sees_all and query is not None and query.start == n - 1):
             mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
             scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
