@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from groklens.analyses.common import EVAL_SETS, check_loss, eval_rows, task_loss
 from groklens.analyses.registry import analysis
 from groklens.errors import BadInput
 from groklens.probes.capture import capture
@@ -114,8 +115,6 @@ def readout_gradients(model, data: TaskData, rows, *, loss: str = "ce", batch_si
     is given, before AdamW's normalization). Eval mode; the model's own gradients are untouched."""
     import torch
 
-    from groklens.analyses.common import task_loss
-
     sites = pattern_sites(model)
     scores_sites = [s.replace("hook_pattern", "hook_attn_scores") for s in sites]
     q = int(data.readout_pos)
@@ -151,8 +150,6 @@ def readout_gradients(model, data: TaskData, rows, *, loss: str = "ce", batch_si
 
 
 def _check_gradient(model, data: TaskData, params: dict) -> list[str]:
-    from groklens.analyses.common import EVAL_SETS, check_loss
-
     sites = check(model, data, {})
     check_loss(params.get("loss"))
     if params.get("eval_set", "train") not in EVAL_SETS:
@@ -182,8 +179,6 @@ def attention_gradient(model, data: TaskData, *, eval_set: str = "train", loss: 
     qk_grad_share [L]  qk_grad / the norm of dL/d(every parameter)
     and per head [L, H]: pattern_grad_per_head, struct_pull_per_head; grad_norm, train loss `loss`.
     """
-    from groklens.analyses.common import eval_rows
-
     sites = _check_gradient(model, data, {"eval_set": eval_set, "loss": loss})
     g = readout_gradients(model, data, eval_rows(data, eval_set), loss=loss, batch_size=batch_size)
     rows = eval_rows(data, eval_set).numpy()

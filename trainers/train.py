@@ -31,6 +31,7 @@ from groklens.trainers.engine import METRIC_NAMES, TrainResult, raise_failure, r
 from groklens.trainers.regularizers import regularizer_metric_names
 from groklens.trainers.routing import RoutedRun, routed_metric_names
 from groklens.trainers.single import SingleRun
+from groklens.trainers.ticket import transferred_mask
 from groklens.checkpoints.reader import open_trajectory_file
 from groklens.fileio import check_writable_dir
 from groklens.checkpoints import constants as C
@@ -84,8 +85,6 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     device = resolve_device(cfg.device)  # fail on a missing GPU before touching any file
     check_resources(cfg, device=device.type, device_memory=device_free_memory(device))  # before any allocation
     if cfg.attn_mask_from and not cfg.attn_mask:  # the donor's mask, kept in this run's stored config
-        from groklens.trainers.ticket import transferred_mask
-
         cfg = cfg.replace(attn_mask=transferred_mask(cfg, out))
     data = TASKS.get(cfg.task).build(cfg)
 

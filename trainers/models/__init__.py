@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from groklens._tl import defer_package_inits
-from groklens.config import MODEL_ENTRY_POINTS
+from groklens.config import MODEL_ENTRY_POINTS, parse_positions
 from groklens.errors import BadInput
 from groklens.registry import Registry
 
@@ -57,8 +57,6 @@ def _attach_task(model, cfg: "RunConfig", data: "TaskData"):
 
 def _readout_keys(cfg: "RunConfig", data: "TaskData") -> tuple[int, ...]:
     """attn_mask's positions, checked against the task: keys of the readout query, the last position."""
-    from groklens.config import parse_positions
-
     keys = parse_positions(cfg.attn_mask)
     if keys and (data.n_targets or data.readout_pos != data.n_ctx - 1):
         raise BadInput(f"attn_mask masks the readout query at the last position; task {cfg.task!r} reads out elsewhere")
