@@ -25,12 +25,13 @@ if getattr(_top, "__file__", None) is None:  # a folder named groklens (the clon
                       "(the current directory or the script's); run from another directory, or rename the clone "
                       "(README, 'Importing groklens')")
 
-def to_pandas(trajectory, analysis: str | None = None):
+def to_pandas(trajectory, analysis: str | None = None, params: dict | None = None):
     """A pandas DataFrame of a run (a Trajectory or a path): its metrics, or with `analysis` a stored analysis ('all':
-    every one) by checkpoint step; see tables.to_pandas."""
+    every one) by checkpoint step, with `params` the parameter set stored with them (e.g.
+    to_pandas(run, "fourier", {"key_frequencies": "last"})); see tables.to_pandas."""
     from groklens.analyses.tables import to_pandas as _to_pandas
 
-    return _to_pandas(trajectory, analysis)
+    return _to_pandas(trajectory, analysis, params)
 
 
 def compute(trajectory, name: str, **kwargs):

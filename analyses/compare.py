@@ -72,7 +72,7 @@ from groklens.analyses.measures import (  # noqa: F401 - re-exported
 )
 from groklens.analyses.registry import default_names, get
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
-from groklens.config import GROK_THRESHOLD, SEED_FIELDS, RunConfig, field_names
+from groklens.config import GROK_THRESHOLD, SEED_FIELDS, field_names
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.analyses.grokking import collapse, collapse_text
@@ -266,11 +266,10 @@ def make_groups(runs: Sequence[RunSummary], group_by: list[str] | None) -> list[
 
 
 def variant_label(fields: dict[str, Any]) -> str:
-    """The fields whose values are not RunConfig's defaults (compact), or all of them when every
-    one is at its default (the reference row)."""
-    default = RunConfig().to_dict()
-    changed = {k: v for k, v in fields.items() if k not in default or json.dumps(default[k]) != json.dumps(v)}
-    return " ".join(f"{k}={_fmt_value(v)}" for k, v in (changed or fields).items())
+    """Every field of the variant, default or not, so that every row names the same fields and
+    each reads alone (a row that dropped its defaults would name fewer fields than the row at
+    the defaults, and the reader would need RunConfig's defaults to know what it holds)."""
+    return " ".join(f"{k}={_fmt_value(v)}" for k, v in fields.items())
 
 
 # ---------------------------------------------------------------------- the comparison

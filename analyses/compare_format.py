@@ -10,6 +10,7 @@ import math
 import textwrap
 from typing import TYPE_CHECKING, Any
 
+from groklens.analyses.grokking import grokked_rule
 from groklens.analyses.measures import MEASURES, Measure
 from groklens.analyses.phases import PHASES
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std
@@ -115,7 +116,9 @@ def missing_measures(comp: Comparison) -> list[tuple[Measure, str]]:
 
 
 def format_table(comp: Comparison) -> str:
-    lines = [f"grokking threshold {comp.threshold:g} (first evaluation with train / test accuracy >= it); "
+    evals = [r.grok_evals for g in comp.groups for r in g.runs]
+    lines = [f"grokking threshold {comp.threshold:g} (memorized: the first evaluation with train accuracy >= it; "
+             f"grokked: {grokked_rule(evals, 'it')}); "
              + ("rows are groups of seeds (mean ± std)" if comp.grouped else "one row per run")]
     head, body = core_cells(comp)
     lines += text_table(head, body)

@@ -35,6 +35,8 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e
            "#bcbd22", "#17becf")
 THIN = dict(lw=0.8, alpha=0.45)
 BOLD = dict(lw=2.2, alpha=1.0)
+MEAN_END = dict(ls=(0, (1, 1.5)), lw=1.6)  # where a mean over seeds stops because a seed stopped
+LEGEND_CHARS = 34  # a legend entry wraps at this width (variant labels name every differing field)
 
 
 def colour(i: int) -> str:
@@ -48,6 +50,12 @@ def log_step_axis(a) -> None:
     a.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     a.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
     a.xaxis.set_minor_formatter(NullFormatter())
+
+
+def ends_early(mean_steps: np.ndarray, seed_steps: Sequence[np.ndarray]) -> bool:
+    """Whether a mean over the steps every seed has ends before the longest seed does."""
+    ends = [s[-1] for s in seed_steps if len(s)]
+    return bool(len(mean_steps)) and bool(ends) and mean_steps[-1] < max(ends)
 
 
 def _figure(ax, n_panels: int = 1, *, figsize=(7.0, 4.0), sharex: bool = True, height_ratios=None):
@@ -89,6 +97,7 @@ def training_curves(variants: Sequence[VariantCurves], *, threshold: float | Non
                     ax=None) -> Figure:
     """Accuracy (top) and loss (bottom, log y) against step: train dashed, test solid."""
     fig, (a_acc, a_loss) = _figure(ax, 2, figsize=(8.0, 6.4), height_ratios=[1.1, 1])
+    cut_short = False
     for i, v in enumerate(variants):
         c = v.colour or colour(i)
         bold_runs = [v.mean] if v.mean is not None else []
@@ -108,12 +117,18 @@ def training_curves(variants: Sequence[VariantCurves], *, threshold: float | Non
             a_acc.plot(m.steps, m.test_acc, ls="-", color=c, **BOLD)
             a_loss.plot(m.steps, m.train_loss, ls="--", color=c, **BOLD)
             a_loss.plot(m.steps, m.test_loss, ls="-", color=c, **BOLD)
-        a_acc.plot([], [], color=c, lw=2.2, label=f"{v.label} (n={len(v.runs)})")
+            if ends_early(m.steps, [r.steps for r in v.runs]):
+                cut_short = True  # a seed stopped (stop_after_grok): the mean over every seed ends there
+                for a in (a_acc, a_loss):
+                    a.axvline(m.steps[-1], color=c, **MEAN_END)
+        a_acc.plot([], [], color=c, lw=2.2, label=textwrap.fill(f"{v.label} (n={len(v.runs)})", LEGEND_CHARS))
     if threshold is not None:
         a_acc.axhline(threshold, color="grey", lw=0.8, ls=":")
     a_acc.plot([], [], color="black", ls="--", lw=1, label="train")
     a_acc.plot([], [], color="black", ls="-", lw=1, label="test")
-    a_acc.plot([], [], "o", mfc="white", mec="black", label="grokked (test acc >= threshold)")
+    a_acc.plot([], [], "o", mfc="white", mec="black", label="grokked")
+    if cut_short:
+        a_acc.plot([], [], **MEAN_END, color="black", label="the mean ends: a seed\nstopped there")
     a_acc.set_ylabel("accuracy")
     a_acc.set_ylim(-0.02, 1.02)
     a_acc.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
@@ -152,7 +167,7 @@ def grokking_times(labels: Sequence[str], times: Sequence[Sequence[float]], cens
     if means is not None:
         a.plot([], [], "|", ms=12, mew=2.5, color="grey", ls="none", label="mean of the group")
     a.set_yticks(range(len(labels)))
-    a.set_yticklabels(labels, fontsize=8)
+    a.set_yticklabels([textwrap.fill(lb, LEGEND_CHARS) for lb in labels], fontsize=8)
     a.set_ylim(len(labels) - 0.5, -0.5)
     a.margins(x=0.06)  # censored triangles sit at the last step: keep them inside the frame
     if log_x:
@@ -178,6 +193,9 @@ class Line:
     style: str = "-"
     band: tuple[np.ndarray, np.ndarray] | None = None  # (low, high) shaded around the line
     marker: str | None = None
+    ends_early: bool = False  # a mean over seeds that ends where a seed stopped: its end is marked
+    ms: float = 3.0  # marker size
+    own_label: bool = False  # in a lower panel of aligned_panels: keep the label (a mark's meaning, not a group)
 
 
 @dataclass
@@ -192,9 +210,12 @@ class Panel:
 def _draw_line(a, ln: Line, i: int) -> None:
     c = ln.colour or colour(i)
     style = BOLD if ln.bold else THIN
-    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=ln.label, marker=ln.marker, ms=3 if ln.marker else None, **style)
+    label = textwrap.fill(ln.label, LEGEND_CHARS) if ln.label else ln.label
+    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=label, marker=ln.marker, ms=ln.ms if ln.marker else None, **style)
     if ln.band is not None:
         a.fill_between(ln.x, ln.band[0], ln.band[1], color=c, alpha=0.12, lw=0)
+    if ln.ends_early and len(ln.x):
+        a.axvline(ln.x[-1], color=c, **MEAN_END)
 
 
 def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: str = "", log_x: bool = True,
@@ -214,8 +235,7 @@ def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: 
     top.set_ylim(-0.02, 1.02)
     for a, panel in zip(axes[1:], panels):
         for i, ln in enumerate(panel.lines):
-            ln_nolabel = Line(**{**ln.__dict__, "label": None})
-            _draw_line(a, ln_nolabel, i)
+            _draw_line(a, ln if ln.own_label else Line(**{**ln.__dict__, "label": None}), i)
         for y, c, label in panel.hlines:
             a.axhline(y, color=c or "black", ls=":", lw=1.2, label=label)
         a.set_ylabel(panel.ylabel, fontsize=8)
@@ -230,8 +250,11 @@ def aligned_panels(accuracy: Sequence[Line], panels: Sequence[Panel], *, title: 
         a.grid(alpha=0.25, which="both", lw=0.4)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    if any(ln.ends_early for ln in accuracy):
+        top.plot([], [], **MEAN_END, color="black", label="the mean ends: a seed\nstopped there")
     if marks:
         top.plot([], [], color="grey", ls="--", lw=0.9, label="grokking step (group mean)")
+    if marks or any(ln.ends_early for ln in accuracy):
         top.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     axes[-1].set_xlabel("step")
     if title:
@@ -287,7 +310,9 @@ def spread_over_seeds(groups: Sequence[SeedSpread], *, ylabel: str, mark_label: 
     left.grid(alpha=0.25, which="both", lw=0.4)
     left.legend(fontsize=7, loc="best", framealpha=0.8)
     right.set_xticks(range(len(groups)))
-    right.set_xticklabels([textwrap.shorten(g.label, 24) for g in groups], rotation=30, ha="right", fontsize=7)
+    # one field a line, turned upright: whole labels that stay apart (shortened, rows that differ
+    # only after the first field read the same)
+    right.set_xticklabels([g.label.replace(" ", "\n") for g in groups], rotation=90, fontsize=6)
     right.set_xlim(-0.6, len(groups) - 0.4)
     right.set_title(f"at {mark_label}\n(bar: median)", fontsize=8)
     right.grid(alpha=0.25, axis="y", lw=0.4)
@@ -308,6 +333,31 @@ def _grid(ax, n_rows: int, n_cols: int, figsize):
     return fig, fig.subplots(n_rows, n_cols, squeeze=False, sharex=True)
 
 
+ROW_LABEL_PT = 8
+
+
+def _labelled_rows(ax, row_labels: Sequence[str], n_cols: int, figsize, colours: Sequence[str] | None):
+    """(figure, axes[row, col]) of a grid whose rows are variants: each row a subfigure headed by
+    its label, written across the figure's width and wrapped there (a label on the y axis of the
+    first column runs past its row when it is longer than the row is high). Given axes (`ax`)
+    keep the label on the first column's y axis, wrapped at its spaces."""
+    n_rows = len(row_labels)
+    if ax is not None:
+        fig, axes = _grid(ax, n_rows, n_cols, figsize)
+        for r, label in enumerate(row_labels):
+            axes[r, 0].set_ylabel(label.replace(" ", "\n"), fontsize=7)
+        return fig, axes
+    fig = Figure(figsize=figsize, layout="constrained")
+    rows = fig.subfigures(n_rows, 1, squeeze=False)[:, 0]
+    axes = np.empty((n_rows, n_cols), dtype=object)
+    chars = max(20, int(figsize[0] * 72 / (0.6 * ROW_LABEL_PT)))  # characters across the figure
+    for r, (sub, label) in enumerate(zip(rows, row_labels)):
+        axes[r] = sub.subplots(1, n_cols, squeeze=False, sharex=True, sharey=True)[0]
+        sub.suptitle(textwrap.fill(label, chars), x=0.005, ha="left", fontsize=ROW_LABEL_PT, fontweight="bold",
+                     color=colours[r] if colours else colour(r))
+    return fig, axes
+
+
 def spectrum_grid(frequencies: np.ndarray, power: np.ndarray, row_labels: Sequence[str],
                   col_labels: Sequence[Sequence[str]], *, key_frequencies=None, colours: Sequence[str] | None = None,
                   ax=None) -> Figure:
@@ -315,23 +365,23 @@ def spectrum_grid(frequencies: np.ndarray, power: np.ndarray, row_labels: Sequen
     rows are variants, columns checkpoints; `key_frequencies[row][col]` are outlined in black."""
     power = np.asarray(power, dtype=float)
     n_rows, n_cols = power.shape[:2]
-    fig, axes = _grid(ax, n_rows, n_cols, (2.3 * n_cols + 1.2, 1.55 * n_rows + 0.9))
+    fig, axes = _labelled_rows(ax, row_labels, n_cols, (2.3 * n_cols + 1.2, 1.75 * n_rows + 0.9), colours)
     width = 0.8 if len(frequencies) < 2 else 0.8 * float(np.min(np.diff(frequencies)))
     for r in range(n_rows):
         c = colours[r] if colours else colour(r)
         for k in range(n_cols):
             a = axes[r, k]
+            a.set_title(col_labels[r][k], fontsize=7)  # kept on an empty cell: "grokked: never"
             if np.all(np.isnan(power[r, k])):
                 a.set_axis_off()
                 continue
             keys = set(key_frequencies[r][k]) if key_frequencies is not None else set()
             edges = ["black" if f in keys else c for f in frequencies]
             a.bar(frequencies, power[r, k], width=width, color=c, edgecolor=edges, lw=0.9)
-            a.set_title(col_labels[r][k], fontsize=7)
             a.set_ylim(0, max(0.05, float(np.nanmax(power[r]) * 1.1)))
             a.tick_params(labelsize=6)
-            if k == 0:
-                a.set_ylabel(row_labels[r], fontsize=7)
+        if ax is None:
+            axes[r, 0].set_ylabel("power share", fontsize=7)
         axes[n_rows - 1, 0].set_xlabel("frequency k", fontsize=7)
     fig.suptitle("Embedding Fourier spectrum: power share per frequency (outlined: key frequencies)", fontsize=9)
     return fig
@@ -344,24 +394,24 @@ def cluster_grid(frequencies: np.ndarray, counts: np.ndarray, unclustered: np.nd
     and how many neurons are unclustered (`unclustered[row, col]`)."""
     counts = np.asarray(counts, dtype=float)
     n_rows, n_cols = counts.shape[:2]
-    fig, axes = _grid(ax, n_rows, n_cols, (2.3 * n_cols + 1.2, 1.55 * n_rows + 0.9))
+    fig, axes = _labelled_rows(ax, row_labels, n_cols, (2.3 * n_cols + 1.2, 1.75 * n_rows + 0.9), colours)
     width = 0.8 if len(frequencies) < 2 else 0.8 * float(np.min(np.diff(frequencies)))
     for r in range(n_rows):
         c = colours[r] if colours else colour(r)
         top = max(1.0, float(np.nanmax(counts[r])) * 1.15) if not np.all(np.isnan(counts[r])) else 1.0
         for k in range(n_cols):
             a = axes[r, k]
+            a.set_title(col_labels[r][k], fontsize=7)  # kept on an empty cell: "grokked: never"
             if np.all(np.isnan(counts[r, k])):
                 a.set_axis_off()
                 continue
             a.bar(frequencies, counts[r, k], width=width, color=c)
             a.set_ylim(0, top)
-            a.set_title(col_labels[r][k], fontsize=7)
             a.text(0.98, 0.95, f"unclustered: {int(unclustered[r, k])}", transform=a.transAxes, ha="right",
                    va="top", fontsize=6)
             a.tick_params(labelsize=6)
-            if k == 0:
-                a.set_ylabel(row_labels[r], fontsize=7)
+        if ax is None:
+            axes[r, 0].set_ylabel("neurons", fontsize=7)
         axes[n_rows - 1, 0].set_xlabel("frequency k", fontsize=7)
     t = f" (fraction >= {threshold:g})" if threshold is not None else ""
     fig.suptitle(f"Neuron-frequency clusters: MLP neurons per frequency{t}", fontsize=9)

@@ -40,6 +40,15 @@ def grok_evals_of(config: Mapping) -> int:
     return int(config.get("grok_evals", STORED_LEGACY["grok_evals"]))
 
 
+def grokked_rule(evals: Sequence[int], threshold: str = "the threshold") -> str:
+    """What 'grokked' means for runs with these grok_evals, in words (a table's header, a caption)."""
+    ns = sorted(set(evals)) or [1]
+    if ns == [1]:
+        return f"the first evaluation with test accuracy >= {threshold}"
+    mixed = " (the runs' grok_evals)" if len(ns) > 1 else ""
+    return f"the first of {' or '.join(map(str, ns))} consecutive evaluations with test accuracy >= {threshold}{mixed}"
+
+
 def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS,
                    evals: int = 1) -> dict:
     """memorization_step / grokking_step (`evals` consecutive evaluations) / first_crossing keyed
@@ -195,11 +204,17 @@ def format_summary(summary: Mapping) -> str:
     cfg = summary["config"]
     steps = summary["checkpoint_steps"]
     lines.append(f"run      {summary['path']}  ({summary['status']})")
-    lines.append(f"task     {cfg['task']} p={cfg['p']} train_frac={cfg['train_frac']} data_seed={cfg['data_seed']}")
-    lines.append(
-        f"model    {cfg['model']} L={cfg['n_layers']} d_model={cfg['d_model']} heads={cfg['n_heads']} "
-        f"d_mlp={cfg['d_mlp']} norm={cfg['norm']} attention={cfg['attention']} seed={cfg['seed']}"
-    )
+    if cfg["task"] == "teacher":  # the teacher-student task: no p, its own split; its models have one layer
+        lines.append(f"task     teacher N={cfg['teacher_dim']} K={cfg['teacher_hidden']} alpha={cfg['teacher_alpha']} "
+                     f"test={cfg['teacher_test']} data_seed={cfg['data_seed']}")
+        hidden = f" K={cfg['d_mlp']}" if cfg["model"] == "committee" else ""
+        lines.append(f"model    {cfg['model']}{hidden} loss={cfg.get('loss', 'ce')} seed={cfg['seed']}")
+    else:
+        lines.append(f"task     {cfg['task']} p={cfg['p']} train_frac={cfg['train_frac']} data_seed={cfg['data_seed']}")
+        lines.append(
+            f"model    {cfg['model']} L={cfg['n_layers']} d_model={cfg['d_model']} heads={cfg['n_heads']} "
+            f"d_mlp={cfg['d_mlp']} norm={cfg['norm']} attention={cfg['attention']} seed={cfg['seed']}"
+        )
     opt = {"adamw": "AdamW", "adam": "Adam (L2 weight decay)"}.get(cfg.get("optimizer", "adamw"), cfg.get("optimizer"))
     lines.append(f"optim    {opt} lr={cfg['lr']} wd={cfg['weight_decay']} betas={cfg['betas']} steps={cfg['steps']}")
     for e in summary.get("extensions", []):
@@ -230,7 +245,9 @@ def format_summary(summary: Mapping) -> str:
     if routing:  # a routed run: the lines above are copy 0's
         key = f"{GROK_THRESHOLD:g}"
         per_copy = ", ".join(censored_text(g[key], summary) for g in routing["copy_grokking_step"])
-        lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']} "
+        elastic = f", elastic gamma {cfg['elastic_gamma']}" if cfg.get("elastic_gamma") else ""
+        lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit "
+                     f"{cfg['routing_unit']}{elastic} "
                      f"(lines above: copy 0); grokked @{key} per copy: {per_copy}; ensemble: "
                      f"{censored_text(routing['ensemble_grokking_step'][key], summary)}")
     stale = summary.get("stale_temporaries")

@@ -314,7 +314,7 @@ def figure(cal: Calibration, target: int, nbeta: float | None = None):
     return trace_grid(panels, [f"lr {lr:g}" for lr in lrs], [f"localization {g:g}" for g in gammas],
                       steps=p["burnin"] + p["draws"], burnin=p["burnin"],
                       title=f"{cal.targets[target]}: n*beta (L_t - L(w*)) per chain, nbeta {nbeta:g} "
-                            f"(n/log n = {cal.default_nbeta:.3g}); dashed: LLC; green: passes every check")
+                            f"(n/log n = {cal.default_nbeta:.3g}); dashed: LLC")
 
 
 def run_targets(run, steps: Sequence[int] | None, *, eval_set: str = "train", loss: str | None = None) -> list[Target]:

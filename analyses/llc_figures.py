@@ -8,11 +8,13 @@ so this is matplotlib, in the style of analyses/figures.py: arrays in, a Figure 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from groklens.analyses.figures import colour
 
@@ -29,7 +31,8 @@ class TracePanel:
 def trace_grid(panels: Sequence[Sequence[TracePanel | None]], row_labels: Sequence[str], col_labels: Sequence[str], *,
                steps: int, burnin: int, title: str = "") -> Figure:
     """panels[row][col] (None: not run): each chain's trace over the SGLD steps, the burn-in
-    shaded, the LLC dashed; a passing setting's frame green, the recommended one's thick."""
+    shaded, the LLC dashed; a passing setting's frame green, the recommended one's thick. The
+    title ends with what the frames mean, as this grid draws them; it wraps at the figure's width."""
     n_rows, n_cols = len(panels), len(panels[0]) if panels else 0
     fig = Figure(figsize=(2.3 * n_cols + 0.8, 1.7 * n_rows + 0.9), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False, sharex=True)
@@ -57,12 +60,19 @@ def trace_grid(panels: Sequence[Sequence[TracePanel | None]], row_labels: Sequen
                 side.set_color("#2ca02c" if p.passes else "#bbbbbb")
                 side.set_linewidth(2.5 if p.recommended else (1.3 if p.passes else 0.8))
             a.tick_params(labelsize=6)
+            a.yaxis.set_major_formatter(PLAIN)  # no offset or x10^k text: it sat on the panel's title
             if j == 0:
                 a.set_ylabel(row_labels[i], fontsize=7)
             if i == n_rows - 1:
                 a.set_xlabel("SGLD step", fontsize=7)
             if i == 0:
                 a.annotate(col_labels[j], (0.5, 1.25), xycoords="axes fraction", ha="center", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=9)
+    passing = [p for row in panels for p in row if p is not None and p.passes]
+    frames = ("green frame: passes every check" if passing else "no setting passes every check (grey frames)") \
+        + ("; thick frame: recommended" if any(p.recommended for row in panels for p in row if p is not None) else "")
+    title = f"{title}; {frames}" if title else frames
+    fig.suptitle(textwrap.fill(title, max(30, int(fig.get_figwidth() * 72 / (0.55 * 9)))), fontsize=9)
     return fig
+
+
+PLAIN = FuncFormatter(lambda v, _pos: f"{v:.3g}")

@@ -25,24 +25,34 @@ ANALYSES_USED = tuple(dict.fromkeys(m.analysis for m in MEASURES))
 FIGURE_ANALYSES = ("clock_pizza", "hessian_density")
 
 
-def stored_analysis(run_path: Path, config: dict, name: str, copy: int = 0):
-    """The stored results of analysis `name` for this run (copy `copy` of a routed run): the
-    default parameter set when it is stored, else the most recently updated one; only results of
-    this run's config. None if none."""
-    from groklens.analyses.store import Sidecar, config_sha, variant_id
+def stored_analysis(run_path: Path, config: dict, name: str, copy: int = 0, params: dict | None = None):
+    """The stored results of analysis `name` for this run (copy `copy` of a routed run): those of
+    `params` (the defaults filled in) when given, else the default parameter set when it is
+    stored, else the most recently updated one; only results of this run's config. None if none."""
+    from groklens.analyses.store import Sidecar, variant_id
 
     sidecar = Sidecar(run_path, copy)
-    sha = config_sha(json.dumps(config, sort_keys=True))
-    variants = [(v, a) for v, a in sidecar.variants(name) if _text(a.get("run_config_sha256")) == sha]
+    variants = stored_params(run_path, config, name, copy)
     if not variants:
         return None
-    default = variant_id(params_json(canonical_params(get(name), {})))
-    ids = [v for v, _ in variants]
-    if default in ids:
-        chosen = default
+    wanted = variant_id(params_json(canonical_params(get(name), params or {})))
+    if wanted in variants:
+        chosen = wanted
+    elif params is not None:
+        return None
     else:
-        chosen = max(variants, key=lambda va: _text(va[1].get("updated", "")))[0]
+        chosen = max(variants, key=lambda v: variants[v][1])
     return sidecar.read(name, chosen)
+
+
+def stored_params(run_path: Path, config: dict, name: str, copy: int = 0) -> dict[str, tuple[dict, str]]:
+    """variant id -> (parameters, when updated) of every parameter set of analysis `name` stored
+    for this run's config."""
+    from groklens.analyses.store import Sidecar, config_sha
+
+    sha = config_sha(json.dumps(config, sort_keys=True))
+    return {v: (json.loads(_text(a.get("params", "{}"))), _text(a.get("updated", "")))
+            for v, a in Sidecar(run_path, copy).variants(name) if _text(a.get("run_config_sha256")) == sha}
 
 
 def _text(x: Any) -> Any:

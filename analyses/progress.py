@@ -13,6 +13,8 @@ boundaries are read by eye):
                               first falls to its drop level (below);
   circuit formation ends at C the checkpoint where the excluded loss peaks, after M;
   cleanup ends at K           the first evaluation after C with test loss <= CLEANUP_LOSS.
+A peak at a curve's last point is no boundary: the curve may still be rising where the run
+stopped, so that boundary (and the ones after it) is None, not the step the run ended at.
 A curve's drop step is its first step after its peak where it is at or below the geometric
 midpoint of its peak and its final value (the middle of the fall on the paper's log axis).
 """
@@ -30,7 +32,8 @@ from groklens.analyses.measures import stored_analysis
 
 CLEANUP_LOSS = 0.01
 PHASE_RULE = ("M = the test-loss peak before its fall; C = the excluded-loss peak after M; K = the first evaluation "
-              f"after C with test loss <= {CLEANUP_LOSS:g}")
+              f"after C with test loss <= {CLEANUP_LOSS:g}; a peak at a curve's last point (still rising where the "
+              "run stopped) is no boundary")
 
 
 @dataclass
@@ -118,16 +121,23 @@ def _at(steps: np.ndarray, values: np.ndarray, step: int | None) -> float | None
     return float(values[i])
 
 
+def _peak(steps: np.ndarray, values: np.ndarray, last: int) -> int | None:
+    """The step of the curve's highest value (the first of equals), None when that is the curve's
+    last point `last`: a curve cut off while rising has not shown its peak."""
+    step = int(steps[int(np.argmax(values))])
+    return None if step == int(last) else step
+
+
 def phase_boundaries(c: ProgressCurves) -> dict[str, int | None]:
     """M, C, K by PHASE_RULE (None where the curves do not show them)."""
     drop = drop_step(c.steps, c.test_loss)
     upto = c.steps <= drop if drop is not None else np.ones(len(c.steps), bool)
-    M = int(c.steps[upto][int(np.argmax(c.test_loss[upto]))]) if upto.any() else None
+    M = _peak(c.steps[upto], c.test_loss[upto], c.steps[-1]) if upto.any() else None
     C = None
     if M is not None and len(c.ck_steps):
         later = c.ck_steps > M
         if later.any():
-            C = int(c.ck_steps[later][int(np.argmax(c.excluded[later]))])
+            C = _peak(c.ck_steps[later], c.excluded[later], c.ck_steps[-1])
     K = first_at_or_below(c.steps, c.test_loss, CLEANUP_LOSS, after=C) if C is not None else None
     return {"memorization_end": M, "circuit_formation_end": C, "cleanup_end": K}
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from groklens.analyses import figures as F
+from groklens.analyses.grokking import grokked_rule
 from groklens.analyses.compare import (
     Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint)
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
@@ -185,7 +186,8 @@ def accuracy_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Li
             lines.append(F.Line(s, acc, c, None if len(g.runs) > 1 else g.label, bold=len(g.runs) == 1))
         mean = _mean_over_common(series)
         if mean is not None:
-            lines.append(F.Line(mean[0], mean[1], c, g.label, bold=True))
+            lines.append(F.Line(mean[0], mean[1], c, g.label, bold=True,
+                                ends_early=F.ends_early(mean[0], [s for s, _ in series])))
         elif len(g.runs) > 1:
             lines[-1].label = g.label  # no evaluation shared by every seed: name the group anyway
     return lines
@@ -279,7 +281,7 @@ def fourier_grids(groups: Sequence[Group], colours: Sequence[str], steps: Sequen
             keys[i][k] = [int(x) for x in np.asarray(st.values["key_frequencies"][j]).reshape(-1)]
             counts[i, k], uncl[i, k] = cluster_counts(st.values["neuron_frequency"][j], st.values["neuron_fraction"][j],
                                                       thr, n_freq)
-    rows = [f"{g.label}\n({r.name})" if g.n > 1 else g.label for g, _, r in reps]
+    rows = [f"{g.label} (run {r.name})" if g.n > 1 else g.label for g, _, r in reps]
     cols = [c for _, c, _ in reps]
     spec = F.spectrum_grid(freqs, power, rows, col_labels, key_frequencies=keys, colours=cols)
     clus = F.cluster_grid(freqs, counts, uncl, rows, col_labels,
@@ -335,8 +337,9 @@ def make_figures(comp: Comparison,
     figs.append(FigureSpec(
         "curves", "Accuracy and loss against step",
         "Train (dashed) and test (solid) accuracy and loss, log step axis; one colour per variant, seeds thin "
-        "and the mean over seeds bold (over the evaluations all seeds have); dots: grokking points "
-        f"(first test accuracy >= {thr:g}).",
+        "and the mean over seeds bold, over the evaluations every seed has: where a seed stopped early (its stop "
+        "rule) the mean ends, marked by a dotted vertical line, and the longer seeds go on alone; dots: grokking "
+        f"points ({grokked_rule([r.grok_evals for g in groups for r in g.runs], f'{thr:g}')}).",
         F.training_curves(variant_curves(groups, colours), threshold=thr)))
     times, cens, means = [], [], []
     for g in groups:
@@ -399,14 +402,21 @@ def _fourier_figures(f: _Figs) -> None:
     if f.lacks("fourier", "Fourier-circuit FVE against step", "Embedding Fourier spectrum",
                "Neuron-frequency clusters"):
         return
-    panels = [F.Panel(lbl, f.lines("fourier", key), ylim=(-0.02, 1.02))
+    # an embedding without Fourier structure puts the key set's share of the frequencies in the key
+    # set (key_share): drawn dotted, the level the embedding FVE is at by construction (at small p
+    # the key set holds most frequencies and the FVE sits near 1 whatever the embedding)
+    chance = [F.Line(ln.x, ln.y, ln.colour, None, style=":") for ln in f.lines("fourier", "key_share")]
+    panels = [F.Panel(lbl, f.lines("fourier", key) + (chance if key == "embedding_fve" else []), ylim=(-0.02, 1.02))
               for key, lbl in (("neuron_fve", "FVE, neuron (Nanda)"), ("ls_fve", "FVE, least squares"),
-                               ("embedding_fve", "FVE, embedding"))]
+                               ("embedding_fve", "FVE, embedding\n(dotted: key set's share\nof the frequencies)"))]
     f.over_time(
         "fourier_fve", "Fourier-circuit FVE against step",
         "Fraction of variance explained by the key frequencies: neuron activations (Nanda's 2-D block "
         "definition), least squares on the readout directions (bounded-sphere paper), and the embedding; "
-        "aligned with test accuracy. Definitions: docs/ANALYSES.md.", panels, "Fourier-circuit FVE")
+        "aligned with test accuracy. Dotted in the embedding panel: the key set's share of the p//2 "
+        "frequencies, what an embedding without Fourier structure scores (at small p the key set holds most "
+        "frequencies, so the embedding FVE is near 1 by construction: read its distance above the dotted line). "
+        "Definitions: docs/ANALYSES.md.", panels, "Fourier-circuit FVE")
     spec, clus = fourier_grids(f.groups, f.colours, f.steps)
     which = f.which_runs()
     f.figs.append(FigureSpec(
@@ -478,6 +488,9 @@ def progress_panel(run: RunSummary) -> F.ProgressPanel | None:
     bounds = [0, ph["memorization_end"], ph["circuit_formation_end"], ph["cleanup_end"]]
     names = ("memorization", "circuit formation", "cleanup")
     phases = [(lo, hi, n) for lo, hi, n in zip(bounds, bounds[1:], names) if lo is not None and hi is not None]
+    known = [b for b in bounds if b is not None]
+    if len(known) < len(bounds):  # the phase the run stopped in: shaded to its last step, said open
+        phases.append((known[-1], int(c.steps[-1]), f"{names[len(known) - 1]} (not over by the last step)"))
     return F.ProgressPanel(run.name, c.steps, c.train_loss, c.test_loss, c.weight_sq, c.ck_steps, c.restricted,
                            c.excluded, phases, c.key_source)
 
@@ -567,17 +580,18 @@ def _llc_figures(f: _Figs) -> None:
     f.over_time(
         "llc", "Local learning coefficient over time",
         "LLC estimate n*beta (E[L] - L(w*)) by devinterp's SGLD at each analyzed checkpoint, mean over chains, "
-        "and the standard deviation across chains, on a symmetric-log axis (a negative estimate stays on it); "
+        "on a symmetric-log axis (a negative estimate stays on it), and the standard deviation across chains; "
         "an X marks an estimate flagged negative or with its chains pinned by the localization (distance from "
         "w* ~ sqrt(d/gamma)): not a learning coefficient. The sampler's hyperparameters and how to calibrate "
         "them: docs/ANALYSES.md, \"llc\".",
         [F.Panel("LLC (mean over chains)", mean + llc_flag_lines(f.groups, f.colours), yscale="symlog"),
-         F.Panel("LLC spread\n(std across chains)", spread, yscale="symlog")],
+         F.Panel("LLC spread\n(std across chains)", spread, yscale=_yscale(spread))],
         "Local learning coefficient")
 
 
 def llc_flag_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Line]:
-    """X markers at each run's llc estimates flagged negative or pinned (analyses/llc.py)."""
+    """X markers at each run's llc estimates flagged negative or pinned (analyses/llc.py), in its
+    group's colour, and a black X naming them in the panel's legend."""
     lines = []
     for g, c in zip(groups, colours):
         for r in g.runs:
@@ -587,8 +601,10 @@ def llc_flag_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Li
             (x, y), (_, negative), (_, pinned) = series
             bad = (negative == 1) | (pinned == 1)
             if bad.any():
-                label = None if lines else "flagged: negative or pinned"
-                lines.append(F.Line(x[bad], y[bad], c, label, style="none", marker="X"))
+                lines.append(F.Line(x[bad], y[bad], c, bold=True, style="none", marker="X", ms=9))
+    if lines:
+        lines.append(F.Line(np.zeros(0), np.zeros(0), "black", "flagged: negative or pinned", bold=True,
+                            style="none", marker="X", ms=9, own_label=True))
     return lines
 
 

@@ -383,9 +383,15 @@ def analyze_runs(paths: Sequence[str | Path], requests: Sequence[tuple], *, chec
     choice run in one pass over the checkpoints. `skip_inapplicable`: an analysis that does not
     apply to a run is a note, else BadInput. `workers` > 1: one process per run at a time.
     """
-    groups: dict[str, list[tuple[str, dict]]] = {}
+    # (choice, requests) passes; an analysis asked twice at one choice with two parameter sets (the
+    # demo's fourier, each checkpoint's key set and the last one's) goes into a second pass
+    groups: list[tuple[str, list[tuple[str, dict]]]] = []
     for req in requests:
-        groups.setdefault(str(req[2]) if len(req) > 2 else checkpoints, []).append((req[0], dict(req[1])))
+        spec = str(req[2]) if len(req) > 2 else checkpoints
+        group = next((g for s, g in groups if s == spec and req[0] not in {n for n, _ in g}), None)
+        if group is None:
+            groups.append((spec, group := []))
+        group.append((req[0], dict(req[1])))
     tasks = [dict(path=str(p), groups=groups, threshold=threshold, skip=skip_inapplicable,
                   progress=progress and workers <= 1) for p in paths]
     if workers <= 1 or len(tasks) <= 1:
@@ -420,7 +426,7 @@ def _analyze_one(task: dict[str, Any]) -> list[str]:
 
     traj = Trajectory(task["path"])
     notes: list[str] = []
-    for spec, requests in task["groups"].items():
+    for spec, requests in task["groups"]:
         steps = choose_checkpoints(traj, spec, task["threshold"])
         if not steps:
             continue

@@ -56,6 +56,9 @@ class GrokRecord:
     values: dict[str, float]
     grok_step: int | None  # None: censored
     last_step: int | None
+    # the weight norm from memorization to grokking (`weight_norm_transition`); None: not grokked,
+    # or not read
+    weight_norm: dict[str, Any] | None = None
 
     @property
     def censored(self) -> bool:
@@ -126,13 +129,18 @@ def collect_runs(directory: str | Path, variables: Sequence[str], threshold: flo
             if "n_train" in variables:
                 n_train = len(traj.dataset().train_idx)
             values = {v: variable_value(v, cfg, n_train) for v in variables}
-            times = grokking_times(traj.metrics, (threshold,), grok_evals_of(traj.config_dict))
+            metrics = traj.metrics
+            times = grokking_times(metrics, (threshold,), grok_evals_of(traj.config_dict))
         except BadInput as exc:
             if "scaling variable" in str(exc) or "'width'" in str(exc):
                 raise
             out.skipped.setdefault("unreadable", []).append(name)
             continue
-        out.records.append(GrokRecord(name, values, times["grokking_step"][key], times["last_step"]))
+        grok, memo = times["grokking_step"][key], times["memorization_step"][key]
+        wn = None
+        if grok is not None and memo is not None and "weight_norm" in metrics:
+            wn = weight_norm_transition(metrics["step"], metrics["weight_norm"], memo, grok)
+        out.records.append(GrokRecord(name, values, grok, times["last_step"], wn))
     return out
 
 
@@ -318,6 +326,126 @@ def fit_scaling_law(records: Sequence[GrokRecord], variables: Sequence[str], *, 
     return result
 
 
+# ---------------------------------------------------------------------- the phase boundary
+BOUNDARY_LEVEL = 0.5  # the boundary: where the fraction of runs that grokked crosses this
+BOUNDARY_BOOT = 2000  # bootstrap resamples of its interval
+BOUNDARY_RULE = ("the value where the fraction of runs that grokked within the cap crosses 1/2: linear "
+                 "interpolation in log value between the two adjacent grid levels whose fractions straddle 1/2 "
+                 "(of several such pairs, the one with the largest step in fraction); 95% interval: percentile "
+                 "bootstrap, each level's runs resampled with replacement")
+
+
+def _crossing(levels: np.ndarray, frac: np.ndarray, level: float) -> tuple[float | None, int | None]:
+    """(boundary, i) of BOUNDARY_RULE for fractions `frac` at sorted `levels` (i: the pair's first
+    level), or (None, None) where no adjacent pair straddles `level`."""
+    best, at = None, None
+    for i in range(len(levels) - 1):
+        a, b = frac[i] - level, frac[i + 1] - level
+        if a * b <= 0 and frac[i] != frac[i + 1] and (best is None or abs(frac[i + 1] - frac[i]) > best):
+            best, at = abs(frac[i + 1] - frac[i]), i
+    if at is None:
+        return None, None
+    t = (level - frac[at]) / (frac[at + 1] - frac[at])
+    lo, hi = math.log(levels[at]), math.log(levels[at + 1])
+    return math.exp(lo + t * (hi - lo)), at
+
+
+def phase_boundary(values: Sequence[float], grokked: Sequence[bool], level: float = BOUNDARY_LEVEL,
+                   n_boot: int = BOUNDARY_BOOT, seed: int = 0) -> dict[str, Any]:
+    """The grokked / not-grokked boundary along one variable (BOUNDARY_RULE) over runs with
+    positive `values`: the fraction grokked at each level, the boundary (None where no pair of
+    levels straddles `level`), the side that groks, and a 95% percentile-bootstrap interval (a
+    resample whose fractions cross nowhere puts the boundary beyond the grid on the side its
+    fractions say: 0 below the lowest level, inf above the highest)."""
+    x = np.asarray(values, dtype=float)
+    g = np.asarray(grokked, dtype=bool)
+    if len(x) != len(g) or not len(x) or np.any(~np.isfinite(x)) or np.any(x <= 0):
+        raise BadInput("the phase boundary needs one positive value per run")
+    levels = np.unique(x)
+    n = np.array([np.sum(x == v) for v in levels])
+    k = np.array([np.sum(g[x == v]) for v in levels])
+    frac = k / n
+    out: dict[str, Any] = {"levels": levels.tolist(), "n": n.tolist(), "grokked": k.tolist(),
+                           "fraction": frac.tolist(), "level": level, "rule": BOUNDARY_RULE,
+                           "estimate": None, "ci95": None, "between": None, "grokked_side": None}
+    if len(levels) < 2:
+        out["why"] = f"one level ({levels[0]:g})"
+        return out
+    est, at = _crossing(levels, frac, level)
+    if est is None:
+        out["why"] = (f"more than {level:g} of the runs grokked at every level" if np.all(frac > level) else
+                      f"fewer than {level:g} of the runs grokked at every level" if np.all(frac < level) else
+                      f"the fractions do not cross {level:g}")
+        return out
+    above = bool(frac[at + 1] > frac[at])  # runs above the boundary grok
+    rng = np.random.default_rng(seed)
+    draws = rng.binomial(n[None, :], frac[None, :], size=(n_boot, len(levels))) / n[None, :]
+    boots = []
+    for f in draws:
+        b, _ = _crossing(levels, f, level)
+        if b is None:  # beyond the grid: where the fractions put it
+            b = (0.0 if above else math.inf) if np.all(f > level) else (math.inf if above else 0.0)
+        boots.append(b)
+    lo, hi = np.quantile(np.array(boots), [0.025, 0.975], method="inverted_cdf")
+    out.update(estimate=est, ci95=[float(lo), float(hi)], between=[float(levels[at]), float(levels[at + 1])],
+               grokked_side="above" if above else "below",
+               step=[float(frac[at]), float(frac[at + 1])])
+    return out
+
+
+def boundary_text(b: dict[str, Any], name: str = "") -> str:
+    """'0.72 [0.55, 0.98] (grokked fraction 0.2 at 0.5 -> 0.9 at 1; runs grok above it)' or why none."""
+    fr = ", ".join(f"{v:g}: {k}/{n}" for v, k, n in zip(b["levels"], b["grokked"], b["n"]))
+    if b["estimate"] is None:
+        return f"no boundary in the grid ({b.get('why', '')}; grokked per level {fr})"
+    lo, hi = b["ci95"]
+    hi = math.inf if hi is None else hi  # strict JSON wrote an open end as null
+    ci = f"[{'< ' + format(b['levels'][0], 'g') if lo == 0 else format(lo, '.3g')}, " \
+         f"{'> ' + format(b['levels'][-1], 'g') if math.isinf(hi) else format(hi, '.3g')}]"
+    (a, c), (fa, fc) = b["between"], b["step"]
+    return (f"{b['estimate']:.3g} {ci} (grokked fraction {fa:.2f} at {name}{a:g} -> {fc:.2f} at {name}{c:g}; runs grok "
+            f"{b['grokked_side']} it; grokked per level {fr})")
+
+
+# ---------------------------------------------------------------------- the weight norm through the transition
+NORM_RISE_TOL = 1e-3  # "falls monotonically": no evaluation's weight norm above the previous one's by more
+
+
+def weight_norm_transition(steps: Sequence[float],
+                           norms: Sequence[float], start: int, end: int) -> dict[str, Any] | None:
+    """The weight norm over the evaluations from `start` (memorization) to `end` (grokking),
+    both included: its first and last value, the largest rise between consecutive evaluations
+    relative to the earlier one (0 when it never rises), and the share of those steps where it
+    fell. None with fewer than two finite evaluations in the window."""
+    s, w = np.asarray(steps, dtype=float), np.asarray(norms, dtype=float)
+    w = w[(s >= start) & (s <= end)]
+    if len(w) < 2 or not np.all(np.isfinite(w)) or np.any(w <= 0):
+        return None
+    rel = np.diff(w) / w[:-1]
+    return {"from_step": int(start), "to_step": int(end), "evals": int(len(w)), "first": float(w[0]),
+            "last": float(w[-1]), "max_rise": float(max(rel.max(), 0.0)), "falling": float(np.mean(rel < 0))}
+
+
+def falls_monotonically(t: dict[str, Any], tol: float = NORM_RISE_TOL) -> bool:
+    """No rise above `tol` (relative) between consecutive evaluations, and lower at the end."""
+    return t["max_rise"] <= tol and t["last"] < t["first"]
+
+
+def monotone_rate(transitions: Sequence[dict[str, Any] | None], tol: float = NORM_RISE_TOL) -> dict[str, Any]:
+    """How many of the runs with a transition window fall monotonically through it, with the
+    exact (Clopper-Pearson) 95% interval of the rate and the median share of falling steps."""
+    from scipy import stats
+
+    have = [t for t in transitions if t is not None]
+    k = sum(falls_monotonically(t, tol) for t in have)
+    out = {"k": k, "n": len(have), "missing": len(transitions) - len(have), "tol": tol, "rate": None, "ci95": None,
+           "median_falling": float(np.median([t["falling"] for t in have])) if have else None}
+    if have:
+        ci = stats.binomtest(k, len(have)).proportion_ci(0.95, method="exact")
+        out.update(rate=k / len(have), ci95=[float(ci.low), float(ci.high)])
+    return out
+
+
 def predict_log_t(fit: dict[str, Any], values: dict[str, float]) -> float:
     return fit["intercept"]["estimate"] + sum(e["estimate"] * math.log(values[v]) for v, e in fit["exponents"].items())
 
@@ -338,49 +466,73 @@ def scaling_law(directory: str | Path, variables: Sequence[str] = DEFAULT_VARS, 
         raise BadInput(f"{directory}: no finished runs to fit ({reasons})")
     result = fit_scaling_law(collected.records, variables, censored=censored, interactions=interactions)
     result = _finite({"dir": str(directory), "threshold": threshold, "width_fields": WIDTH_FIELDS,
-                      **result, "skipped": collected.skipped})
+                      **result, **claims(collected.records, variables), "skipped": collected.skipped})
     if write:
         result["json"] = str(directory / RESULT_JSON)
         result["figure"] = str(directory / RESULT_FIGURE)
-        fig = _figure(collected.records, result, list(variables), phase)
+        fig = figure(collected.records, result, list(variables), phase)
         with staged_outputs(directory) as stage:  # whole or not at all; a link there is replaced
             fig.savefig(stage / RESULT_FIGURE, dpi=120, bbox_inches="tight")
             (stage / RESULT_JSON).write_text(json.dumps(result, indent=1, default=_json_default), encoding="utf-8")
     return result
 
 
-def _figure(records: Sequence[GrokRecord], result: dict[str, Any], variables: list[str], phase):
+BOUNDARY_VAR = "weight_decay"  # the variable the published phase boundary is along
+PHASE_DEFAULT = ("weight_decay", "train_frac")  # the published (lambda, D) phase map, where both are fitted
+
+
+def claims(records: Sequence[GrokRecord], variables: Sequence[str]) -> dict[str, Any]:
+    """The published claims beyond the fit, over `records`: the phase boundary along
+    BOUNDARY_VAR (when it is a variable) and the weight norm's fall through the transition."""
+    out: dict[str, Any] = {"weight_norm": monotone_rate([r.weight_norm for r in records if not r.censored])}
+    if BOUNDARY_VAR in variables:
+        usable = [r for r in records if r.values[BOUNDARY_VAR] > 0]
+        if usable:
+            out["boundary"] = {"variable": BOUNDARY_VAR, **phase_boundary(
+                [r.values[BOUNDARY_VAR] for r in usable], [not r.censored for r in usable])}
+    return out
+
+
+def figure(records: Sequence[GrokRecord], result: dict[str, Any], variables: list[str], phase=None):
+    """Measured against predicted, the grokking step against each variable (the other variables'
+    fitted effects taken out: each run's step times prod_u (u / geomean u)^-a_u over the other
+    variables u, and the fit through the geometric mean of the others), and the phase map."""
     from groklens.analyses.scaling_figures import scaling_law_figure
 
     fit = result["tobit"] if result["fit"] == "tobit" else result["ols"]
+    a = {v: fit["exponents"][v]["estimate"] for v in variables}
     fitted = [r for r in records if all(r.values[v] > 0 for v in variables) and r.grok_step != 0]
     measured = np.array([r.grok_step if not r.censored else r.last_step for r in fitted], dtype=float)
     predicted = np.exp([predict_log_t(fit, r.values) for r in fitted])
     cens = np.array([r.censored for r in fitted])
+    logs = {v: np.log([r.values[v] for r in fitted]) for v in variables}
+    centre = {v: float(logs[v].mean()) for v in variables}
+    against = []
+    for v in variables:
+        others = sum((a[u] * (logs[u] - centre[u]) for u in variables if u != v), np.zeros(len(fitted)))
+        grid = np.unique(np.exp(logs[v]))
+        line = np.exp(fit["intercept"]["estimate"] + a[v] * np.log(grid)
+                      + sum(a[u] * centre[u] for u in variables if u != v))
+        against.append((v, np.exp(logs[v]), measured * np.exp(-others), grid, line))
     if phase is None:
-        px = variables[0]
-        py = "weight_decay" if "weight_decay" in variables and px != "weight_decay" else (
-            variables[1] if len(variables) > 1 else None)
-    else:
-        px, py = (list(phase) + [None])[:2]
-    title = f"{result['fit'].upper()}: T ∝ " + " ".join(f"{v}^{fit['exponents'][v]['estimate']:.2f}" for v in variables)
-    if py is None:  # one variable: the second panel is T against it, the data the exponent is fitted to
-        from groklens.analyses.scaling_figures import one_variable_figure
-
-        x = np.array([r.values[px] for r in fitted], dtype=float)
-        grid = np.unique(x)
-        line = np.exp([predict_log_t(fit, {px: v}) for v in grid])
-        return one_variable_figure(measured, predicted, cens, x, grid, line, xlabel=px, title=title)
-    cells: dict[tuple, list[bool]] = {}
-    for r in records:
-        cells.setdefault((r.values[px], r.values[py]), []).append(not r.censored)
-    keys = sorted(cells)
-    return scaling_law_figure(
-        measured, predicted, cens,
-        np.array([k[0] for k in keys]), np.array([k[1] for k in keys]),
-        np.array([np.mean(cells[k]) for k in keys]), np.array([len(cells[k]) for k in keys]),
-        xlabel=px, ylabel=py, title=title,
-    )
+        phase = PHASE_DEFAULT if set(PHASE_DEFAULT) <= set(variables) else variables[:2]
+    cells = None
+    if len(phase) == 2:
+        px, py = phase
+        by: dict[tuple, list[bool]] = {}
+        for r in records:
+            by.setdefault((r.values[px], r.values[py]), []).append(not r.censored)
+        keys = sorted(by)
+        b = result.get("boundary")
+        line = None
+        if b and b.get("estimate") is not None and b["variable"] in (px, py):
+            lo, hi = b["ci95"]
+            line = (b["variable"] == px, b["estimate"], lo, math.inf if hi is None else hi)
+        cells = (px, py, np.array([k[0] for k in keys]), np.array([k[1] for k in keys]),
+                 np.array([sum(by[k]) for k in keys]), np.array([len(by[k]) for k in keys]), line)
+    terms = [f"{v}^{a[v]:.2f}" for v in variables]
+    title = f"{result['fit'].upper()}: T ∝ " + " ".join(terms[:2]) + ("\n" + " ".join(terms[2:]) if terms[2:] else "")
+    return scaling_law_figure(measured, predicted, cens, against, cells, title=title)
 
 
 def _finite(x):
@@ -433,16 +585,33 @@ def format_result(result: dict[str, Any]) -> list[str]:
         lines.append("interactions (centred logs):")
         for v, e in result["interactions"]["exponents"].items():
             lines.append(f"  {v:<26} {_num(e['estimate'])}  95% CI [{_num(e['ci95'][0])}, {_num(e['ci95'][1])}]")
+    if result.get("boundary"):
+        b = result["boundary"]
+        lines.append(f"boundary {b['variable']}: {boundary_text(b)}")
+    wn = result.get("weight_norm")
+    if wn and wn["n"]:
+        lines.append(f"norm     weight norm falls monotonically from memorization to grokking in {wn['k']} of "
+                     f"{wn['n']} grokked runs ({wn['rate']:.2f} [{wn['ci95'][0]:.2f}, {wn['ci95'][1]:.2f}]; no rise "
+                     f"above {wn['tol']:g} between evaluations; median share of falling steps "
+                     f"{wn['median_falling']:.2f})")
     if "json" in result:
         lines.append(f"wrote    {result['json']}, {result['figure']}")
     return lines
 
 
 __all__ = [
+    "BOUNDARY_RULE",
     "DEFAULT_VARS",
+    "NORM_RISE_TOL",
     "WIDTH_FIELDS",
     "GrokRecord",
+    "boundary_text",
+    "claims",
     "collect_runs",
+    "falls_monotonically",
+    "figure",
+    "monotone_rate",
+    "phase_boundary",
     "fit_scaling_law",
     "format_result",
     "ols_fit",
@@ -450,4 +619,5 @@ __all__ = [
     "scaling_law",
     "tobit_fit",
     "variable_value",
+    "weight_norm_transition",
 ]

@@ -5,9 +5,11 @@ it each function raises one ImportError line saying so. Nothing is computed here
 are what the trajectory file, its sidecar and the comparison hold.
 
 - `metrics_frame(run)`: one row per evaluation; columns `step` and every logged metric.
-- `analysis_frame(run, name)`: one row per checkpoint the analysis is stored at; columns `step`
-  and each stored value (a float where the value is one number, else a numpy array per cell).
-  The parameter set is the one `compare` reads (the default set, else the latest).
+- `analysis_frame(run, name, params)`: one row per checkpoint the analysis is stored at; columns
+  `step` and each stored value (a float where the value is one number, else a numpy array per
+  cell). The parameter set: `params` (e.g. {"key_frequencies": "last"}, the other parameters at
+  their defaults, as `analyze --param` stored it), else the one `compare` reads (the default
+  set, else the latest).
 - `analyses_frame(run)`: every stored analysis side by side on the checkpoint steps, columns
   `ANALYSIS.VALUE`.
 - `comparison_frame(comp)`: `compare --format csv`'s table, numbers unrounded.
@@ -18,12 +20,13 @@ are what the trajectory file, its sidecar and the comparison hold.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
 from groklens.errors import BadInput, require_pandas
-from groklens.analyses.measures import stored_analysis
+from groklens.analyses.measures import stored_analysis, stored_params
 from groklens.analyses.registry import get, ANALYSES
 from groklens.analyses.compare_format import table_rows
 
@@ -43,17 +46,27 @@ def _column(rows: list) -> Any:
     return out
 
 
-def stored(run, name: str):
-    """The stored results (store.Stored) of analysis `name` of `run` (a Trajectory), or None."""
-    get(name)  # an unknown name is BadInput
-    return stored_analysis(run.path, run.config_dict, name, copy=run.copy or 0)
+def stored(run, name: str, params: dict | None = None):
+    """The stored results (store.Stored) of analysis `name` of `run` (a Trajectory), those of
+    `params` when given, or None."""
+    a = get(name)  # an unknown name is BadInput
+    if params is not None and a.resolve:  # as the runner stored them (fourier's "last": the key list)
+        params = a.resolve(run, dict(params))
+    return stored_analysis(run.path, run.config_dict, name, copy=run.copy or 0, params=params)
 
 
-def analysis_frame(run, name: str):
+def analysis_frame(run, name: str, params: dict | None = None):
     pd = require_pandas()
-    st = stored(run, name)
+    if params is not None and not isinstance(params, dict):
+        raise BadInput(f"to_pandas(run, {name!r}, params): params is a dict of {name}'s parameters; got {params!r}")
+    st = stored(run, name, params)
+    if st is None and params is not None and (sets := stored_params(run.path, run.config_dict, name, run.copy or 0)):
+        given = ", ".join(f"{k}={json.dumps(v)}" for k, v in params.items())
+        have = "; ".join(", ".join(f"{k}={json.dumps(v)}" for k, v in ps.items()) for ps, _ in sets.values())
+        raise BadInput(f"{run.path}: no '{name}' stored with {given}; stored parameter sets: {have}")
     if st is None:
-        raise BadInput(f"{run.path}: no stored '{name}' analysis; `groklens analyze {run.path} --metric {name}` "
+        hint = "".join(f" --param {name}.{k}={json.dumps(v)}" for k, v in (params or {}).items())
+        raise BadInput(f"{run.path}: no stored '{name}' analysis; `groklens analyze {run.path} --metric {name}{hint}` "
                        "computes it")
     cols: dict[str, Any] = {"step": np.asarray(st.steps, dtype=np.int64)}
     cols.update({k: _column(v) for k, v in st.values.items()})
@@ -77,19 +90,22 @@ def analyses_frame(run):
     return out.reset_index()
 
 
-def to_pandas(run, analysis: str | None = None):
-    """metrics_frame (analysis None), analyses_frame ('all') or analysis_frame(run, analysis);
-    `run` a Trajectory or a path to one, as for compute."""
+def to_pandas(run, analysis: str | None = None, params: dict | None = None):
+    """metrics_frame (analysis None), analyses_frame ('all') or analysis_frame(run, analysis,
+    params); `run` a Trajectory or a path to one, as for compute."""
     from groklens.checkpoints import Trajectory
 
     run = run if isinstance(run, Trajectory) else Trajectory(run)
     if analysis is not None and not isinstance(analysis, str):
         raise BadInput(f"to_pandas(run, analysis): an analysis name or 'all'; got {analysis!r}")
+    if params is not None and analysis in (None, "all"):
+        raise BadInput("to_pandas(run, analysis, params): params pick one analysis's stored parameter set; "
+                       "name the analysis")
     if analysis is None:
         return metrics_frame(run)
     if analysis == "all":
         return analyses_frame(run)
-    return analysis_frame(run, analysis)
+    return analysis_frame(run, analysis, params)
 
 
 def comparison_frame(comp):

@@ -5,7 +5,9 @@
 #      trained in one go;
 #   2. runs as many paper-scale experiments as fit the budget, in priority order, one seed at a
 #      time (`groklens reproduce NAME --scale paper --seeds k` trains only seed k: the ledger has
-#      the others), so every finished run is in the ledger even when the budget ends mid-way.
+#      the others), so every finished run is in the ledger even when the budget ends mid-way;
+#   3. with what is left, the scaling law's paper grid (benchmarks/scaling_law_gpu.yaml) as a
+#      sweep of ensembles, resumed on each lease, and its fit.
 # The ledger (default docs/results, the committed one) is copied to $OUT/ledger at the end when
 # $OUT is set (the device machine's result folder), with the log.
 #
@@ -25,7 +27,7 @@ DRY=0
 PY=${PYTHON:-python}
 # priority order: the headline first; fourier-fve reads bounded-sphere's own runs (no training)
 EXPERIMENTS=(bounded-sphere fourier-fve uniform-attention progress-measures s5-control stablemax grokfast activation-norm geomdr
-             structural-attention nanogpt-addition scaling-law llc-grokking clock-pizza)
+             structural-attention nanogpt-addition scaling-law llc-grokking clock-pizza routing)
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -141,8 +143,30 @@ for name in "${EXPERIMENTS[@]}"; do
     timeout -s INT "$left" "${cmd[@]}" >>"$LOG" 2>&1 || { say "$name seed $k stopped (exit $?)"; break 2; }
   done
 done
+
+# ---------------------------------------------------------------- 3. the scaling law's paper grid
+# 384 MLP configurations at p=97, up to 100k steps (a GPU config: the CPU paper scale above is a
+# smaller grid of the same shape); a sweep resumes where the last lease stopped it
+GRID="$(dirname "$0")/scaling_law_gpu.yaml"
+SWEEP=("${GL[@]}" sweep "$GRID" -o "$WORK/scaling-law-gpu" --ensemble --workers "$WORKERS" -q)
+FIT=("${GL[@]}" scaling-law "$WORK/scaling-law-gpu" --censored --interactions)
+if [ "$DRY" = 1 ]; then
+  "${GL[@]}" sweep "$GRID" -o "$WORK/scaling-law-gpu" --dry-run >/dev/null  # the grid builds
+  say "would sweep: ${SWEEP[*]}"
+  say "would fit: ${FIT[*]}"
+else
+  left=$((DEADLINE - $(date +%s)))
+  if [ "$left" -ge 60 ]; then
+    say "sweep (${left}s left): ${SWEEP[*]}"
+    timeout -s INT "$left" "${SWEEP[@]}" >>"$LOG" 2>&1 || say "scaling-law grid stopped (exit $?); rerun to resume"
+    "${FIT[@]}" >>"$LOG" 2>&1 || say "no scaling-law fit yet (too few finished runs)"
+  else
+    say "budget spent: the scaling-law grid not started"
+  fi
+fi
 if [ -n "${OUT:-}" ] && [ -d "$LEDGER" ]; then
   mkdir -p "$OUT/ledger" && cp "$LEDGER"/*.json "$OUT/ledger/" 2>/dev/null || true
   cp "$LOG" "$OUT/"
+  cp "$WORK"/scaling-law-gpu/scaling-law.* "$OUT/" 2>/dev/null || true
 fi
 say "done: ledger in $LEDGER; log $LOG"

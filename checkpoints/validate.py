@@ -543,8 +543,10 @@ def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     # inputs, no autograd) about two layers at once; they are never live together
     step_acts = batch * cfg.n_layers * n_ctx * width * 4 * copies
     eval_acts = eval_rows * 2 * n_ctx * width * 4 * copies
+    extra = TASKS.get(cfg.task).extra_memory  # the task's own fact (the teacher task's Gaussian vectors)
+    table = extra(cfg) if extra is not None else 0
     return {
-        "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4,
+        "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4 + table,
         "parameters and optimizer state": n_params * 4 * 8 * copies,
         ACTIVATIONS[eval_acts > step_acts]: max(step_acts, eval_acts),
         "checkpoint schedule": (n_ckpt + cfg.log_checkpoints) * 128,

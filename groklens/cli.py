@@ -72,6 +72,14 @@ def _which_checkpoints(func):
                              "ones.")(func)
 
 
+def _log_option(whose: str):
+    """--log tensorboard:DIR|wandb:PROJECT (repeatable), for the commands that train."""
+    return click.option("--log", "log_to", multiple=True, metavar="tensorboard:DIR|wandb:PROJECT",
+                        help=f"Also send each evaluation row{whose} to TensorBoard (event files in DIR) or Weights & "
+                             "Biases (PROJECT; offline unless WANDB_MODE says otherwise), with the config; "
+                             "repeatable. The HDF5 file stays the record.")
+
+
 def _threads() -> None:
     """The thread rule of groklens/threads.py for a command that computes (silent; train says more)."""
     from groklens.threads import apply_threads
@@ -101,9 +109,7 @@ def cli(debug: bool) -> None:
 @click.option("--threads", type=int, default=None, metavar="N",
               help="torch threads (default: $GROKLENS_THREADS, else $OMP_NUM_THREADS, else the cores shared "
                    "with other groklens processes, 1 on a busy machine; docs/CLI.md, Threads).")
-@click.option("--log", "log_to", multiple=True, metavar="tensorboard:DIR|wandb:PROJECT",
-              help="Also send each evaluation row to TensorBoard (event files in DIR) or Weights & Biases "
-                   "(PROJECT; offline unless WANDB_MODE says otherwise); repeatable. The HDF5 file stays the record.")
+@_log_option("")
 @_config_options
 def train(preset_name, config_file, out, force, resume_path, quiet, as_json, threads, log_to, **overrides) -> None:
     """Train a model and write its checkpoint trajectory to one HDF5 file.
@@ -246,35 +252,50 @@ class _MetricOption(click.Option):
 
 
 @cli.command()
-@click.argument("run", type=click.Path())
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
 @click.option("--metric", "metrics", multiple=True, metavar="NAME", cls=_MetricOption)
 @_which_checkpoints
 @click.option("--param", "params", multiple=True, metavar="METRIC.KEY=VALUE",
               help="An analysis parameter, VALUE as JSON (e.g. sharpness.top_k=3); see docs/ANALYSES.md.")
 @click.option("--recompute", is_flag=True, help="Recompute even where stored results exist.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: metric -> {steps, values...}.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: metric -> {steps, values...}; with several runs, run path -> that object.")
 @click.option("--summary", is_flag=True,
               help="One line per measure (compare's columns): its value at the first analyzed checkpoint, at "
                    "memorization, at grokking and at the last, instead of the table of every step.")
 @click.option("--copy", "copy", type=int, default=None, metavar="M",
               help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to "
                    "RUN.copyM.analyses.h5.")
-def analyze(run, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
-    """Measure mechanisms at the checkpoints of RUN.h5; results are kept in RUN.analyses.h5."""
+def analyze(runs, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
+    """Measure mechanisms at the checkpoints of RUN.h5 (one or more runs, one after the other);
+    results are kept in each RUN.analyses.h5."""
     if summary and as_json:
         raise BadInput("--summary prints lines, --json the whole object; give one of them")
     _threads()
+    from groklens.analyses.notes import one_per_kind
     from groklens.analyses.runner import analyze_run, format_results, summary_lines
+    from groklens.checkpoints import Trajectory
 
-    results, notes = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
-                                 recompute=recompute, progress=not quiet, copy=copy)
-    for note in notes:
+    runs = list(dict.fromkeys(runs))
+    for run in runs:  # every file opens before anything is computed: a bad one is refused first
+        Trajectory(run, copy=copy)
+    several = len(runs) > 1
+    outputs, notes = {}, []
+    for run in runs:
+        results, said = analyze_run(run, metrics=metrics, steps=steps or None, every=every, params=params,
+                                    recompute=recompute, progress=not quiet, copy=copy)
+        notes += [f"{Path(run).name}: {n}" if several else n for n in said]
+        outputs[run] = results
+    for note in one_per_kind(notes):  # a note that holds for several runs: one line naming them
         click.echo(f"groklens: {note}", err=True)
-    if summary:
-        click.echo("\n".join(summary_lines(run, results, copy)))
+    if as_json:
+        click.echo(strict_json(outputs if several else outputs[runs[0]]))
         return
-    click.echo(strict_json(results) if as_json else format_results(results))
+    for run, results in outputs.items():
+        if several:
+            click.echo(f"=== {run}")
+        click.echo("\n".join(summary_lines(run, results, copy)) if summary else format_results(results))
 
 
 @cli.command("llc-calibrate")
@@ -372,10 +393,12 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
 @click.option("--dry-run", is_flag=True, help="List the runs and what would happen to each; train nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_log_option(" of every run trained (each under its run's name)")
 def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address,
           gpus_per_run, partition,
-          time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json) -> None:
+          time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json, log_to) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
+    from groklens.experiments.cost import cap_cost
     from groklens.trainers import sweeps
 
     if status_dir is not None:
@@ -411,7 +434,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
              "cluster": None if submitit_cluster == "auto" else submitit_cluster}
     if ensemble:  # the ensembles are sized by the runs' step times, measured once they are known to build
         sweeps.check_buildable(spec.runs())
-    cost = _measured_cost(spec.runs(), quiet or as_json) if ensemble else None
+    cost = cap_cost([r.config for r in spec.runs()], None if quiet or as_json else
+                    lambda s: click.echo(f"groklens: {s}", err=True)) if ensemble else None
     if dry_run:
         # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
         ex = sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
@@ -435,7 +459,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
-                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost)
+                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost,
+                              log=log_to)
     c = report.counts
     if as_json:
         click.echo(strict_json(report.to_dict()))
@@ -453,16 +478,6 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
     if c["failed"]:
         raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` "
                             "lists them")
-
-
-def _measured_cost(runs, quiet: bool):
-    """cost(cfg) -> CPU seconds to its step cap, from step times measured here on one thread (and
-    cached; groklens/experiments/cost.py), for sizing a sweep's ensembles."""
-    from groklens.experiments.cost import cost_key, rates_for, run_seconds
-
-    rates = rates_for([r.config for r in runs],
-                      echo=None if quiet else lambda s: click.echo(f"groklens: {s}", err=True))
-    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 @cli.command("scaling-law")
@@ -611,17 +626,21 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--no-measure", is_flag=True,
               help="Cost runs (--list, and the estimate before training) by the FLOP model instead of timing a few "
                    "steps of each config here.")
+@click.option("--arms", default=None, metavar="PATTERNS",
+              help="Train only the arms (variants) whose names match these comma-separated patterns (* and ?, "
+                   "e.g. '*_base,*_t16_always': a study trained in stages); the rows read every arm the ledger holds.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
+@_log_option(" of every run trained (each under its run's name)")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, no_measure,
-              quiet, as_json) -> None:
+              arms, quiet, as_json, log_to) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
 
     if list_:
-        if name is not None:
-            raise BadInput("--list takes no experiment NAME")
+        if name is not None or arms is not None:
+            raise BadInput("--list takes no experiment NAME and no --arms")
         from groklens.experiments.cost import echo_stderr
 
         items = E.listing(ledger_dir, measure=not no_measure, echo=None if quiet else echo_stderr)
@@ -636,7 +655,8 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
         check_text_target(Path(results_md))  # before hours of training, not after
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
-                         compile=compile_, measure=not no_measure)
+                         compile=compile_, measure=not no_measure, arms=None if arms is None else arms.split(","),
+                         log=log_to)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 

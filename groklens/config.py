@@ -79,6 +79,9 @@ class FieldFacts:
     derived_from: str | None = None
     transformer_only: bool = False  # an option of model=transformer: other models take the default only
     seed: bool = False  # a seed: runs that differ only in seeds are one arm, one variant
+    # it changes the work of a training step (False: what a step multiplies by, the schedule, the stop
+    # rule, where the run runs): configs that differ only in uncosted fields share one measured step time
+    costed: bool = True
 
     @property
     def has_legacy(self) -> bool:
@@ -90,16 +93,20 @@ def setting(default: Any, help: str, **facts: Any) -> Any:
     return dataclasses.field(default=default, metadata={"facts": FieldFacts(help=help, **facts)})
 
 
+TEACHER_MODELS = ("perceptron", "committee")  # the models of task=teacher (trainers/models/teacher.py)
+
+
 @dataclass
 class RunConfig:
     """One run's configuration; every field is declared with `setting` (its help and its facts)."""
 
     # --- task and data split
-    task: str = setting("add", "add, sub, mul, div, x2y2, s5, digits_add, seq_add or seq_mul (groklens/tasks.py)")
+    task: str = setting(
+        "add", "add, sub, mul, div, x2y2, s5, digits_add, seq_add, seq_mul or teacher (groklens/tasks.py)")
     p: int = setting(113, "the modulus: inputs are residues 0..p-1")
     train_frac: float = setting(0.3, "share of all input pairs in the training set (the rest is the test set)")
     data_seed: int = setting(
-        598, per_member=True, seed=True,
+        598, per_member=True, seed=True, costed=False,
         help="seed of the train/test split (Nanda's DATA_SEED), apart from `seed`")
     split_rule: str = setting(
         "pcg64", choices=("pcg64", "python_shuffle"), legacy="pcg64",
@@ -114,13 +121,16 @@ class RunConfig:
         False, legacy=False,
         help="modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it")
     # --- model
-    seed: int = setting(999, "seed of the model init and the mini-batch order", per_member=True, seed=True)
-    model: str = setting("transformer", "transformer (TransformerLens-style) or mlp", choices=("transformer", "mlp"))
+    seed: int = setting(
+        999, "seed of the model init and the mini-batch order", per_member=True, seed=True, costed=False)
+    model: str = setting(
+        "transformer", "transformer (TransformerLens-style), mlp, or perceptron | committee (task teacher)",
+        choices=("transformer", "mlp", "perceptron", "committee"))
     n_layers: int = setting(1, "transformer blocks (mlp: hidden layers)")
     d_model: int = setting(128, "residual-stream width (mlp: embedding width)")
     n_heads: int = setting(4, "attention heads per layer")
     d_head: int = setting(32, "width of each head")
-    d_mlp: int = setting(512, "MLP hidden width")
+    d_mlp: int = setting(512, "MLP hidden width (model=committee: its K hidden sign units, odd)")
     act_fn: str = setting("relu", "activation function of the MLP neurons", choices=("relu", "gelu"))
     norm: str = setting(
         "none", choices=("none", "ln", "rms", "sphere"), transformer_only=True,
@@ -143,10 +153,10 @@ class RunConfig:
         "linear", choices=("linear", "bounded"), transformer_only=True,
         help="linear, or bounded (normalized unembedding with logit temperature tau)")
     init: str = setting(
-        "default", choices=("default", "fourier"), transformer_only=True,
+        "default", choices=("default", "fourier"), transformer_only=True, costed=False,
         help="default (init_scheme), or fourier (embeddings from fourier_freqs)")
     init_scheme: str = setting(
-        "tl", choices=("tl", "torch", "torch_mha"), legacy="tl", transformer_only=True,
+        "tl", choices=("tl", "torch", "torch_mha"), legacy="tl", transformer_only=True, costed=False,
         help="tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's module "
              "defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1)); "
              "torch_mha = torch, with W_Q, W_K, W_V as nn.MultiheadAttention initializes its in_proj (Grokfast's "
@@ -174,11 +184,19 @@ class RunConfig:
         "first", choices=("first", "last", "spread", "random"),
         help="seq tasks: where the k positions sit (first|last|spread|random)")
     distractor_vocab: int = setting(0, "seq tasks: 0 = distractors are residues; D > 0 = D separate tokens")
+    # --- teacher-student task (task=teacher: Gaussian inputs labelled by a random sign teacher;
+    #     its split is teacher_alpha x teacher_dim training examples and teacher_test test ones, not train_frac)
+    teacher_dim: int = setting(100, "N: input dimension, the weights of one hidden unit", legacy=100)
+    teacher_hidden: int = setting(1, "K of the teacher committee machine (odd); 1 = a perceptron teacher", legacy=1)
+    teacher_alpha: float = setting(2.0, "examples per weight: alpha N training examples", legacy=2.0)
+    teacher_test: int = setting(10_000, "test examples (the generalization error's estimate)", legacy=10_000)
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
     loss: str = setting(
-        "ce", choices=("ce", "stablemax", "ce_float32"),
+        "ce", choices=("ce", "stablemax", "ce_float32", "perceptron"),
         help="training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the "
-             "cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse)")
+             "cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse) or "
+             "perceptron (Rosenblatt's criterion max(0, largest other logit - the label's): zero once an input is "
+             "right)")
     act_norm_lambda: float = setting(
         0.0, per_member=True,
         help="weight of the activation-norm penalty toward the sqrt(d) sphere")
@@ -197,7 +215,7 @@ class RunConfig:
         help="attention-mask transfer (our reading of a lottery ticket; docs/VARIANTS.md): the key positions the "
              'readout query (the last position) may attend to in every layer, e.g. "0 7" ("" = all of them)')
     attn_mask_from: str = setting(
-        "", legacy="", solo=True, transformer_only=True,
+        "", legacy="", solo=True, transformer_only=True, costed=False,
         help='the run beside this run\'s file whose grokked attention gives attn_mask when that is "" (its name; '
              '"{seed}" = this run\'s seed), read when the run starts')
     grokfast_alpha: float = setting(0.98, "decay of Grokfast's gradient EMA (Lee et al. 2024)", per_member=True)
@@ -219,54 +237,61 @@ class RunConfig:
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
     routing_copies: int = setting(1, "M copies trained together; each step's loss is taken on routed models", solo=True)
     routing_width: float = setting(
-        0.0, solo=True,
+        0.0, solo=True, costed=False,
         help="width of the ring kernel Q over the copies: 0 = identity, inf = uniform")
     routing_unit: str = setting(
-        "layer", choices=("layer", "sublayer"), solo=True,
-        help="what one permutation routes: layer | sublayer (transformer: attn, mlp apart)")
+        "layer", choices=("layer", "sublayer", "weight"), solo=True,
+        help="what one permutation routes: layer | sublayer (transformer: attn, mlp apart) | weight (every scalar "
+             "weight)")
+    elastic_gamma: float = setting(
+        0.0, legacy=0.0, costed=False,
+        help="Elastic SGD across the copies: each step pulls every copy toward the copies' mean by lr * elastic_gamma "
+             "of its distance (decoupled, as AdamW's weight decay pulls toward 0); 0 = off; needs routing_copies > 1")
     # --- optimizer
     optimizer: str = setting(
         "adamw", choices=("adamw", "adam"), legacy="adamw",
         help="adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2 gradient term wd * w, "
              "as devinterp's grokking notebook trains)")
-    lr: float = setting(1e-3, "learning rate (after warm-up)", per_member=True)
+    lr: float = setting(1e-3, "learning rate (after warm-up)", per_member=True, costed=False)
     weight_decay: float = setting(
-        1.0, per_member=True,
+        1.0, per_member=True, costed=False,
         help="weight decay (decoupled with adamw, an L2 gradient term with adam)")
-    betas: tuple[float, float] = setting((0.9, 0.98), "Adam(W) betas: two numbers")
+    betas: tuple[float, float] = setting((0.9, 0.98), "Adam(W) betas: two numbers", costed=False)
     adam_eps: float = setting(1e-8, "Adam(W)'s epsilon (torch's default; Prieto et al. train with 1e-25)", legacy=1e-8)
-    warmup_steps: int = setting(10, "linear learning-rate warm-up from 0 over this many steps")
+    warmup_steps: int = setting(10, "linear learning-rate warm-up from 0 over this many steps", costed=False)
     batch_size: int = setting(0, "training inputs per step; 0 = the full training set")
     batch_order: str = setting(
         "random", choices=("random", "epoch"), legacy="random",
         help="random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and cut "
              "into batches in order, the last one smaller (Grokfast's code: ceil(n / batch_size) steps an epoch)")
     # --- schedule of the run
-    steps: int = setting(40_000, "optimizer updates to train for")
-    eval_every: int = setting(100, "evaluate loss and accuracy on every input each this many steps")
-    checkpoint_every: int = setting(100, "store the weights each this many steps (and at every phase event)")
-    log_checkpoints: int = setting(0, "extra log-spaced checkpoints before the first regular one")
+    steps: int = setting(40_000, "optimizer updates to train for", costed=False)
+    eval_every: int = setting(100, "evaluate loss and accuracy on every input each this many steps", costed=False)
+    checkpoint_every: int = setting(
+        100, "store the weights each this many steps (and at every phase event)", costed=False)
+    log_checkpoints: int = setting(0, "extra log-spaced checkpoints before the first regular one", costed=False)
     grok_threshold: float = setting(
-        GROK_THRESHOLD, per_member=True,
+        GROK_THRESHOLD, per_member=True, costed=False,
         help="test accuracy that counts as grokked (and train accuracy as memorized)")
     grok_evals: int = setting(
-        3, legacy=1, per_member=True,
+        3, legacy=1, per_member=True, costed=False,
         help="grokked = the first of this many consecutive evaluations with test accuracy >= grok_threshold: 3 so that "
              "one evaluation lifted by a loss spike (or a first crossing that falls back) is not grokking, at the cost "
              "of 2 evaluations more before the stop rule can end a run; 1 is the first crossing (what files and "
              "ledgers from before this field recorded)")
     stop_after_grok: int = setting(
-        0, per_member=True,
+        0, per_member=True, costed=False,
         help=">0: stop this many evaluations after grokking (grok_evals above)")
     stop_test_loss: float = setting(
-        0.0, legacy=0.0, per_member=True,
+        0.0, legacy=0.0, per_member=True, costed=False,
         help=">0: the stop rule counts evaluations after test loss <= this instead")
-    stop_min_steps: int = setting(0, "the stop rule never ends a run before this step", legacy=0, per_member=True)
+    stop_min_steps: int = setting(
+        0, "the stop rule never ends a run before this step", legacy=0, per_member=True, costed=False)
     device: str = setting(
-        "auto", choices=("auto", "cpu", "cuda"), hashed=False,
+        "auto", choices=("auto", "cpu", "cuda"), hashed=False, costed=False,
         help="auto (cuda when available), cpu or cuda")
     compile: bool = setting(
-        False, legacy=False, solo=True, hashed=False,
+        False, legacy=False, solo=True, hashed=False, costed=False,
         help="torch.compile the training step's forward and backward (single runs without regularizer terms; CPU: "
              "needs a C++ compiler), after some seconds of compiling in the first step; the trajectory equals "
              "eager's to float rounding (step times and compile cost: docs/PERFORMANCE.md)")
@@ -355,6 +380,7 @@ class RunConfig:
         for name in ("op_token", "nonzero_b"):
             _check(not getattr(self, name) or self.task in MODULAR_TASKS,
                    f"{name} is an option of the modular tasks ({', '.join(MODULAR_TASKS)}), not task={self.task}")
+        self._validate_teacher_models()
         _check(self.batch_order == "random" or self.batch_size > 0,
                "batch_order=epoch cuts the training set into mini-batches: set batch_size (0 = full batch)")
         _check(self.init != "fourier" or task.residue_tokens,
@@ -367,6 +393,19 @@ class RunConfig:
         _check(not (self.attn_mask or self.attn_mask_from) or not task.multi_target,
                f"attn_mask masks the single readout query; task {self.task!r} has several readout positions")
 
+
+    def _validate_teacher_models(self) -> None:
+        """The teacher task's inputs are Gaussian vectors, which only its models read (and they read nothing else)."""
+        if self.task == "teacher":
+            _check(self.model in TEACHER_MODELS, f"task teacher's inputs are Gaussian vectors: it needs model="
+                   f"{' or '.join(TEACHER_MODELS)}; got model={self.model}")
+        elif self.model in TEACHER_MODELS:
+            _check(False, f"model={self.model} reads Gaussian inputs: it needs task=teacher; got task={self.task}")
+        if self.model in TEACHER_MODELS:
+            _check(not self.mlp_bias, f"model={self.model} has no biases; mlp_bias=true is an option of model=mlp")
+        _check(self.model != "committee" or self.d_mlp % 2 == 1,
+               "model=committee needs an odd number of hidden units d_mlp (its output is their majority); "
+               f"got {self.d_mlp}")
 
     def _validate_variants(self) -> None:
         for name in ("radius", "tau"):
@@ -422,13 +461,15 @@ class RunConfig:
                f"routing_copies must be in 1..{ROUTING_MAX_COPIES}; got {self.routing_copies}")
         _check(not math.isnan(self.routing_width) and self.routing_width >= 0,
                f"routing_width must be >= 0 (0 = identity kernel, inf = uniform); got {self.routing_width}")
+        _check(math.isfinite(self.elastic_gamma) and self.elastic_gamma >= 0,
+               f"elastic_gamma must be a number >= 0 (0 = off); got {self.elastic_gamma}")
         if self.routing_copies == 1:
-            for name in ("routing_width", "routing_unit"):  # off: at their class defaults
+            for name in ("routing_width", "routing_unit", "elastic_gamma"):  # off: at their class defaults
                 _check(getattr(self, name) == getattr(RunConfig, name),
                        f"{name}={getattr(self, name)!r} needs routing_copies > 1 (routing is off with 1 copy)")
             return
         _check(not self.compile, "compile=true is for single runs; a routed run (routing_copies > 1) trains eagerly")
-        _check(self.routing_unit == "layer" or self.model == "transformer",
+        _check(self.routing_unit != "sublayer" or self.model == "transformer",
                f"routing_unit={self.routing_unit} is an option of model=transformer, not model={self.model}")
 
     def fourier_frequencies(self) -> tuple[int, ...]:

@@ -5,17 +5,21 @@ Modular tasks use tokens [a, b, =] with vocabulary p + 1 (`=` is token p) and p 
 (Power et al. 2022; Nanda et al. 2023). S5 composition uses [s, t, =] over the 120
 permutations of 5 elements (vocabulary 121, 120 classes).
 
-Two further families (docs/VARIANTS.md):
+Three further families (docs/VARIANTS.md):
 - `digits_add`: character-level n-digit addition `abc+def=ghij` for a causal LM. Its labels
   are [N, n_digits + 1] (the answer digits) read out at positions readout_pos .. readout_pos +
   n_digits: a multi-target task (loss and accuracy on the answer tokens only).
 - `seq_add`, `seq_mul`: informative-token sequences of length L in which only k positions
   determine the label (their sum / product mod p), with distractor tokens elsewhere and the
   informative positions recorded per input.
+- `teacher`: teacher-student data for the perceptron and committee machine: Gaussian input
+  vectors labelled by a random sign teacher. An input is its example id (then `=`); its vector
+  is that row of a fixed Gaussian table (`teacher_student`) which the models read.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -79,6 +83,11 @@ class Task:
     # without building the grid: what a stored run's /data must hold (checkpoints/validate.py) and
     # the memory estimate's size. None: unknown (a file's data is then not compared)
     shape: Callable[["RunConfig"], tuple[int, int, int]] | None = None
+    # -> bytes of data it holds beside its token ids and labels (teacher: its Gaussian vectors), for
+    # the memory estimate made before a run starts; None: nothing more
+    extra_memory: Callable[["RunConfig"], int] | None = None
+    # (train_idx, test_idx) of cfg's n inputs, where the task fixes its split; None: drawn by train_frac (`draw_split`)
+    split: Callable[["RunConfig", int], tuple[np.ndarray, np.ndarray]] | None = None
 
     def readout_position(self, cfg: "RunConfig") -> int:
         return self.readout(cfg) if self.readout is not None else self.readout_pos
@@ -87,7 +96,7 @@ class Task:
         """The task's data as numpy arrays under /data's names (inputs, labels, train_idx,
         test_idx, informative_mask): what a run of `cfg` trains on, and what its file must hold."""
         inputs, labels, *rest = self.grid(cfg)
-        train_idx, test_idx = draw_split(len(labels), cfg.train_frac, cfg.data_seed, cfg.split_rule)
+        train_idx, test_idx = self.draw_split(cfg, len(labels))
         if rest:
             mask = np.asarray(rest[0], dtype=bool)
         else:
@@ -95,6 +104,12 @@ class Task:
             mask[:, list(self.informative)] = True
         return {"inputs": np.asarray(inputs), "labels": np.asarray(labels), "train_idx": train_idx,
                 "test_idx": test_idx, "informative_mask": mask}
+
+    def draw_split(self, cfg: "RunConfig", n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (train, test) indices of cfg's n inputs: the task's own split, or `draw_split`'s."""
+        if self.split is not None:
+            return self.split(cfg, n)
+        return draw_split(n, cfg.train_frac, cfg.data_seed, cfg.split_rule)
 
     def build(self, cfg: "RunConfig", split: tuple[np.ndarray, np.ndarray] | None = None) -> TaskData:
         """The task's data; `split` (train, test indices) overrides the one drawn from data_seed."""
@@ -373,3 +388,80 @@ for _name, _op, _desc in [
             shape=lambda cfg: (cfg.p ** cfg.n_informative, cfg.seq_len + 1, 0),
         )
     )
+
+
+# ---------------------------------------------------------------- teacher-student sign data
+TEACHER_MAX_FLOATS = 50_000_000  # (train + test examples) x N of the Gaussian table (200 MB in float32)
+
+
+def teacher_sizes(cfg: "RunConfig") -> tuple[int, int]:
+    """(training examples P = round(teacher_alpha x teacher_dim), test examples)."""
+    return int(round(cfg.teacher_alpha * cfg.teacher_dim)), cfg.teacher_test
+
+
+@functools.lru_cache(maxsize=4)
+def _teacher_draw(data_seed: int, n: int, dim: int, hidden: int) -> tuple["torch.Tensor", np.ndarray, np.ndarray]:
+    import torch
+
+    rng = np.random.default_rng([data_seed, 5])  # a stream apart from the split's
+    teacher = rng.standard_normal((hidden, dim))  # B_k ~ N(0, I_N), k = 1..K
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    votes = np.sign(x.astype(np.float64) @ teacher.T).sum(axis=1)  # K odd: never 0 (a field of 0 has probability 0)
+    return torch.from_numpy(x), teacher, (votes > 0).astype(np.int64)
+
+
+def teacher_student(cfg: "RunConfig") -> tuple["torch.Tensor", np.ndarray, np.ndarray]:
+    """The teacher task's data, from data_seed alone: (X [n, N] float32, the example vectors; the
+    teacher B [K, N] float64; labels [n], 1 where the teacher's output sign(sum_k sign(B_k . x)) is
+    +1, else 0). Every entry of X and B is N(0, 1); n = P + test examples. Shared (cached), never
+    written: every copy of a routed run reads the one table."""
+    n = sum(teacher_sizes(cfg))
+    return _teacher_draw(cfg.data_seed, n, cfg.teacher_dim, cfg.teacher_hidden)
+
+
+def _teacher_grid(cfg: "RunConfig") -> tuple[np.ndarray, np.ndarray]:
+    _, _, labels = teacher_student(cfg)
+    n = len(labels)
+    ids = np.arange(n, dtype=np.int64)
+    return np.stack([ids, np.full_like(ids, n)], axis=1), labels.copy()  # [example id, =]; the cached labels stay
+
+
+def _teacher_split(cfg: "RunConfig", n: int) -> tuple[np.ndarray, np.ndarray]:
+    # the examples are independent draws: the first P train, the rest test
+    n_train, _ = teacher_sizes(cfg)
+    return np.arange(n_train), np.arange(n_train, n)
+
+
+def _check_teacher(cfg: "RunConfig") -> None:
+    if cfg.teacher_dim < 1:
+        raise BadInput(f"teacher_dim must be >= 1; got {cfg.teacher_dim}")
+    if cfg.teacher_hidden < 1 or cfg.teacher_hidden % 2 == 0:
+        raise BadInput("teacher_hidden must be odd and >= 1 (the teacher's output is a majority); got "
+                       f"{cfg.teacher_hidden}")
+    if not (math.isfinite(cfg.teacher_alpha) and cfg.teacher_alpha > 0):
+        raise BadInput(f"teacher_alpha must be a number > 0; got {cfg.teacher_alpha}")
+    if cfg.teacher_test < 1:
+        raise BadInput(f"teacher_test must be >= 1; got {cfg.teacher_test}")
+    n_train, n_test = teacher_sizes(cfg)
+    if n_train < 1:
+        raise BadInput(f"teacher_alpha {cfg.teacher_alpha} x teacher_dim {cfg.teacher_dim} rounds to no training "
+                       "example")
+    if (n_train + n_test) * cfg.teacher_dim > TEACHER_MAX_FLOATS:
+        raise BadInput(f"{n_train + n_test:,} examples x teacher_dim {cfg.teacher_dim} is over {TEACHER_MAX_FLOATS:,} "
+                       "numbers; lower teacher_alpha, teacher_test or teacher_dim")
+
+
+TASKS.register("teacher")(
+    Task(
+        name="teacher",
+        description="teacher-student: Gaussian vectors labelled by sign(sum_k sign(B_k . x)) of a random teacher",
+        grid=_teacher_grid,
+        vocab=lambda cfg: (sum(teacher_sizes(cfg)) + 1, 2),  # the example ids and '='; classes -1 (0), +1 (1)
+        validate=_check_teacher,
+        readout_pos=1,
+        informative=(0,),
+        split=_teacher_split,
+        shape=lambda cfg: (sum(teacher_sizes(cfg)), 2, 0),  # [example id, =]
+        extra_memory=lambda cfg: sum(teacher_sizes(cfg)) * cfg.teacher_dim * 4,  # float32, one table for every copy
+    )
+)

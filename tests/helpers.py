@@ -70,6 +70,14 @@ def groklens(*args: str, check: bool = False, timeout: float = 300, **kw) -> sub
     return proc
 
 
+def assert_train_refused(tmp_path: Path, flags: list[str], message: str) -> None:
+    """`groklens train` of a tiny run with `flags`: exit 2, one line naming `message`, no file."""
+    out = groklens("train", "-q", "--out", str(tmp_path / "x.h5"), "--p", "7", "--steps", "5", "--eval-every", "5",
+                   "--checkpoint-every", "5", *flags)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "x.h5").exists()
+
+
 def readonly_groklens(directory: Path, *args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run the CLI with `directory` bind-mounted read-only in a private mount namespace (root or
     not: a read-only mount refuses root too; nothing outside the namespace changes). Skips the

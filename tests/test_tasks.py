@@ -107,7 +107,8 @@ def test_the_python_shuffle_split_is_the_sphere_papers(seed):
 
 # small settings of every task's knobs; a task trains on those its validate accepts
 SMALL = [dict(p=7), dict(p=7, op_token=True), dict(p=7, nonzero_b=True), dict(p=5, n_digits=1),
-         dict(p=5, seq_len=4, n_informative=2), dict(p=5, seq_len=3, n_informative=3, distractor_vocab=2)]
+         dict(p=5, seq_len=4, n_informative=2), dict(p=5, seq_len=3, n_informative=3, distractor_vocab=2),
+         dict(model="perceptron", teacher_dim=6, teacher_alpha=1.5, teacher_test=10)]
 
 
 @pytest.mark.parametrize("task", TASKS.names())

@@ -317,10 +317,11 @@ def _check_members(cfgs: Sequence[RunConfig], datas: Sequence[TaskData]) -> None
 
 # ---------------------------------------------------------------------- entry points
 def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, force: bool = False,
-                   progress: bool = False, on_commit=None) -> list[Member]:
+                   progress: bool = False, on_commit=None, on_eval=None) -> list[Member]:
     """Train `cfgs` as one batched ensemble, member i into the trajectory file outs[i]. With
     force, an existing file is replaced only once its member's first checkpoint is committed
-    (the writer stages it, as `train --force`), so a failed start never loses a run."""
+    (the writer stages it, as `train --force`), so a failed start never loses a run.
+    `on_eval(member, row)` hears each member's evaluation rows (engine.run)."""
     if len(cfgs) != len(outs):
         raise BadInput("train_ensemble needs one output file per config")
     outs = [Path(o) for o in outs]
@@ -346,14 +347,15 @@ def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, for
                 m.writer.close("stopped: ensemble could not start")
         raise
     try:
-        return run(strategy, 0, fresh=True, on_commit=on_commit)
+        return run(strategy, 0, fresh=True, on_commit=on_commit, on_eval=on_eval)
     finally:
         for m in strategy.members:
             if m.writer is not None:
                 m.writer.close()  # idempotent; a staged member that never committed is deleted
 
 
-def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_commit=None) -> list[Member]:
+def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_commit=None,
+                    on_eval=None) -> list[Member]:
     """Continue interrupted members together; all must stop at the same checkpoint step."""
     paths = [Path(p) for p in paths]
     lasts = [recover(p) for p in paths]
@@ -374,7 +376,7 @@ def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_c
             if m.writer is not None:
                 m.writer.close("interrupted")
         raise
-    return run(strategy, last, fresh=False, on_commit=on_commit)
+    return run(strategy, last, fresh=False, on_commit=on_commit, on_eval=on_eval)
 
 
 __all__ = [

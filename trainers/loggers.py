@@ -1,8 +1,14 @@
 """Live curves while training: each evaluation row, as the trajectory file gets it, also sent to
-TensorBoard or Weights & Biases (`groklens train --log tensorboard:DIR --log wandb:PROJECT`).
+TensorBoard or Weights & Biases (`groklens train|sweep|reproduce --log tensorboard:DIR --log
+wandb:PROJECT`; a sweep's runs each log under their own name).
 
 The HDF5 file stays the record: a logger only mirrors the rows (every metric of the row, as a
-scalar named like its metric, at the row's step). Both packages are optional extras
+scalar at the row's step) and the run's config. Names nest by what they measure (`tag`):
+train_loss and test_loss are `loss/train` and `loss/test`, the accuracies `accuracy/train` and
+`accuracy/test`, the rest `stats/NAME` (weight_norm, lr, ...), so each pair shares a section;
+TensorBoard also gets a custom-scalars layout that draws each pair on one chart, the config as
+hparams (its HPARAMS tab, one row per run, the test accuracy and loss beside) and as text. Both
+packages are optional extras
 (`pip install 'groklens[tensorboard]'`, `'groklens[wandb]'`), imported when asked for, and a
 missing one, or a target that cannot work (check_targets), is a one-line error before the run
 file exists; a logger that fails mid-run is dropped with one warning line (Loggers). W&B runs offline unless the
@@ -12,6 +18,7 @@ offline run later.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -43,18 +50,45 @@ def _require(kind: str) -> None:
         raise BadInput(f"--log {kind} needs the {module} package: pip install 'groklens[{EXTRA[kind]}]'")
 
 
+SPLIT_NAMES = {"loss": "loss", "acc": "accuracy"}  # train_X / test_X -> NAME/train, NAME/test
+PAIRS = {name: [f"{name}/train", f"{name}/test"] for name in SPLIT_NAMES.values()}
+
+
+def tag(key: str) -> str:
+    """The logged name of a metric: `loss/train` for train_loss, `stats/lr` for lr (see above)."""
+    split, _, what = key.partition("_")
+    if split in ("train", "test") and what:
+        return f"{SPLIT_NAMES.get(what, what)}/{split}"
+    return f"stats/{key}"
+
+
+def hparam_value(value: Any) -> int | float | str | bool:
+    """A config value as TensorBoard's hparams take it (a number, a string or a bool)."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value)
+
+
 class TensorBoardLogger:
-    def __init__(self, log_dir: str, name: str):
+    def __init__(self, log_dir: str, name: str, config: dict[str, Any]):
         from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import custom_scalars, hparams
 
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(log_dir=str(Path(log_dir) / name))
+        # the config: the HPARAMS tab's row of this run (its metrics read from these tags), and as text
+        for summary in hparams({k: hparam_value(v) for k, v in config.items()},
+                               {t: None for t in ("accuracy/test", "loss/test")}):
+            self.writer.file_writer.add_summary(summary)
+        self.writer.add_text("config", "\n".join(f"    {k}: {json.dumps(v)}" for k, v in config.items()))
+        self.writer.file_writer.add_summary(custom_scalars(
+            {"groklens": {name: ["Multiline", tags] for name, tags in PAIRS.items()}}))
 
     def log(self, row: dict[str, Any]) -> None:
         step = int(row["step"])
         for key, value in row.items():
             if key != "step" and _finite(value):
-                self.writer.add_scalar(key, float(value), step)
+                self.writer.add_scalar(tag(key), float(value), step)
         self.writer.flush()  # a curve that shows up as it is trained
 
     def close(self) -> None:
@@ -69,7 +103,7 @@ class WandbLogger:
                               mode=os.environ.get("WANDB_MODE", "offline"), reinit="create_new")
 
     def log(self, row: dict[str, Any]) -> None:
-        self.run.log({k: float(v) for k, v in row.items() if k != "step" and _finite(v)}, step=int(row["step"]))
+        self.run.log({tag(k): float(v) for k, v in row.items() if k != "step" and _finite(v)}, step=int(row["step"]))
 
     def close(self) -> None:
         self.run.finish()
@@ -170,10 +204,33 @@ def open_loggers(specs: list[tuple[str, str]], run_path: str | Path, config: dic
     for kind, target in specs:
         label = f"{kind}:{target}"
         try:
-            item = TensorBoardLogger(target, name) if kind == "tensorboard" else WandbLogger(target, name, config)
+            logger = TensorBoardLogger if kind == "tensorboard" else WandbLogger
+            item = logger(target, name, config)
         except Exception as exc:  # noqa: BLE001 - what check_targets could not foresee (a lost connection)
             out.report(label, exc, None)
             continue
         out.items.append(item)
         out.labels.append(label)
     return out
+
+
+class MemberLoggers:
+    """The loggers of several runs trained by one process (a sweep's task: a run, or the members
+    of an ensemble): `on_eval(member, row)` is the engine's callback, opening each member's
+    loggers at its first row (named by its file, its config the member's); `close()` ends them."""
+
+    def __init__(self, specs: list[tuple[str, str]], warn=None):
+        self.specs, self.warn, self.open = specs, warn, {}
+
+    def on_eval(self, member, row: dict[str, Any]) -> None:
+        self.log(member.path, member.cfg, row)
+
+    def log(self, path: Path, cfg, row: dict[str, Any]) -> None:
+        """One evaluation row of the run written to `path` with config `cfg` (a RunConfig)."""
+        if path not in self.open:
+            self.open[path] = open_loggers(self.specs, path, cfg.to_dict(), self.warn)
+        self.open[path].log(row)
+
+    def close(self) -> None:
+        for item in self.open.values():
+            item.close()

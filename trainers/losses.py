@@ -1,5 +1,5 @@
 """The task losses of training and of every analysis, in float64 but for ce_float32 (docs/VARIANTS.md
-`loss`): the registry of per-position losses (`LOSSES`: ce, stablemax, ce_float32) and `task_loss`,
+`loss`): the registry of per-position losses (`LOSSES`: ce, stablemax, ce_float32, perceptron) and `task_loss`,
 which reads one at the readout position or over a task's K answer positions.
 """
 
@@ -50,14 +50,30 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reductio
     reduction "mean" | "sum" | "none", as F.cross_entropy."""
     s = stablemax_s(logits.to(torch.float64))
     logp = s.log() - s.sum(-1, keepdim=True).log()
-    nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
+    return _reduce(-logp.gather(-1, labels[:, None]).squeeze(-1), reduction)
+
+
+def _reduce(per_input: torch.Tensor, reduction: str) -> torch.Tensor:
+    """F.cross_entropy's reductions of per-input losses: mean | sum | none."""
     if reduction == "mean":
-        return nll.mean()
+        return per_input.mean()
     if reduction == "sum":
-        return nll.sum()
+        return per_input.sum()
     if reduction == "none":
-        return nll
+        return per_input
     raise ValueError(f"reduction must be mean, sum or none; got {reduction!r}")
+
+
+@LOSSES.register("perceptron")
+def perceptron_criterion(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Rosenblatt's perceptron criterion, max(0, max_{c != label} x_c - x_label), in float64: 0 for
+    an input already classified right, so gradient descent on it updates on the errors only (the
+    perceptron rule, with two classes and logits (0, h): max(0, -y h), y = +-1). Reductions as
+    F.cross_entropy."""
+    x = logits.to(torch.float64)
+    own = x.gather(-1, labels[:, None]).squeeze(-1)
+    other = x.scatter(-1, labels[:, None], float("-inf")).amax(-1)
+    return _reduce((other - own).clamp(min=0), reduction)
 
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce", reduction: str = "mean") -> torch.Tensor:
@@ -83,6 +99,6 @@ def task_loss_at_readout(logits: torch.Tensor, labels: torch.Tensor, data: "Task
     return task_loss(out, labels, loss, reduction=reduction)
 
 
-__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "stablemax", "stablemax_cross_entropy",
-           "stablemax_s", "task_loss",
+__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "perceptron_criterion", "stablemax",
+           "stablemax_cross_entropy", "stablemax_s", "task_loss",
            "task_loss_at_readout"]

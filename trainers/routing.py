@@ -3,7 +3,9 @@
 M copies of one model train together, each a `single.Lane` (its own module, AdamW,
 regularizers and batch order). The parameters are split into routing units (`units`:
 the embedding, each hidden layer or block, the unembedding; with routing_unit=sublayer a
-block's attention and MLP apart). At every step and for every unit u a permutation pi_u of
+block's attention and MLP apart; with routing_unit=weight every scalar weight, the M-cover of
+each weight variable: the perceptron's and committee machine's only meaningful unit, since
+their one layer routed whole is a whole copy). At every step and for every unit u a permutation pi_u of
 the copies is drawn from the kernel Q; routed model r is built from unit u of copy pi_u(r),
 for every u, and trained on slot r's batch:
 
@@ -28,6 +30,14 @@ row) and the ensemble (`ensemble.*`: the mean of the copies' softmax probabiliti
 = its argmax, loss = -log of its probability of the label). The plain columns (`test_acc`, ...)
 are copy 0's, so a routed file read as a single run describes copy 0. The stop rule waits
 until every copy has grokked (`engine.stop_accuracy`).
+
+Elastic SGD (elastic_gamma > 0; with the identity kernel, the coupled baseline of the paper's
+comparison): after the backward pass every copy is pulled toward the copies' mean,
+w_m <- w_m - lr_t gamma (w_m - mean_c w_c), then takes its AdamW step with the gradient of its
+loss. Ours: the centre is the copies' mean (replicated SGD's barycentre; Elastic Averaging SGD
+keeps a centre variable of its own), and the pull is decoupled from the adaptive step, as AdamW
+decouples weight decay (a pull toward 0), so it stays proportional to the distance (through
+Adam's normalization it would not be).
 """
 
 from __future__ import annotations
@@ -40,8 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from groklens.config import RunConfig
-from groklens.trainers.engine import Member, Strategy, nonfinite_reason, resolve_device
+from groklens.config import TEACHER_MODELS, RunConfig
+from groklens.trainers.engine import Member, Strategy, nonfinite_reason, resolve_device, warmup_factor
 from groklens.trainers.models import build_model
 from groklens.trainers.regularizers import Batch
 from groklens.trainers.evaluation import split_columns
@@ -105,12 +115,16 @@ _UNIT_RULES = {
         (r"^layers\.(\d+)\.", lambda m: f"layers.{m.group(1)}"),
         (r"^unembed\.", lambda m: "unembed"),
     ],
+    **{(model, "layer"): [(r"^W$", lambda m: "W")] for model in TEACHER_MODELS},
 }
 
 
 def routing_units(model: str, unit: str, param_names: list[str]) -> list[tuple[str, list[str]]]:
     """[(unit name, its parameter names)] in model order. Every parameter belongs to one unit: a
-    parameter no rule knows (a new sub-module) is an error, never silently left unrouted."""
+    parameter no rule knows (a new sub-module) is an error, never silently left unrouted. With
+    unit=weight each parameter is its own entry, routed element by element (`RoutedRun`)."""
+    if unit == "weight":
+        return [(name, [name]) for name in param_names]
     units: dict[str, list[str]] = {}
     for name in param_names:
         for pattern, key in _UNIT_RULES[(model, unit)]:
@@ -144,8 +158,12 @@ class RoutedRun(Strategy):
         self.lanes = [Lane(cfg, data, self.t, build_model(cfg, data, seed=cfg.seed + m), cfg.seed + m)
                       for m in range(cfg.routing_copies)]
         self.units = routing_units(cfg.model, cfg.routing_unit, list(self.lanes[0].params))
+        # routing_unit=weight: every element of every parameter is a unit (one permutation each)
+        self.elementwise = cfg.routing_unit == "weight"
+        self.n_draws = (sum(p.numel() for p in self.lanes[0].params.values()) if self.elementwise
+                        else len(self.units))
         self.sampler = RouteSampler(cfg.routing_copies, cfg.routing_width, route_seed(cfg))
-        self.routing: torch.Tensor | None = None  # the last step's permutations [n_units, M]
+        self.routing: torch.Tensor | None = None  # the last step's permutations [n_draws, M]
         self.members = [Member(cfg, data, Path(path))]
         if writer_factory is not None:
             self.members[0].writer = writer_factory(self)
@@ -160,29 +178,46 @@ class RoutedRun(Strategy):
         return [lane.params for lane in self.lanes]
 
     # ------------------------------------------------------------------ routed forward
-    def routed_params(self, perms: torch.Tensor, r: int) -> dict[str, torch.Tensor]:
-        """Routed model r: unit u's parameters from copy perms[u, r]."""
-        out = {}
-        for u, (_, names) in enumerate(self.units):
-            source = self.lanes[int(perms[u, r])].params
-            out.update({n: source[n] for n in names})
+    def routed_params(self, perms: torch.Tensor, r: int,
+                      stacks: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Routed model r: unit u's parameters from copy perms[u, r]; with routing_unit=weight,
+        element i of a parameter from copy perms[i, r] (i counted over the parameters in order),
+        gathered from `stacks` ({name: [M, *shape]}, `copy_stacks`)."""
+        if not self.elementwise:
+            out = {}
+            for u, (_, names) in enumerate(self.units):
+                source = self.lanes[int(perms[u, r])].params
+                out.update({n: source[n] for n in names})
+            return out
+        stacks = self.copy_stacks() if stacks is None else stacks
+        out, start = {}, 0
+        for name, stack in stacks.items():
+            shape = stack.shape[1:]
+            which = perms[start:start + shape.numel(), r].to(stack.device).reshape(1, *shape)
+            out[name] = stack.gather(0, which)[0]  # gradients flow back to each copy's elements
+            start += shape.numel()
         return out
+
+    def copy_stacks(self) -> dict[str, torch.Tensor]:
+        """Every parameter stacked over the copies, {name: [M, *shape]} (differentiable)."""
+        return {n: torch.stack([lane.params[n] for lane in self.lanes]) for n in self.lanes[0].params}
 
     def routed_objectives(self, perms: torch.Tensor, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each routed model's task loss and objective on its slot's batch (draws the slots'
         mini-batches). Lane 0's module is the template every routed model runs through."""
         template = self.lanes[0]
+        stacks = self.copy_stacks() if self.elementwise else None
         losses, objectives = [], []
         for r in range(self.copies):
             x, y, mask = self.t.batch(self.cfg, self.lanes[r].batch_gen, step)
-            logits = self.t.readout(template.forward(x, self.routed_params(perms, r)))
+            logits = self.t.readout(template.forward(x, self.routed_params(perms, r, stacks)))
             loss, objective = template.objective(logits, y, Batch(x, mask, self.t.positions), step)
             losses.append(loss)
             objectives.append(objective)
         return losses, objectives
 
     def train_step(self, step: int) -> list[tuple[Member, str]]:
-        perms = self.sampler.sample(len(self.units))
+        perms = self.sampler.sample(self.n_draws)
         self.routing = perms
         objectives = torch.stack(self.routed_objectives(perms, step)[1])
         for lane in self.lanes:
@@ -198,9 +233,23 @@ class RoutedRun(Strategy):
         for lane, g in zip(self.lanes, host[1]):
             lane.grad_norm = float(g)
         self.members[0].grad_norm = self.lanes[0].grad_norm
+        if self.cfg.elastic_gamma:
+            self.elastic_pull(step)
         for lane, g in zip(self.lanes, grads):
             lane.step(step, g)
         return []
+
+    @torch.no_grad()
+    def elastic_pull(self, step: int) -> None:
+        """Elastic SGD's coupling: every copy moves toward the copies' mean by lr_t * gamma of its
+        distance, w_m <- w_m - lr_t gamma (w_m - mean_c w_c) (lr_t: the step's learning rate after
+        warm-up), all from the parameters before the pull."""
+        rate = self.cfg.lr * warmup_factor(self.cfg, step) * self.cfg.elastic_gamma
+        for name in self.lanes[0].params:
+            params = [lane.params[name] for lane in self.lanes]
+            centre = torch.stack(params).mean(0)
+            for p in params:
+                p.add_(centre - p, alpha=rate)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

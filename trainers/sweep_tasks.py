@@ -2,11 +2,13 @@
 ensemble of runs that can share one batched loop), `execute_task` runs one task in a worker.
 
 A task is a plain dict, so every executor can pickle it:
-{"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int, "cost": float}.
+{"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int, "cost": float}, and
+"log" when the sweep mirrors its runs' rows to TensorBoard / W&B (`--log`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -20,6 +22,7 @@ from groklens.trainers.sweep_files import (
     run_path,
     run_state,
 )
+from groklens.trainers.loggers import MemberLoggers
 from groklens.trainers.sweep_grid import RunSpec
 from groklens.errors import BadInput
 from groklens.tasks import TASKS
@@ -53,14 +56,15 @@ def check_buildable(runs: Sequence[RunSpec]) -> None:
             raise BadInput(f"run {r.name}: {exc}") from None
 
 
-def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemble_size: int,
-               workers: int, threads: int, cost: Callable[[RunConfig], float] | None = None
+def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool | Callable[[RunConfig], str | None],
+               ensemble_size: int, workers: int, threads: int, cost: Callable[[RunConfig], float] | None = None
                ) -> tuple[list[dict], dict[str, str]]:
     """Tasks for an executor: one per run, or ensembles of runs sharing `ensemble_key`, sized
     by `cost` (seconds a run takes; default its step count) so that the workers finish together
-    (`balanced_chunks`), the costliest task first. Each task carries its `cost`.
+    (`balanced_chunks`), the costliest task first. Each task carries its `cost`. `ensemble` may
+    be a rule: cfg -> None where its runs should join an ensemble, else why they train alone.
 
-    Returns (tasks, fallback) where fallback maps runs that cannot join an ensemble to why.
+    Returns (tasks, fallback) where fallback maps runs that train alone to why.
     """
     cost = cost or (lambda cfg: float(cfg.steps))
 
@@ -79,10 +83,11 @@ def plan_tasks(runs: Sequence[RunSpec], out_dir: Path, *, ensemble: bool, ensemb
     singles: list[RunSpec] = []
     fallback: dict[str, str] = {}
     for r in runs:
-        key = ensemble_key(r.config)
+        alone = None if ensemble is True else ensemble(r.config)
+        key = ensemble_key(r.config) if alone is None else None
         if key is None:
             singles.append(r)
-            fallback[r.name] = unsupported_reason(r.config) or "not supported"
+            fallback[r.name] = alone or unsupported_reason(r.config) or "not supported"
         else:
             groups.setdefault(key, []).append(r)
     chunks = balanced_chunks([[(r, cost(r.config)) for r in g] for g in groups.values()],
@@ -121,7 +126,8 @@ def balanced_chunks(groups: list[list[tuple[RunSpec, float]]], singles: list[flo
 def execute_task(task: dict) -> list[dict]:
     """Run one task (a single run, or an ensemble of runs) in this process.
 
-    `task` = {"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int, "cost": float}.
+    `task` = {"runs": [{"name", "config", "path"}, ...], "ensemble": bool, "threads": int, "cost": float,
+    "log": [[kind, target], ...] (optional: `--log`, each run under its name)}.
     Returns one outcome per run: {"name", "state": done|failed|running, "detail"}. Errors are
     written to the run's error file here, so they survive a lost coordinator.
     """
@@ -131,17 +137,25 @@ def execute_task(task: dict) -> list[dict]:
     if threads > 0:
         torch.set_num_threads(threads)
     runs = task["runs"]
-    if task.get("ensemble") and len(runs) > 1:
-        return _execute_ensemble(runs)
-    return [_execute_single(r) for r in runs]
+    logs = MemberLoggers([tuple(s) for s in task.get("log") or ()], _warn)
+    try:
+        if task.get("ensemble") and len(runs) > 1:
+            return _execute_ensemble(runs, logs)
+        return [_execute_single(r, logs) for r in runs]
+    finally:
+        logs.close()
 
 
-def _execute_single(run: dict) -> dict:
+def _warn(line: str) -> None:
+    print(f"groklens: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _execute_single(run: dict, logs) -> dict:
     name, path = run["name"], Path(run["path"])
     with claim_run(path.parent, name) as mine:
         if not mine:
             return {"name": name, "state": "running", "detail": "trained by another sweep"}
-        return _execute_claimed(run)
+        return _execute_claimed(run, logs)
 
 
 def _state_for_retry(path: Path, name: str) -> tuple[str, str]:
@@ -154,12 +168,13 @@ def _state_for_retry(path: Path, name: str) -> tuple[str, str]:
     return state, detail
 
 
-def _execute_claimed(run: dict) -> dict:
+def _execute_claimed(run: dict, logs) -> dict:
     from groklens.trainers import train as training
 
     name, path = run["name"], Path(run["path"])
     try:
         cfg = RunConfig.from_dict(run["config"])
+        on_eval = (lambda row: logs.log(path, cfg, row)) if logs.specs else None
         state, detail = _state_for_retry(path, name)
         if state == "done":
             return {"name": name, "state": "done", "detail": detail}
@@ -169,34 +184,34 @@ def _execute_claimed(run: dict) -> dict:
             return {"name": name, "state": "failed", "detail": detail}
         if state == "interrupted":
             check_same_config(path, cfg)
-            result = training.resume(path, progress=False)
+            result = training.resume(path, progress=False, on_eval=on_eval)
             if result.status == "already complete":
                 _mark_complete(path)
         else:
-            result = training.train(cfg, path, force=True, progress=False)
+            result = training.train(cfg, path, force=True, progress=False, on_eval=on_eval)
         return {"name": name, "state": "done", "detail": f"step {result.last_step}"}
     except Exception as exc:  # noqa: BLE001 - recorded; Ctrl-C and SystemExit (a requeue) go through
         return record_failure(path, name, exc)
 
 
-def _execute_ensemble(runs: list[dict]) -> list[dict]:
+def _execute_ensemble(runs: list[dict], logs) -> list[dict]:
     with ExitStack() as stack:
         mine = [r for r in runs if stack.enter_context(claim_run(Path(r["path"]).parent, r["name"]))]
         outcomes = {r["name"]: {"name": r["name"], "state": "running", "detail": "trained by another sweep"}
                     for r in runs if r not in mine}
-        outcomes.update({o["name"]: o for o in _execute_ensemble_claimed(mine)} if mine else {})
+        outcomes.update({o["name"]: o for o in _execute_ensemble_claimed(mine, logs)} if mine else {})
     return [outcomes[r["name"]] for r in runs]
 
 
-def _execute_ensemble_claimed(runs: list[dict]) -> list[dict]:
+def _execute_ensemble_claimed(runs: list[dict], logs) -> list[dict]:
     outcomes, groups = _sort_members(runs)
     for kind, group in groups:
         if not group:
             continue
         if len(group) == 1:  # one member: the ordinary loop is the same computation
-            outcomes[group[0]["name"]] = _execute_claimed(group[0])
+            outcomes[group[0]["name"]] = _execute_claimed(group[0], logs)
         else:
-            outcomes.update(_train_together(kind, group))
+            outcomes.update(_train_together(kind, group, logs))
     return [outcomes[r["name"]] for r in runs]
 
 
@@ -231,16 +246,18 @@ def _sort_members(runs: list[dict]) -> tuple[dict[str, dict], list[tuple[str, li
     return outcomes, [("fresh", fresh)] + [("resume", g) for g in by_step.values()]
 
 
-def _train_together(kind: str, group: list[dict]) -> dict[str, dict]:
+def _train_together(kind: str, group: list[dict], logs) -> dict[str, dict]:
     """Train (kind "fresh") or resume (kind "resume") `group` as one ensemble; an outcome per member."""
     from groklens.trainers.ensemble import resume_ensemble, train_ensemble
 
     paths = [Path(r["path"]) for r in group]
+    on_eval = logs.on_eval if logs.specs else None
     try:
         if kind == "fresh":
-            results = train_ensemble([RunConfig.from_dict(r["config"]) for r in group], paths, force=True)
+            results = train_ensemble([RunConfig.from_dict(r["config"]) for r in group], paths, force=True,
+                                     on_eval=on_eval)
         else:
-            results = resume_ensemble(paths)
+            results = resume_ensemble(paths, on_eval=on_eval)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - the whole ensemble failed: every member records it

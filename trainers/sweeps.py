@@ -71,6 +71,7 @@ from groklens.trainers.sweep_files import (
 )
 from groklens.trainers.sweep_grid import RunSpec, Sweep, load_sweep, parse_sweep, run_name
 from groklens.trainers.sweep_tasks import check_buildable, execute_task, plan_tasks
+from groklens.trainers import loggers
 from groklens.fileio import check_writable_dir
 
 
@@ -90,12 +91,15 @@ class SweepReport:
 
 
 def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor: str | Executor = "local",
-              workers: int | None = None, ensemble: bool = False, ensemble_size: int = 64,
+              workers: int | None = None, ensemble: bool | Callable[[Any], str | None] = False, ensemble_size: int = 64,
               address: str | None = None, gpus_per_run: float | None = None, retry_failed: bool = False,
               threads: int = 1, progress: bool = True, slurm: dict[str, Any] | None = None,
-              cost: Callable[[Any], float] | None = None) -> SweepReport:
+              cost: Callable[[Any], float] | None = None, log: Sequence[str] = ()) -> SweepReport:
     """Run every unfinished run of `sweep` into `out_dir`; see the module docstring. `cost`:
     the seconds a run's config takes, which sizes the ensembles (plan_tasks; default: its steps).
+    `ensemble`: True, or a rule cfg -> None (joins an ensemble) or why the run trains alone.
+    `log`: `--log` specs (tensorboard:DIR, wandb:PROJECT): every run trained mirrors its rows
+    there under its own name (trainers/loggers.py), checked before anything is written.
 
     `threads` is torch's intra-op thread count in each task. One is the default: small models
     gain little from more, and on a busy machine OpenMP threads that wait for each other's
@@ -106,6 +110,9 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
         raise BadInput(f"ensemble size must be >= 1; got {ensemble_size}")
     check_threads(threads, executor)
     check_buildable(runs)  # every run's config builds its run, before anything is written
+    specs = loggers.check_specs(log)
+    for r in runs:
+        loggers.check_targets(specs, run_path(Path(out_dir), r.name))
     ex = make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
     ex.check()  # Ray or submitit missing, a bad option, a silent --address: before sweep.json
     out_dir = _make_out_dir(Path(out_dir))
@@ -115,6 +122,8 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
     tasks, report.single_fallback = plan_tasks(todo, out_dir, ensemble=ensemble, ensemble_size=ensemble_size,
                                                workers=n_workers, threads=threads, cost=cost)
     report.ensembles = sum(1 for t in tasks if t["ensemble"])
+    for t in tasks:
+        t["log"] = [list(s) for s in specs]
     if tasks:
         _execute(ex, tasks, report, total=len(runs), progress=progress)
     return report

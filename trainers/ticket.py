@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from groklens.checkpoints import Trajectory
 from groklens.config import first_sustained
 from groklens.errors import BadInput
 
@@ -66,6 +65,8 @@ def readout_pattern(model, data, batch_size: int = 4096) -> np.ndarray:
 
 def transferred_mask(cfg: RunConfig, out: str | Path) -> str:
     """attn_mask of a run of `cfg` to be written at `out`, from its donor's readout attention."""
+    from groklens.checkpoints import Trajectory
+
     path = donor_path(cfg, out)
     if not path.exists():
         raise BadInput(f"attn_mask_from={cfg.attn_mask_from!r}: the donor run {path} does not exist (it must "

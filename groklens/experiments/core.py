@@ -238,9 +238,22 @@ class Experiment:
     # (run file, scale) -> JSON values read from the whole run (curves, not phase values), computed
     # when the run is recorded and kept in its ledger entry (LedgerRun.run_values)
     run_values: Callable[[Path, Scale], dict[str, Any]] | None = None
+    own_out: str | None = None  # the directory a command of its own writes to by default (`groklens demo`)
+    # figures drawn from the ledger's runs (the rows' context) into its out_dir; returns their paths
+    figures: Callable[[Context], list[Path]] | None = None
 
     def seeds_default(self, scale: str) -> int:
         return (self.seeds or DEFAULT_SEEDS)[scale]
+
+    def default_outs(self, scale: str) -> list[Path]:
+        """The output directories its commands write to when given no --out, relative to the
+        working directory: `reproduce`'s, and its own command's."""
+        return [default_out(self.name, scale)] + ([Path(self.own_out)] if self.own_out else [])
+
+
+def default_out(name: str, scale: str) -> Path:
+    """`reproduce NAME --scale SCALE`'s output directory when given no --out."""
+    return Path(f"reproduce-{name}-{scale}")
 
 
 @dataclass

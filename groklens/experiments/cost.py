@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groklens.config import FIELD_FACTS
 from groklens.experiments.layout import step_flops
 
 # a run that stops after grokking is costed to this many times its expected grokking step
@@ -48,12 +49,9 @@ EVAL_SAMPLE = 256
 CPU_FLOPS = 3.0e10
 STEP_OVERHEAD_S = 1.5e-2
 
-# fields that change no step's work (what an optimizer step multiplies by, the schedule and the stop
-# rule, where the run runs): configs equal but for these share one measurement
-NOT_COSTED = frozenset((
-    "seed", "data_seed", "lr", "weight_decay", "betas", "warmup_steps", "steps", "eval_every", "checkpoint_every",
-    "log_checkpoints", "grok_threshold", "grok_evals", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device",
-    "compile", "init", "init_scheme", "attn_mask_from"))
+# fields that change no step's work, declared costed=False (groklens/config.py): configs equal but
+# for these share one measurement
+NOT_COSTED = frozenset(n for n, f in FIELD_FACTS.items() if not f.costed)
 
 CACHE_ENV = "GROKLENS_CACHE_DIR"
 CACHE_FORMAT = 1
@@ -96,13 +94,14 @@ def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS,
     import torch
 
     from groklens.tasks import TASKS
-    from groklens.trainers.single import SingleRun
+    from groklens.trainers.train import strategy_class
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run = SingleRun(cfg.replace(device="cpu"), TASKS.get(cfg.task).build(cfg))
-        if not table and hasattr(run.model, "embedding_table"):
+        cpu = cfg.replace(device="cpu")
+        run = strategy_class(cpu)(cpu, TASKS.get(cfg.task).build(cfg))  # a routed run's step is its M copies'
+        if not table and hasattr(run, "lane") and hasattr(run.model, "embedding_table"):
             run.model.embedding_table = False
         run.train_step(0)
         times: list[float] = []
@@ -125,10 +124,11 @@ def _eval_seconds(run: Any) -> float:
         t0 = time.process_time()
         run.evaluate(1)
         return time.process_time() - t0
+    lanes = getattr(run, "lanes", None) or [run.lane]  # a routed run evaluates each of its copies
     with torch.no_grad():
         t0 = time.process_time()
-        run.lane.forward(run.t.inputs[:EVAL_SAMPLE], capture=False)
-        return (time.process_time() - t0) * n / EVAL_SAMPLE
+        lanes[0].forward(run.t.inputs[:EVAL_SAMPLE], capture=False)
+        return (time.process_time() - t0) * n / EVAL_SAMPLE * len(lanes)
 
 
 def flop_rates(cfg: Any) -> Rates:
@@ -312,6 +312,15 @@ def cost_runs(runs: Iterable[tuple[str, Any]], expect: Callable[[str], int | Non
         stop, basis = expected_stop(cfg, expect(variant), last_steps.get(variant, []))
         out.append(RunCost(variant, run_seconds(cfg, r, stop), run_seconds(cfg, r, cfg.steps), stop, basis, r.basis))
     return out
+
+
+def cap_cost(cfgs: Iterable[Any], echo: Callable[[str], None] | None = None,
+             measure: bool = True) -> Callable[[Any], float]:
+    """cost(cfg) -> CPU seconds of cfg to its step cap, from step times measured here on one
+    thread (`rates_for`, cached; measure=False: the FLOP model), for sizing a sweep's ensembles
+    and ordering its tasks (the costliest first: `sweep --ensemble`, and `reproduce`)."""
+    rates = rates_for(cfgs, measure=measure, echo=echo)
+    return lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps)
 
 
 def echo_stderr(text: str) -> None:

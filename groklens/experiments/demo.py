@@ -48,6 +48,7 @@ SOURCE = "the demo (no published number)"
 
 
 SEEDS = {"quick": 3, "paper": 3, "smoke": 2}
+DEFAULT_OUT = "demo-out"  # `groklens demo`'s output directory (ignored by git: .gitignore)
 
 
 def demo_scale(base: dict[str, Any], note: str, analyze_every: int, sparse: list[tuple[str, dict[str, Any]]],
@@ -90,7 +91,10 @@ def _analyses(sc: Scale, scale: str) -> list[tuple[str, dict[str, Any], str]]:
     from groklens.analyses.registry import default_requests
 
     every, sparse_every = sc.extra["analyze_every"], sc.extra["sparse_every"]
+    # and the fourier curves on the last checkpoint's key set, which the report's progress-measures
+    # figure reads (Nanda's fixed key set; without it the figure says it has none)
     return ([(n, p, f"every:{every}+phases") for n, p in default_requests(ANALYSES_USED, cheap=True)]
+            + [("fourier", {"key_frequencies": "last"}, f"every:{every}+phases")]
             + [(n, p, f"every:{sparse_every}+phases") for n, p in sc.extra["sparse_analyses"]])
 
 
@@ -106,11 +110,10 @@ register(Experiment(
     "demo",
     "the demo: a standard, a bounded-sphere, a uniform-attention and an activation-norm transformer on one "
     "modular-addition task (no published numbers)",
-    SCALES, _plan, _read, _analyses, seeds=SEEDS, published=False))
+    SCALES, _plan, _read, _analyses, seeds=SEEDS, published=False, own_out=DEFAULT_OUT))
 
 
 # ---------------------------------------------------------------------- `groklens demo`
-DEFAULT_OUT = "demo-out"  # ignored by git (.gitignore)
 RENAMED_SCALES = {"laptop": "quick"}  # old spelling -> name: refused with a hint
 
 

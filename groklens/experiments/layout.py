@@ -23,7 +23,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from groklens.config import TEACHER_MODELS
+
 MEASURE_STEPS = 3  # timed steps per thread count (after one warm-up step)
+# On a CPU a vmapped ensemble pays where a run's step is overhead-bound, not where it is
+# compute-bound. Measured on this project's 2-core CPU (docs/PERFORMANCE.md, 2026-12-05), process
+# CPU time of 24 members against the same 24 single runs: 1.17x the throughput at a 3.5 ms step
+# (the scaling-law paper cell at width 64), 0.86x at a 33 ms step (width 512); 1.6-2.4x at 1.3 ms
+# (docs/SWEEPS.md). `reproduce` trains a CPU run whose step (timed here, one thread) is longer
+# than this alone.
+ENSEMBLE_CPU_MAX_STEP_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -67,12 +76,13 @@ def measure_step_seconds(cfg: Any, threads: int, steps: int = MEASURE_STEPS) -> 
     import torch
 
     from groklens.tasks import TASKS
-    from groklens.trainers.single import SingleRun
+    from groklens.trainers.train import strategy_class
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        run = SingleRun(cfg.replace(device="cpu"), TASKS.get(cfg.task).build(cfg))
+        cpu = cfg.replace(device="cpu")
+        run = strategy_class(cpu)(cpu, TASKS.get(cfg.task).build(cfg))
         run.train_step(0)
         times = []
         for step in range(1, steps + 1):
@@ -85,25 +95,30 @@ def measure_step_seconds(cfg: Any, threads: int, steps: int = MEASURE_STEPS) -> 
 
 
 @functools.lru_cache(maxsize=512)
-def _task_shape(cfg_json: str) -> tuple[int, int, int]:
-    """(all inputs, sequence length, output vocabulary) of a config's task, from the task registry
-    (the task's own grid and vocabulary: no task sizes are hard-coded here)."""
+def _task_shape(cfg_json: str) -> tuple[int, int, int, int]:
+    """(all inputs, training inputs, sequence length, output vocabulary) of a config's task, from
+    the task registry (the task's own grid, split and vocabulary: no task sizes are hard-coded here)."""
     from groklens.config import RunConfig
     from groklens.tasks import TASKS
 
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     task = TASKS.get(cfg.task)
     inputs, labels, *_ = task.grid(cfg)
-    return int(len(labels)), int(inputs.shape[1]), int(task.vocab(cfg)[1])
+    n_train = len(task.draw_split(cfg, len(labels))[0])
+    return int(len(labels)), n_train, int(inputs.shape[1]), int(task.vocab(cfg)[1])
 
 
 def step_flops(cfg) -> tuple[float, float]:
     """(FLOPs of one training step, FLOPs of one evaluation) of cfg: 6 x (multiply-add weights
-    per token) x tokens for training (forward + backward), 2 x for the evaluation forward pass."""
+    per token) x tokens for training (forward + backward), 2 x for the evaluation forward pass;
+    a routed run's M copies each take both."""
     data = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "lr", "weight_decay", "steps")}
-    n_all, ctx, vocab_out = _task_shape(json.dumps(data, sort_keys=True))
-    n_train = max(1, round(cfg.train_frac * n_all))
+    n_all, n_train, ctx, vocab_out = _task_shape(json.dumps(data, sort_keys=True))
     batch = cfg.batch_size if cfg.batch_size and cfg.batch_size < n_train else n_train
+    copies = cfg.routing_copies
+    if cfg.model in TEACHER_MODELS:  # one example vector of teacher_dim per input, K hidden units
+        per = cfg.teacher_dim * (cfg.d_mlp if cfg.model == "committee" else 1)
+        return 6.0 * per * batch * copies, 2.0 * per * n_all * copies
     if cfg.model == "mlp":
         d_in = (ctx - 1) * cfg.d_model
         per = d_in * cfg.d_mlp + (cfg.n_layers - 1) * cfg.d_mlp ** 2 + cfg.d_mlp * vocab_out
@@ -112,7 +127,7 @@ def step_flops(cfg) -> tuple[float, float]:
         h = cfg.n_heads * cfg.d_head
         per = cfg.n_layers * (4 * cfg.d_model * h + 2 * cfg.d_model * cfg.d_mlp + 2 * ctx * h) + cfg.d_model * vocab_out
         tokens_train, tokens_eval = batch * ctx, n_all * ctx
-    return 6.0 * per * tokens_train, 2.0 * per * tokens_eval
+    return 6.0 * per * tokens_train * copies, 2.0 * per * tokens_eval * copies
 
 
 def plan_layout(cfgs: Sequence[Any], cores: int,
@@ -128,6 +143,21 @@ def plan_layout(cfgs: Sequence[Any], cores: int,
     costliest = max(cfgs, key=lambda c: step_flops(c)[0])
     threads = sorted({t for _, t in candidates(n, cores)})
     return choose_layout(n, cores, {t: measure(costliest, t) for t in threads})
+
+
+def ensemble_rule(step_seconds: Callable[[Any], float | None]) -> Callable[[Any], str | None]:
+    """`run_sweep`'s ensemble rule for reproduce: None (join an ensemble) for a run on a GPU, or
+    whose step takes at most ENSEMBLE_CPU_MAX_STEP_S on one CPU thread as timed here
+    (`step_seconds`; None where it was not timed: it joins), else why it trains alone."""
+    def rule(cfg) -> str | None:
+        if _on_gpu([cfg]) or getattr(cfg, "device", "cpu") not in ("cpu", "auto"):
+            return None
+        step = step_seconds(cfg)
+        if step is None or step <= ENSEMBLE_CPU_MAX_STEP_S:
+            return None
+        return (f"a {step * 1e3:.3g} ms step on one CPU thread: compute-bound, where an ensemble does not pay "
+                f"(over {ENSEMBLE_CPU_MAX_STEP_S * 1e3:g} ms)")
+    return rule
 
 
 def _on_gpu(cfgs: Sequence[Any]) -> bool:

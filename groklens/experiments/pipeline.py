@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,8 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
+    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, default_out, LEDGER_DIR, RESULTS_BEGIN,
+    RESULTS_END, Result,
     SCALES, Scale)
 
 
@@ -52,9 +53,13 @@ FITS_RUN_S = 4 * 3600  # a scale fits this CPU when no run takes longer on one c
 FITS_TOTAL_S = 72 * 3600  # ... and all its runs (default seeds) take at most this wall time on this CPU's cores
 
 
-def _ledger_dirs(extra: str | Path | None = None) -> list[Path]:
+def _ledger_dirs(extra: str | Path | None = None, local: Sequence[Path] = ()) -> list[Path]:
+    """The committed ledgers (docs/results of a checkout), `extra` (--ledger), and the ledgers of
+    `local` output directories where they exist; each directory once."""
     dirs = [LEDGER_DIR] if LEDGER_DIR.is_dir() else []
-    return dirs + ([Path(extra)] if extra is not None else [])
+    dirs += [Path(extra)] if extra is not None else []
+    dirs += [d / "ledger" for d in local if (d / "ledger").is_dir()]
+    return list({d.resolve(): d for d in dirs}.values())
 
 
 def _last_steps(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -77,12 +82,12 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
             echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every experiment with its runs, their estimated CPU-core time (to the expected stop, and
     to the step cap), the time per run measured where one ran (the ledgers: docs/results/ of a
-    checkout, and `ledger_dir`: CPU time where recorded, else wall time), and whether it fits
-    this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
+    checkout, `ledger_dir`, and those of the experiment's default output directories here, such
+    as ./demo-out after `groklens demo`: CPU time where recorded, else wall time), and whether
+    it fits this CPU. measure=False: the step rates from the FLOP model, nothing timed."""
     from groklens.experiments.cost import EXPECTED_MARGIN, rates_for
     from groklens.experiments.ledger import ledger_entries, measured_time
 
-    dirs = _ledger_dirs(ledger_dir)
     cores = os.cpu_count() or 1
     plans = {}
     for name in EXPERIMENTS:
@@ -94,7 +99,7 @@ def listing(ledger_dir: str | Path | None = None, measure: bool = True,
     out = {}
     for (name, scale), (e, n, runs) in plans.items():
         item = out.setdefault(name, {"name": e.name, "summary": e.summary, "scales": {}})
-        entries = ledger_entries(dirs, e.name, scale)
+        entries = ledger_entries(_ledger_dirs(ledger_dir, e.default_outs(scale)), e.name, scale)
         costs = estimate_runs(e, scale, runs, entries, rates)
         measured = measured_time(entries)
         kind = None if measured is None or not all(d.startswith("cpu") for d in measured["devices"]) else \
@@ -208,7 +213,7 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
         raise BadInput(f"--seeds must be a positive integer, at most {MAX_SEEDS}; got {seeds!r}")
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
-    out = Path(out_dir if out_dir is not None else f"reproduce-{name}-{scale}")
+    out = Path(out_dir) if out_dir is not None else default_out(name, scale)
     if out.exists() and not out.is_dir():
         raise BadInput(f"{out} exists and is not a directory")
     if not out.exists() and not out.parent.is_dir():
@@ -279,23 +284,41 @@ def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: i
     return out
 
 
-def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1) -> None:
+def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1,
+           measure: bool = True, log: Sequence[str] = ()) -> str | None:
     """Train `todo` into runs_dir: first the runs that read no other run, then those that take
-    their attention mask from a run beside them (attn_mask_from), once it is finished."""
+    their attention mask from a run beside them (attn_mask_from), once it is finished. Runs that
+    share an architecture (an arm's seeds; a grid's cell of learning rates and weight decays)
+    train as batched ensembles (trainers/ensemble.py) where that pays (layout.ensemble_rule: on a
+    GPU, or a CPU step short enough), sized and ordered by their cost to the cap (costliest
+    first), on `workers` processes. Returns how they were grouped (a note), None when there was
+    nothing to train. `log`: `--log` specs; each run trained mirrors its rows there."""
+    from groklens.experiments.cost import cost_key, rates_for, run_seconds
+    from groklens.experiments.layout import ensemble_rule
     from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
 
+    if not todo:
+        return None
     executor = InlineExecutor() if workers == 1 else "local"
+    rates = rates_for([r.cfg for r in todo], measure=measure)
+    rule = ensemble_rule(lambda cfg: rates[cost_key(cfg)].step_s if rates[cost_key(cfg)].basis == "measured" else None)
+    ensembles, alone = 0, {}
     for wave in ([r for r in todo if not r.cfg.attn_mask_from], [r for r in todo if r.cfg.attn_mask_from]):
         if not wave:
             continue
         rep = run_sweep([RunSpec(r.name, r.cfg) for r in wave], runs_dir, executor=executor, workers=workers,
-                        ensemble=True, progress=progress, threads=threads)
+                        ensemble=rule, progress=progress, threads=threads,
+                        cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps), log=log)
         if rep.counts["failed"]:
             first = next(iter(rep.failed.items()))
             raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
         if rep.counts["running"]:
             raise GroklensError(f"{rep.counts['running']} run(s) in {runs_dir} are being written by another process; "
                                 "wait for it or use another -o")
+        ensembles += rep.ensembles
+        alone.update(rep.single_fallback)
+    return (f"trained {len(todo) - len(alone)} run(s) in {ensembles} batched ensemble(s), {len(alone)} alone"
+            + (f" (e.g. {next(iter(alone))}: {next(iter(alone.values()))})" if alone else ""))
 
 
 def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
@@ -305,22 +328,46 @@ def _measure_keys(exp: Experiment, sc: Scale, scale: str) -> list[str]:
     return [m.key for m in MEASURES if m.analysis in names]
 
 
+def select_arms(exp: Experiment, scale: str, patterns: Sequence[str] | None) -> set[str] | None:
+    """The variants of `exp` at `scale` whose names match any of `patterns` (fnmatch: *, ?, [..]);
+    None: every variant. A pattern that matches none is an error naming the variants."""
+    import fnmatch
+
+    if patterns is None:
+        return None
+    variants = list(exp.plan(exp.scales[scale], scale).variants)
+    pats = [p.strip() for p in patterns if p.strip()]
+    if not pats:
+        raise BadInput("--arms names no arm")
+    for p in pats:
+        if not fnmatch.filter(variants, p):
+            shown = ", ".join(variants[:12]) + (f", ... ({len(variants)} in all)" if len(variants) > 12 else "")
+            raise BadInput(f"--arms {p!r} matches no arm of {exp.name} at {scale} (arms: {shown})")
+    return {v for v in variants if any(fnmatch.fnmatchcase(v, p) for p in pats)}
+
+
 def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None, seeds: int | None = None, *,
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
               train: bool = True, progress: bool = True, echo: Callable[[str], None] = print,
-              compile: bool = False, measure: bool = True) -> Result:
+              compile: bool = False, measure: bool = True, arms: Sequence[str] | None = None,
+              log: Sequence[str] = ()) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
     reads only what is finished (a study that grows run by run): missing runs are listed, not trained.
     compile=True trains each new run that can be compiled with compile=true (`compile_runs`).
     Before training it prints the runs' estimated cost (`estimate_text`; measure=False: from the
-    FLOP model, nothing timed)."""
+    FLOP model, nothing timed). arms: train only the variants matching these patterns
+    (`select_arms`); the rows read every arm the ledger holds (a study trained in stages). `log`:
+    `--log` specs; each run trained mirrors its rows there."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
+    from groklens.trainers.loggers import check_specs
 
     t0 = time.perf_counter()
     exp = get_experiment(name)
+    check_specs(log)  # a missing package or a malformed spec: before anything else
     seeds, out = _check_args(exp, name, scale, seeds, workers, out_dir, results_md)
+    chosen = select_arms(exp, scale, arms)
     if compile and train:
         check_compilers([c for _, _, c in run_configs(exp, scale, seeds)])
     ldir = Path(ledger_dir) if ledger_dir is not None else out / "ledger"
@@ -338,10 +385,13 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     out.mkdir(exist_ok=True)
     runs_dir = out / "runs"
     held, ready, todo = _plan_runs(exp, scale, seeds, runs_dir, led)
+    outside = [] if chosen is None else [r for r in todo if r.variant not in chosen]
+    todo = [r for r in todo if chosen is None or r.variant in chosen]
     cmd = command_text(name, scale, seeds)
     n_workers = workers or (1 if scale == "smoke" else max(1, min(len(todo) or 1, os.cpu_count() or 1)))
-    echo(f"{cmd}: {len(held) + len(ready) + len(todo)} runs ({len(plan.variants)} variants x {seeds} seed(s)); "
-         f"{len(held)} in the ledger {led.path}, {len(ready)} finished in {runs_dir}, {len(todo)} to train")
+    echo(f"{cmd}: {len(held) + len(ready) + len(todo) + len(outside)} runs ({len(plan.variants)} variants x {seeds} "
+         f"seed(s)); {len(held)} in the ledger {led.path}, {len(ready)} finished in {runs_dir}, {len(todo)} to train"
+         + (f", {len(outside)} outside --arms" if outside else ""))
 
     # 1. train what neither the ledger nor OUT/runs holds (interrupted runs resumed)
     skipped = [] if train else todo
@@ -359,9 +409,10 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
             echo(f"training layout: {layout.why}")
         if compile and todo:
             todo = compile_runs(todo, echo, threads)
-        _train(todo, runs_dir, name, train_workers, progress, threads)
+        grouped = _train(todo, runs_dir, name, train_workers, progress, threads, measure=measure and scale != "smoke",
+                         log=log)
     else:
-        todo = []
+        todo, grouped = [], None
     t_train = time.perf_counter() - t0
 
     # 2. analyze the new runs and record them in the ledger
@@ -384,12 +435,21 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     all_paths = [p for ps in present.values() for p in ps]
     report = _compare_and_report(out, all_paths, present.get(plan.baseline or "", []), notes)
 
-    # 4. rows from the ledger: every recorded seed of each variant with the current config
-    rows, arms, apart = ledger_rows(exp, scale, seeds, led, out)
+    # 4. rows (and the experiment's figures) from the ledger: every recorded seed of each variant
+    # with the current config
+    ctx, apart = ledger_context(exp, scale, seeds, led, out)
+    rows, arms = exp.read(ctx), ctx.arms
+    if exp.figures is not None:
+        notes += [f"figure: {p}" for p in exp.figures(ctx)]
     wall = time.perf_counter() - t0
     notes += apart
     if skipped:
         notes.append(f"not trained (--no-train): {len(skipped)} run(s), {', '.join(r.name for r in skipped)}")
+    if grouped:
+        notes.append(grouped)
+    if outside:
+        notes.append(f"not trained (outside --arms): {len(outside)} run(s) of "
+                     f"{len({r.variant for r in outside})} arm(s)")
     notes.append(f"time: training {t_train:.0f} s, analyses {t_an:.0f} s, total {wall:.0f} s; "
                  f"{len(todo)} run(s) trained, {len(new)} recorded in {led.path}")
     from groklens.analyses.notes import one_per_kind
@@ -404,11 +464,9 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     return result
 
 
-def ledger_rows(exp: Experiment, scale: str, seeds: int, led, out: Path) -> tuple[list[Any], dict[str, list[Any]],
-                                                                              list[str]]:
-    """(rows, arms, notes on entries of other configs) read from the ledger alone: every recorded
-    seed of each variant whose config, seed aside, is the current one. No run file is needed, so
-    docs/RESULTS.md's rows can be recomputed from the committed ledgers (tests/test_results_md.py)."""
+def ledger_context(exp: Experiment, scale: str, seeds: int, led, out: Path) -> tuple[Context, list[str]]:
+    """(the rows' Context, notes on entries of other configs) from the ledger alone: every recorded
+    seed of each variant whose config, seed aside, is the current one."""
     from groklens.experiments.ledger import LedgerRun, arm_hash
 
     sc = exp.scales[scale]
@@ -417,22 +475,47 @@ def ledger_rows(exp: Experiment, scale: str, seeds: int, led, out: Path) -> tupl
         ah = arm_hash(cfg.to_dict())
         arms[variant] = [LedgerRun(e) for e in led.current(variant, ah)]
         apart += _apart_note(led, variant, ah, cfg.to_dict())
-    return exp.read(Context(exp.name, scale, sc, exp.plan(sc, scale), arms, out)), arms, apart
+    return Context(exp.name, scale, sc, exp.plan(sc, scale), arms, out), apart
+
+
+def ledger_rows(exp: Experiment, scale: str, seeds: int, led, out: Path) -> tuple[list[Any], dict[str, list[Any]],
+                                                                              list[str]]:
+    """(rows, arms, notes on entries of other configs) read from the ledger alone (`ledger_context`).
+    No run file is needed, so docs/RESULTS.md's rows can be recomputed from the committed ledgers
+    (tests/test_results_md.py)."""
+    ctx, apart = ledger_context(exp, scale, seeds, led, out)
+    return exp.read(ctx), ctx.arms, apart
 
 
 def _compare_and_report(out: Path, paths: list[Path], baseline: list[Path], notes: list[str]) -> Path | None:
-    from groklens.analyses.compare import compare
-    from groklens.analyses.report import build_report
+    """comparison.txt / .csv and report/ of the runs of the baseline's task; an experiment whose
+    runs span several tasks (runs of different tasks are not compared) gets those files again,
+    suffixed `-TASK`, for each other task's runs. Returns the main report's index."""
+    from groklens.checkpoints import Trajectory
 
     if not paths:
         notes.append(f"no run files in {out / 'runs'}: every run came from the ledger; no comparison.txt or report")
         return None
-    comp = compare(paths, baseline=baseline[0] if baseline else None, group_by="variant")
+    by_task: dict[str, list[Path]] = {}
+    for p in paths:
+        by_task.setdefault(Trajectory(p).config_dict["task"], []).append(p)
+    main = Trajectory(baseline[0]).config_dict["task"] if baseline else next(iter(by_task))
+    index = _compare_task(out, "", by_task.pop(main), baseline[:1], notes)
+    for task, group in by_task.items():
+        notes.append(f"runs of task {task} are compared apart (comparison-{task}.txt, report-{task}/)")
+        _compare_task(out, f"-{task}", group, [], notes)
+    return index
+
+
+def _compare_task(out: Path, suffix: str, paths: list[Path], baseline: list[Path], notes: list[str]) -> Path:
+    from groklens.analyses.compare import compare
+    from groklens.analyses.report import build_report
     from groklens.fileio import write_text_atomic  # whole, and a link there is replaced, never written through
 
-    write_text_atomic(out / "comparison.txt", comp.format_table() + "\n")
-    write_text_atomic(out / "comparison.csv", comp.to_csv())
-    rep = build_report(paths, out / "report", comparison=comp)
+    comp = compare(paths, baseline=baseline[0] if baseline else None, group_by="variant")
+    write_text_atomic(out / f"comparison{suffix}.txt", comp.format_table() + "\n")
+    write_text_atomic(out / f"comparison{suffix}.csv", comp.to_csv())
+    rep = build_report(paths, out / f"report{suffix}", comparison=comp)
     notes += [f"not in the report: {t} ({w})" for t, w in rep.missing if not w.startswith("no run has")]
     return rep.index
 

@@ -28,6 +28,10 @@ threshold**. An interval that contains the threshold, or no interval (fewer than
   published side, undetermined when it holds both.
 - A measure read at a phase: only from the seeds that have a value there (compare's phase rule);
   with none it is `undetermined (missing: why)`.
+- "Near a value" (a phase boundary near weight decay 1.0): within a factor NEAR of it; an
+  interval inside [value / NEAR, value x NEAR] agrees, one wholly outside it disagrees.
+- A rate over runs ("the weight norm falls monotonically"): the claim is "most runs", the rate
+  above 1/2, by the rate's exact binomial interval.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 FAR = 10.0  # a cap this many times the reference time decides "does not grok"
+NEAR = 2.0  # "near a value": within this factor of it
 UNDETERMINED = "undetermined"
 CI_LEVEL = 0.95
 
@@ -112,6 +117,19 @@ def welch_log_ratio(a: Sequence[float], b: Sequence[float],
     df = se2 ** 2 / ((va / len(la)) ** 2 / (len(la) - 1) + (vb / len(lb)) ** 2 / (len(lb) - 1))
     half = float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(se2)
     return ratio, [math.exp(ma - mb - half), math.exp(ma - mb + half)]
+
+
+def near_verdict(ci: Sequence[float] | None, value: float, no_ci: str) -> str:
+    """Verdict on "near `value`": within a factor NEAR, by the 95% interval."""
+    if ci is None:
+        return undetermined(f"no interval: {no_ci}")
+    lo, hi = ci
+    if value / NEAR <= lo and hi <= value * NEAR:
+        return "agrees"
+    if hi < value / NEAR or lo > value * NEAR:
+        return "disagrees"
+    return undetermined(f"the 95% interval {fmt_ci(ci)} reaches beyond [{value / NEAR:g}, {value * NEAR:g}] and "
+                        "into it")
 
 
 def exponent_verdict(ci: Sequence[float] | None, published: float, *, no_ci: str = "no fit") -> str:

@@ -122,6 +122,28 @@ def test_the_phase_rule_on_planted_curves():
     assert drop_step(steps, np.linspace(1, 2, len(steps))) is None  # never falls
 
 
+def test_a_peak_where_the_run_stopped_is_no_phase_boundary():
+    """A run stopped while its excluded loss still rises: the excluded loss's highest point is
+    the last checkpoint, which says where the run stopped, not where circuit formation ended, so
+    C (and K after it) is None; with the curve turned down before the end C is its peak. Likewise
+    a test loss still rising at the end gives no M."""
+    steps = np.arange(0, 2001, 100)
+    test = np.concatenate([np.linspace(4.0, 30.0, 4), np.geomspace(29, 1e-3, len(steps) - 4)])
+    ck = steps[::2]
+    rising = np.linspace(1.0, 8.0, len(ck))
+    c = ProgressCurves(steps, np.full(len(steps), 1e-3), test, np.linspace(10, 2, len(steps)), ck,
+                       np.geomspace(5, 1e-3, len(ck)), rising)
+    assert phase_boundaries(c) == {"memorization_end": 300, "circuit_formation_end": None, "cleanup_end": None}
+    turned = rising.copy()
+    turned[-2:] = [6.0, 5.0]  # peaks at checkpoint -3, then falls
+    c.excluded = turned
+    ph = phase_boundaries(c)
+    assert ph["circuit_formation_end"] == int(ck[-3])
+    assert ph["cleanup_end"] == int(steps[np.nonzero((test <= 0.01) & (steps > ck[-3]))[0][0]])
+    c.test_loss = np.linspace(1.0, 3.0, len(steps))  # never falls, highest at the end
+    assert phase_boundaries(c)["memorization_end"] is None
+
+
 def test_the_progress_measures_figure_on_a_tiny_run(run, tmp_path):
     """`report --analyze --param fourier.key_frequencies=last` draws Nanda's figure with a fixed key set."""
     import shutil

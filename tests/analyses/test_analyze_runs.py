@@ -1,5 +1,6 @@
 """runner.analyze_runs: several runs at chosen checkpoints and phases, in this process or a pool."""
 
+import json
 import shutil
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 
 from groklens.analyses.runner import analyze_runs, choose_checkpoints
 from groklens.analyses.store import Sidecar
-from groklens.checkpoints import Trajectory
+from groklens.checkpoints import Trajectory, sidecar_path
 from tests.helpers import train_tiny
 
 
@@ -78,3 +79,26 @@ def test_an_analysis_that_does_not_apply_is_a_note_or_bad_input(runs, tmp_path):
     assert len(notes) == 1 and notes[0].startswith("a.h5: skipped rank")
     with pytest.raises(BadInput):
         analyze_runs([tmp_path / "a.h5"], bad, checkpoints="end", skip_inapplicable=False)
+
+
+def test_one_analysis_with_two_parameter_sets_at_one_choice(runs, tmp_path):
+    """The demo asks fourier twice at the same checkpoints (each checkpoint's key set, and the last
+    checkpoint's for the progress-measures figure): both are stored, each equal to the analysis
+    computed alone with its parameters (it was refused as 'asked twice in one call')."""
+    from groklens.analyses import compute
+
+    path = tmp_path / "a.h5"
+    shutil.copy(runs[0], path)
+    analyze_runs([path], [("fourier", {}, "every:3"), ("fourier", {"key_frequencies": "last"}, "every:3")])
+    stored = {json.loads(a["params"])["key_frequencies"] is None: Sidecar(path).read("fourier", v)
+              for v, a in Sidecar(path).variants("fourier")}
+    assert set(stored) == {True, False}
+    alone = tmp_path / "alone.h5"
+    for own in (True, False):
+        shutil.copy(runs[0], alone)
+        sidecar_path(alone).unlink(missing_ok=True)
+        ref = compute(Trajectory(alone), "fourier", steps=stored[own].steps,
+                      **({} if own else {"key_frequencies": "last"}))
+        assert stored[own].steps == ref.steps
+        assert np.allclose(np.asarray(stored[own].values["restricted_loss_all"], float).ravel(),
+                           np.asarray(ref["restricted_loss_all"], float).ravel())

@@ -55,6 +55,38 @@ def test_analyze_table_and_sharpness_param(run):
     assert "== sharpness" in out.stdout and "step 60:" in out.stdout and "top_eigenvalues=[" in out.stdout
 
 
+def test_analyze_takes_several_runs_and_says_a_shared_note_once(tmp_path):
+    """Several runs: each analyzed into its own sidecar, the JSON keyed by run, the text headed
+    per run; a note that holds for every run (the fourier key set at p=7, most frequencies) is one
+    line naming the others; a bad run among them is refused before any is analyzed."""
+    import h5py
+    import numpy as np
+
+    paths = [tmp_path / "a.h5", tmp_path / "b.h5"]
+    for seed, path in enumerate(paths):
+        train_tiny(path, seed=seed)
+    out = groklens("analyze", *map(str, paths), "--metric", "norms", "--metric", "fourier", "--checkpoints", "0,60",
+                   "--json", "-q", check=True)
+    res = json.loads(out.stdout)
+    assert list(res) == [str(p) for p in paths]
+    for path in paths:
+        assert res[str(path)]["norms"]["steps"] == [0, 60] and sidecar_path(path).exists()
+        with h5py.File(path, "r") as f:  # the weight norm at step 60, from the file's parameters
+            i = list(f["steps"][:]).index(60)
+            norm = np.sqrt(sum(float((f["params"][k][i].astype(np.float64) ** 2).sum()) for k in f["params"]))
+        assert res[str(path)]["norms"]["weight_norm"][1] == pytest.approx(norm, rel=1e-5)
+    assert res[str(paths[0])] != res[str(paths[1])]
+    notes = [ln for ln in out.stderr.splitlines() if "key set" in ln or "key frequencies" in ln]
+    assert len(notes) == 1 and "[and 1 more run(s) alike: b.h5]" in notes[0]
+    text = groklens("analyze", *map(str, paths), "--metric", "norms", "--summary", "-q", check=True).stdout
+    assert [ln for ln in text.splitlines() if ln.startswith("=== ")] == [f"=== {p}" for p in paths]
+    third = tmp_path / "c.h5"
+    train_tiny(third)
+    proc = groklens("analyze", str(third), str(tmp_path / "missing.h5"), "--metric", "norms", "-q")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert not sidecar_path(third).exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--metric", "nope"], "unknown analysis 'nope'"),
     (["--metric", "norms", "--checkpoints", "7"], "no checkpoint at step(s) 7"),

@@ -98,7 +98,7 @@ def test_group_by_variant_mean_std_and_n(runs):
     assert comp.grouped and comp.variant_fields == ["norm", "unembed"]  # seed left out
     rows = comp.rows()
     assert [r["n"] for r in rows] == [2, 2]
-    assert rows[0]["variant"] == "norm=ln" and rows[1]["variant"] == "norm=sphere unembed=bounded"
+    assert rows[0]["variant"] == "norm=ln unembed=linear" and rows[1]["variant"] == "norm=sphere unembed=bounded"
     for row, name in zip(rows, VARIANTS):
         steps = [first_step(runs[f"{name}_s{s}"], "test_acc", t) for s in SEEDS]
         assert row["grokking_step"]["mean"] == pytest.approx(np.mean(steps))
@@ -106,6 +106,20 @@ def test_group_by_variant_mean_std_and_n(runs):
         assert sorted(row["seeds"]) == list(SEEDS)
     table = comp.format("table")
     assert "mean ± std" in table and "norm=sphere unembed=bounded" in table
+
+
+def test_every_row_names_the_same_fields_defaults_included(tmp_path):
+    """The row at RunConfig's defaults (norm none, act_norm_lambda 0, unembed linear) and the rows
+    that change one or two of them all name the three fields that differ between the rows."""
+    from groklens.trainers.train import train
+
+    paths = []
+    for i, over in enumerate(({}, {"act_norm_lambda": 1.0}, {"norm": "sphere", "unembed": "bounded"})):
+        paths.append(tmp_path / f"v{i}.h5")
+        train(tiny_config(**{**BASE, "steps": 30, "norm": "none", **over}), paths[-1], progress=False)
+    assert [r["variant"] for r in compare(paths, group_by="variant").rows()] == [
+        "act_norm_lambda=0 norm=none unembed=linear", "act_norm_lambda=1 norm=none unembed=linear",
+        "act_norm_lambda=0 norm=sphere unembed=bounded"]
 
 
 def test_group_by_a_config_field(runs):
@@ -272,10 +286,10 @@ def test_csv_and_json_formats(runs):
     paths = list(runs.values())
     comp = compare(paths, baseline=runs["ln_s1"], group_by="variant", threshold=0.3)
     rows = list(csv.DictReader(io.StringIO(comp.format("csv"))))
-    assert len(rows) == 2 and rows[0]["variant"] == "norm=ln" and rows[0]["n"] == "2"
+    assert len(rows) == 2 and rows[0]["variant"] == "norm=ln unembed=linear" and rows[0]["n"] == "2"
     assert {"speedup", "speedup_ci_low", "fve_neuron@grokking_mean", "radius@end_mean"} <= set(rows[0])
     data = json.loads(comp.format("json"))
-    assert data["grouped"] and data["baseline"] == "norm=ln" and len(data["rows"]) == 2
+    assert data["grouped"] and data["baseline"] == "norm=ln unembed=linear" and len(data["rows"]) == 2
     assert "Welch" in data["speedup_method"]
     with pytest.raises(BadInput):
         comp.format("xml")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from groklens.analyses import figures as F
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from tests.analyses.test_compare import make_runs
@@ -66,6 +67,29 @@ def test_training_curves(runs, tmp_path):
     assert F.training_curves(variants, ax=axes) is host
     with pytest.raises(ValueError):
         F.training_curves(variants, ax=axes[0])
+
+
+def test_a_mean_that_ends_at_a_stopped_seed_is_marked(runs, tmp_path):
+    """A seed that stopped early (its stop rule) ends the mean over seeds; the end is a dotted
+    vertical line in the group's colour on both panels, named in the legend; a mean that runs
+    as long as its seeds gets none."""
+    whole, cut = curves(runs["ln_s1"]), curves(runs["ln_s2"])
+    k = len(cut.steps) // 2
+    cut = F.RunCurves(*(getattr(cut, f)[:k] for f in ("steps", "train_acc", "test_acc", "train_loss", "test_loss")))
+    mean = F.RunCurves(cut.steps, *(np.mean([getattr(whole, f)[:k], getattr(cut, f)], axis=0)
+                                    for f in ("train_acc", "test_acc", "train_loss", "test_loss")))
+    fig = F.training_curves([F.VariantCurves("norm=ln", [whole, cut], mean, "#d62728")])
+    render(fig, tmp_path, "curves_cut")
+    end = float(cut.steps[-1])
+    assert end < whole.steps[-1]
+    for a in fig.axes[:2]:
+        marks = [ln for ln in a.get_lines() if list(ln.get_xdata()) == [end, end]]
+        assert len(marks) == 1 and marks[0].get_color() == "#d62728"
+    assert "the mean ends: a seed\nstopped there" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    even = F.training_curves([F.VariantCurves("norm=ln", [whole, whole], whole)])
+    assert not [ln for a in even.axes for ln in a.get_lines() if len(ln.get_xdata()) == 2
+                and len(set(ln.get_xdata())) == 1]  # no vertical line
+    assert "the mean ends" not in " ".join(t.get_text() for t in even.axes[0].get_legend().get_texts())
 
 
 def test_grokking_times_marks_censored(tmp_path):
@@ -146,6 +170,36 @@ def test_spectrum_and_cluster_grids(runs, tmp_path):
     assert any(t.get_text() == f"unclustered: {int((~clustered).sum())}" for t in a.texts)
 
 
+LONG_LABELS = ["act_norm_lambda=0 norm=none unembed=linear (run act_norm_lambda=0.0__seed=1)",
+               "act_norm_lambda=1 norm=none unembed=linear (run act_norm_lambda=1.0__seed=1)",
+               "act_norm_lambda=0 norm=sphere unembed=bounded (run norm=sphere__unembed=bounded__seed=1)"]
+
+
+@pytest.mark.parametrize("kind", ["spectrum", "clusters"])
+def test_long_row_labels_stay_inside_the_figure_and_off_each_other(tmp_path, kind):
+    """Row labels as long as a real study's (three fields and the run's name) neither overlap one
+    another or any panel nor run past the figure's edge, with 2 columns as with 4."""
+    freqs = np.arange(1, 12)
+    for n_cols in (2, 4):
+        values = np.random.default_rng(0).random((3, n_cols, len(freqs)))
+        cols = [[f"step {k}" for k in range(n_cols)]] * 3
+        fig = (F.spectrum_grid(freqs, values / values.sum(-1, keepdims=True), LONG_LABELS, cols) if kind == "spectrum"
+               else F.cluster_grid(freqs, np.round(values * 5), np.zeros((3, n_cols)), LONG_LABELS, cols))
+        render(fig, tmp_path, f"{kind}{n_cols}")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        labels = [t for t in fig.findobj(lambda a: hasattr(a, "get_text")) if t.get_text().replace("\n", " ")
+                  in LONG_LABELS]
+        assert len(labels) == 3
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        page = fig.bbox
+        for i, b in enumerate(boxes):
+            assert page.x0 <= b.x0 and b.x1 <= page.x1 and page.y0 <= b.y0 and b.y1 <= page.y1
+            assert not any(b.overlaps(o) for o in boxes[i + 1:])
+            assert not any(b.overlaps(a.get_tightbbox(renderer)) for a in fig.axes if a.axison)
+
+
 def test_attention_pattern_grid(runs, tmp_path):
     from groklens.analyses.store import Sidecar
 
@@ -193,6 +247,12 @@ def test_spread_over_seeds_draws_every_seed_the_median_and_the_marked_values(tmp
     bars = [ln for ln in right.get_lines() if ln.get_marker() in ("None", None, "")]
     assert len(bars) == 1 and list(bars[0].get_ydata()) == [0.5, 0.5]
     assert [t.get_text() for t in right.get_xticklabels()] == ["sphere", "ln"]
+    # whole labels, one field a line: rows that differ only after their first field stay apart
+    twins = [F.SeedSpread(f"act_norm_lambda=0 norm={n} unembed={u}", c, [(steps, seeds[0])], None, [])
+             for n, u, c in (("none", "linear", "#1f77b4"), ("sphere", "bounded", "#d62728"))]
+    right = F.spread_over_seeds(twins, ylabel="FVE", mark_label="test accuracy >= 0.99").axes[1]
+    assert [t.get_text() for t in right.get_xticklabels()] == ["act_norm_lambda=0\nnorm=none\nunembed=linear",
+                                                               "act_norm_lambda=0\nnorm=sphere\nunembed=bounded"]
 
 
 def test_the_fve_figure_reads_each_seed_at_its_first_crossing(tmp_path):

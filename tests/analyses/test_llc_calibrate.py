@@ -213,3 +213,26 @@ def test_checkpoints_sampled_together_equal_one_at_a_time(run):
         alone = llc(traj.model(s), traj.dataset(), **kw)
         np.testing.assert_allclose(together.values["llc_per_chain"][i], alone["llc_per_chain"], rtol=1e-4)
         assert together.values["init_loss"][i] == pytest.approx(alone["init_loss"], rel=1e-9)
+
+
+@pytest.mark.parametrize("passes", [False, True])
+def test_the_trace_figure_says_green_only_with_a_green_frame_and_has_no_axis_offset(passes):
+    """Traces of order 1e7 make matplotlib write a multiplier (1e7) over the axes, where it sat on
+    the panel's title; the ticks carry the values instead. The title names the green frame only
+    when a panel has one, and stays inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from groklens.analyses.llc_figures import TracePanel, trace_grid
+
+    blocks = 1e7 * (1 + np.random.default_rng(0).random((2, 8)))
+    panels = [[TracePanel(blocks, 1.5e7, passes, "fcaplso" if passes else "f.ap..o", recommended=True), None]]
+    fig = trace_grid(panels, ["lr 1e-4"], ["localization 100", "localization 1000"], steps=80, burnin=20,
+                     title="step 40: n*beta (L_t - L(w*)) per chain, nbeta 5 (n/log n = 47.3); dashed: LLC")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    assert all(a.yaxis.get_offset_text().get_text() == "" for a in fig.axes)
+    title = fig.get_suptitle()
+    assert ("green frame: passes every check" in title) == passes
+    assert ("no setting passes every check" in title) != passes
+    box = fig._suptitle.get_window_extent(canvas.get_renderer())
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1

@@ -49,11 +49,23 @@ def test_chains_pinned_by_the_localization_are_flagged_warned_once_and_marked(ru
     assert any("‡" in ln for ln in text.splitlines() if "learning coefficient" in ln.lower() or "llc" in ln.lower())
     assert "pinned by the localization" in text
     # fig_llc: an X at each flagged estimate, drawn on a symlog axis
-    from groklens.analyses.compare import load_run, make_groups
+    from groklens.analyses.compare import compare
     from groklens.analyses.report_figures import llc_flag_lines
 
-    lines = llc_flag_lines(make_groups([load_run(run)], None), ["C0"])
-    assert len(lines) == 1 and list(lines[0].x) == [200] and lines[0].marker == "X"  # step 0 is not drawn (log x)
+    comp = compare([run])
+    lines = llc_flag_lines(comp.groups, ["C0"])
+    assert list(lines[0].x) == [200] and lines[0].marker == "X"  # step 0 is not drawn (log x)
+    assert lines[-1].label == "flagged: negative or pinned" and not len(lines[-1].x)  # the legend's entry
+    # drawn large enough to see beside the line's own dots, named in the LLC panel's legend; the
+    # spread (never negative) on a log axis, the estimate on a symmetric-log one
+    from groklens.analyses.report_figures import make_figures
+
+    (fig,) = [f.figure for f in make_figures(comp)[0] if f.name == "llc"]
+    _acc, llc_panel, spread_panel = fig.axes
+    assert llc_panel.get_yscale() == "symlog" and spread_panel.get_yscale() in ("log", "linear")
+    marks = [ln for ln in llc_panel.get_lines() if ln.get_marker() == "X" and len(ln.get_xdata())]
+    assert [list(m.get_xdata()) for m in marks] == [[200]] and marks[0].get_markersize() >= 8
+    assert "flagged: negative or pinned" in [t.get_text() for t in llc_panel.get_legend().get_texts()]
     rep = tmp_path / "rep"
     groklens("report", str(run), "-o", str(rep), "--figures", "llc", check=True)
     assert (rep / "fig_llc.png").exists() and "‡" in (rep / "index.html").read_text()

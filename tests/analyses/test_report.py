@@ -80,7 +80,7 @@ def test_report_writes_every_figure_and_the_table(runs, tmp_path):
     text = res.index.read_text()
     assert "norm=sphere unembed=bounded" in text and "1 (baseline)" in text
     assert (out / "comparison.csv").read_text().startswith("variant,n,runs")
-    assert json.loads((out / "comparison.json").read_text())["baseline"] == "norm=ln"
+    assert json.loads((out / "comparison.json").read_text())["baseline"] == "norm=ln unembed=linear"
 
 
 def test_missing_figures_are_listed_with_the_reason(runs, tmp_path):

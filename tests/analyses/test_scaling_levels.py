@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from groklens.analyses.scaling import GrokRecord, _figure, fit_scaling_law, format_result
+from groklens.analyses.scaling import GrokRecord, figure, fit_scaling_law, format_result
 
 
 def _records(levels, seeds=3):
@@ -31,7 +31,7 @@ def test_two_levels_warn_and_three_do_not():
 def test_one_variable_draws_the_grokking_step_against_it():
     records = _records([0.3, 1.0])
     result = fit_scaling_law(records, ["weight_decay"])
-    fig = _figure(records, result, ["weight_decay"], None)
+    fig = figure(records, result, ["weight_decay"], None)
     panel = fig.axes[1]
     assert panel.get_ylabel() == "grokking step" and panel.get_xlabel() == "weight_decay"
     assert panel.get_yscale() == "log" and panel.get_xscale() == "log"

@@ -56,6 +56,38 @@ def test_analysis_frame_is_the_sidecars_values_by_step(runs):
         to_pandas(Trajectory(runs[0]), "fourier")
 
 
+def test_a_stored_parameter_set_is_picked_by_its_parameters(runs):
+    """Two fourier parameter sets stored side by side (the default key set per checkpoint, and
+    the last checkpoint's key set at every checkpoint): params picks one, read back against the
+    sidecar group whose stored parameters say so; no params reads the default set."""
+    run = Trajectory(runs[1])
+    compute(run, "fourier", every=4)
+    compute(run, "fourier", every=4, key_frequencies="last")
+    with h5py.File(sidecar_path(runs[1]), "r") as f:
+        # "last" is stored as the list it resolved to: the key set at the last checkpoint
+        groups = {"last" if json.loads(g.attrs["params"])["key_frequencies"] else None: g
+                  for g in f["analyses/fourier"].values()}
+        assert set(groups) == {None, "last"}
+        keys = json.loads(groups["last"].attrs["params"])["key_frequencies"]
+        assert keys == [int(k) for k in groups[None]["key_frequencies"][-1]]  # the default set's last
+        want = {k: g["restricted_loss_all"][:] for k, g in groups.items()}
+        steps = [int(s) for s in groups["last"]["steps"][:]]
+    last = to_pandas(run, "fourier", {"key_frequencies": "last"})
+    assert last["step"].tolist() == steps
+    assert np.allclose(last["restricted_loss_all"].to_numpy(float), want["last"], equal_nan=True)
+    explicit = to_pandas(run, "fourier", {"key_frequencies": keys})  # the same set, named by its list
+    assert np.allclose(explicit["restricted_loss_all"].to_numpy(float), want["last"], equal_nan=True)
+    default = to_pandas(run, "fourier")
+    assert np.allclose(default["restricted_loss_all"].to_numpy(float), want[None], equal_nan=True)
+    assert not np.allclose(want["last"], want[None], equal_nan=True)  # the two sets differ
+    with pytest.raises(BadInput, match="no 'fourier' stored with cluster_threshold=0.5; stored parameter sets: "):
+        to_pandas(run, "fourier", {"cluster_threshold": 0.5})
+    with pytest.raises(BadInput, match="unknown parameter"):
+        to_pandas(run, "fourier", {"key_frequency": "last"})
+    with pytest.raises(BadInput, match="name the analysis"):
+        to_pandas(run, "all", {"key_frequencies": "last"})
+
+
 def test_comparison_frame_is_the_csv_table_and_the_json_table(runs):
     comp = compare(runs, baseline=runs[0])
     df = comp.to_pandas()

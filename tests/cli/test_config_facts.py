@@ -203,3 +203,20 @@ def test_the_fields_that_switch_a_regularizer_on_may_differ_between_members():
                 switches.add(name)
     assert {"act_norm_lambda", "perp_grad"} <= switches
     assert all(FIELD_FACTS[n].per_member for n in switches), [n for n in switches if not FIELD_FACTS[n].per_member]
+
+
+def test_a_field_that_is_not_costed_changes_no_steps_work():
+    """The step-time cache shares one measurement among configs that differ only in uncosted fields:
+    such a field leaves the FLOP count of a step (groklens/experiments/layout.py) as it is."""
+    from groklens.experiments.cost import NOT_COSTED, cost_key
+    from groklens.experiments.layout import step_flops
+
+    base = tiny_config()
+    assert {"seed", "lr", "steps", "device"} <= NOT_COSTED
+    for name in NOT_COSTED:
+        try:
+            other = base.replace(**{name: _other_value(name, getattr(base, name))})
+        except BadInput:
+            continue
+        assert cost_key(other) == cost_key(base), name
+        assert step_flops(other) == step_flops(base), name

@@ -43,10 +43,12 @@ def test_smoke_demo_end_to_end(smoke):
     # the printed table: one row per variant, the standard model the baseline
     head = next(i for i, ln in enumerate(lines) if ln.startswith("variant "))
     rows = lines[head + 2: head + 2 + len(VARIANTS)]
-    assert rows[0].startswith("norm=ln ") and "1 (baseline)" in rows[0]
-    assert any(r.startswith("norm=sphere unembed=bounded ") for r in rows)
-    assert any(r.startswith("attention=uniform norm=ln ") for r in rows)
-    assert any(r.startswith("act_norm_lambda=1 norm=ln ") for r in rows)
+    # every row names the four fields the variants differ in, defaults included
+    assert rows[0].startswith("act_norm_lambda=0 attention=softmax norm=ln unembed=linear ")
+    assert "1 (baseline)" in rows[0]
+    assert any(r.startswith("act_norm_lambda=0 attention=softmax norm=sphere unembed=bounded ") for r in rows)
+    assert any(r.startswith("act_norm_lambda=0 attention=uniform norm=ln unembed=linear ") for r in rows)
+    assert any(r.startswith("act_norm_lambda=1 attention=softmax norm=ln unembed=linear ") for r in rows)
     assert "speed-up [95% CI]" in lines[head]
     # the report has the cheap analyses and sharpness; the LLC is missing (SGLD is asked for
     # explicitly: ~10-25 s per checkpoint does not fit the demo's minutes), with the command for it
@@ -60,9 +62,14 @@ def test_smoke_demo_end_to_end(smoke):
     for title, metric in (("Local learning coefficient over time", "llc"), ("Clock or pizza over time", "clock_pizza"),
                           ("Hessian eigenvalue density", "hessian_density")):
         assert f"--metric {metric}" in dict(missing)[title]
+    # the progress-measures figure reads one fixed key set (the last checkpoint's), which the demo stores
+    from groklens.analyses.progress import progress_curves
+
+    assert all(progress_curves(out / "runs" / f"{name}.h5").key_set for name in names)
     figs = set(re.findall(r'src="(fig_[a-z_]+\.png)"', page))
     assert {"fig_curves.png", "fig_hessian.png", "fig_radial.png", "fig_attention.png"} <= figs
-    assert json.loads((out / "report" / "comparison.json").read_text())["baseline"] == "norm=ln"
+    baseline = json.loads((out / "report" / "comparison.json").read_text())["baseline"]
+    assert baseline == "act_norm_lambda=0 attention=softmax norm=ln unembed=linear"
 
 
 @pytest.mark.slow

@@ -175,6 +175,8 @@ def test_list_prints_every_experiment_with_costs():
     (["fourier-fve", "--list"], "--list takes no experiment NAME"),
     (["fourier-fve", "--results-md", "/no/such/dir/R.md"], "does not exist"),
     (["fourier-fve", "--results", "R.md"], "--results is now --results-md"),
+    (["geomdr", "--scale", "smoke", "--arms", "base,nope"], "--arms 'nope' matches no arm of geomdr at smoke"),
+    (["--list", "--arms", "x"], "--list takes no experiment NAME and no --arms"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     proc = groklens("reproduce", *args, "-o", str(tmp_path / "out"))
@@ -433,6 +435,42 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     assert "CPU 60 s mean, 80 s max (n=2, cpu)" in groklens(*args, check=True).stdout
 
 
+def test_list_reads_the_ledgers_the_demo_and_reproduce_leave_in_the_working_directory(tmp_path):
+    """Right after `groklens demo` (./demo-out/ledger) or `groklens reproduce NAME` with no --out
+    (./reproduce-NAME-SCALE/ledger), --list run in that directory shows their measured times, not
+    'not run yet'; a directory given again as --ledger is read once."""
+    from groklens.config import RunConfig
+    from groklens.experiments.ledger import LEDGER_FORMAT, arm_hash, config_hash
+
+    def write(directory: Path, name: str, arms: list[str], wall: float) -> None:
+        entries = []
+        for arm in arms:
+            cfg = RunConfig(seed=1, steps=30).to_dict()
+            entries.append({"arm": arm, "seed": 1, "config_hash": config_hash(cfg), "arm_hash": arm_hash(cfg),
+                            "wall_s": wall, "device": "cpu (x86_64, 2 cores)", "run": f"{arm}_s1", "config": cfg,
+                            "memorization_step": {}, "grokking_step": {}, "last_step": 20})
+        (directory / "ledger").mkdir(parents=True)
+        (directory / "ledger" / f"{name}.smoke.json").write_text(json.dumps(
+            {"format": LEDGER_FORMAT, "experiment": name, "scale": "smoke", "runs": entries}))
+
+    write(tmp_path / "demo-out", "demo", ["standard", "sphere"], 60.0)
+    write(tmp_path / "reproduce-grokfast-smoke", "grokfast", ["base"], 40.0)
+
+    def smoke(*extra):
+        items = json.loads(groklens("reproduce", "--list", "--no-measure", "--json", *extra, check=True,
+                                    cwd=tmp_path).stdout)
+        return {i["name"]: i["scales"]["smoke"]["measured"] for i in items}
+
+    got = smoke()
+    assert got["demo"]["n"] == 2 and got["demo"]["wall"]["mean_s"] == pytest.approx(60.0)
+    assert got["grokfast"]["n"] == 1 and got["grokfast"]["wall"]["mean_s"] == pytest.approx(40.0)
+    assert got["stablemax"] is None
+    assert smoke("--ledger", str(tmp_path / "demo-out" / "ledger"))["demo"]["n"] == 2
+    text = groklens("reproduce", "--list", "--no-measure", check=True, cwd=tmp_path).stdout
+    demo = next(ln for ln in text.splitlines() if ln.startswith("demo "))
+    assert "not run yet" not in demo and "wall 60 s mean" in demo
+
+
 # ---------------------------------------------------------------------- verdicts on censored cases
 class _R:
     def __init__(self, grok, last):
@@ -584,6 +622,10 @@ def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
     for name in PUBLISHED:
         for k in (1, 2):
             assert any(f" reproduce {name} --scale paper --seeds {k} " in f" {c} " for c in would), (name, k)
+    # the scaling law's paper grid: a GPU sweep of ensembles and its fit, after the reproduce commands
+    assert any(" sweep " in ln and "scaling_law_gpu.yaml" in ln and "--ensemble" in ln
+               for ln in proc.stdout.splitlines() if "would sweep: " in ln)
+    assert any("scaling-law" in ln and "--censored" in ln for ln in proc.stdout.splitlines() if "would fit: " in ln)
     assert not (tmp_path / "led").exists()  # nothing trained, nothing recorded
 
 

@@ -19,29 +19,78 @@ from tests.helpers import config_flags, groklens, tiny_config
 CFG = tiny_config(steps=40, eval_every=10, checkpoint_every=20)
 
 
+# the logged names, written out here: train and test of one measure share a section
+TAGS = {"train_loss": "loss/train", "test_loss": "loss/test", "train_acc": "accuracy/train",
+        "test_acc": "accuracy/test", "weight_norm": "stats/weight_norm", "grad_norm": "stats/grad_norm",
+        "lr": "stats/lr"}
+
+
 def _series(run: Trajectory) -> dict[str, list[tuple[int, float]]]:
-    """metric -> [(step, value)] of the finite values the trajectory file holds."""
+    """logged name -> [(step, value)] of the finite values the trajectory file holds."""
     steps = run.metrics["step"]
-    return {k: [(int(s), float(v)) for s, v in zip(steps, vals) if np.isfinite(v)]
+    return {TAGS[k]: [(int(s), float(v)) for s, v in zip(steps, vals) if np.isfinite(v)]
             for k, vals in run.metrics.items() if k != "step"}
 
 
-def test_tensorboard_event_files_hold_every_evaluation_row(tmp_path):
-    pytest.importorskip("tensorboard")
+def _check_tensorboard(log_dir: Path, run: Trajectory) -> None:
+    """The event files of one run: every finite metric under its name, at its steps; the config
+    as hparams (one value per field, sequences as JSON) and as text; the layout that puts train
+    and test of loss and accuracy on one chart each."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
-    path = tmp_path / "run.h5"
-    groklens("train", "-q", "--out", str(path), "--log", f"tensorboard:{tmp_path / 'tb'}", *config_flags(CFG),
-             check=True)
-    acc = EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    want = _series(Trajectory(path))
+    want = _series(run)
     assert set(acc.Tags()["scalars"]) == {k for k, v in want.items() if v}
     for key, rows in want.items():
         if rows:
             got = [(e.step, e.value) for e in acc.Scalars(key)]
             assert [s for s, _ in got] == [s for s, _ in rows], key
             assert np.allclose([v for _, v in got], [v for _, v in rows], rtol=1e-6), key  # float32 in events
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+    config = run.config_dict
+    assert set(start.hparams) == set(config)
+    for k, v in config.items():
+        field = start.hparams[k]
+        got = {"bool_value": field.bool_value, "number_value": field.number_value,
+               "string_value": field.string_value}[field.WhichOneof("kind")]
+        assert got == (v if isinstance(v, (bool, int, float, str)) else json.dumps(v)), k
+    text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert f"lr: {json.dumps(config['lr'])}" in text and f"p: {config['p']}" in text
+    layout = layout_pb2.Layout.FromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert charts == {"loss": ["loss/train", "loss/test"], "accuracy": ["accuracy/train", "accuracy/test"]}
+
+
+def test_tensorboard_event_files_hold_every_evaluation_row_and_the_config(tmp_path):
+    pytest.importorskip("tensorboard")
+    path = tmp_path / "run.h5"
+    groklens("train", "-q", "--out", str(path), "--log", f"tensorboard:{tmp_path / 'tb'}", *config_flags(CFG),
+             check=True)
+    _check_tensorboard(tmp_path / "tb" / "run", Trajectory(path))
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+def test_a_sweep_logs_every_run_under_its_name(tmp_path, ensemble):
+    """`sweep --log`: each run (alone, or a member of an ensemble) in its own TensorBoard run
+    directory named like its file, with its own rows and config."""
+    pytest.importorskip("tensorboard")
+    import yaml
+
+    grid = tmp_path / "grid.yaml"
+    base = {k: v for k, v in CFG.to_dict().items() if k != "seed"}
+    grid.write_text(yaml.safe_dump({"base": base, "seeds": [1, 2]}))
+    flags = ["--ensemble"] if ensemble else []
+    groklens("sweep", str(grid), "-o", str(tmp_path / "runs"), "--workers", "1", "-q", *flags,
+             "--log", f"tensorboard:{tmp_path / 'tb'}", check=True)
+    names = sorted(p.name.removesuffix(".h5") for p in (tmp_path / "runs").glob("*.h5"))
+    assert names == ["seed=1", "seed=2"]
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == names
+    for name in names:
+        _check_tensorboard(tmp_path / "tb" / name, Trajectory(tmp_path / "runs" / f"{name}.h5"))
 
 
 def _wandb_records(run_file: Path):
@@ -106,6 +155,13 @@ def test_bad_log_specs_are_one_line_errors(tmp_path, monkeypatch):
     out = groklens("train", "-q", "--out", str(tmp_path / "r.h5"), "--log", "tb:x", *config_flags(CFG))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r.h5").exists()
+    # sweep and reproduce take --log too, checked before anything is written
+    (tmp_path / "grid.yaml").write_text("base: {p: 7, steps: 10, eval_every: 5, checkpoint_every: 5}\n")
+    for args in (["sweep", str(tmp_path / "grid.yaml"), "-o", str(tmp_path / "sweep")],
+                 ["reproduce", "demo", "--scale", "smoke", "-o", str(tmp_path / "demo")]):
+        out = groklens(*args, "-q", "--log", "tb:x")
+        assert out.returncode == 2 and "--log takes tensorboard:DIR or wandb:PROJECT" in out.stderr, args
+        assert len(out.stderr.strip().splitlines()) == 1 and not Path(args[args.index("-o") + 1]).exists()
 
 
 @pytest.mark.parametrize("target, message", [

@@ -15,7 +15,7 @@ from groklens.trainers.train import resume, train
 from groklens.trainers.models import build_model
 from groklens.trainers.routing import RoutedRun, RouteSampler, ring_kernel, routing_units
 from groklens.tasks import TASKS
-from tests.helpers import groklens, tiny_config, train_interrupted
+from tests.helpers import assert_train_refused, tiny_config, train_interrupted
 
 MLP = dict(model="mlp", n_layers=2, d_model=8, d_mlp=32, mlp_bias=True)
 
@@ -121,6 +121,84 @@ def test_each_copy_gets_exactly_one_gradient_message_per_unit_per_step(tmp_path,
                 assert torch.allclose(p.grad, refs[r][1][name], rtol=1e-5, atol=1e-7), (c, name)
 
 
+@pytest.mark.parametrize("overrides", [
+    dict(task="teacher", model="perceptron", teacher_dim=12, teacher_alpha=3.0, teacher_test=50, loss="perceptron"),
+    MLP], ids=["perceptron", "mlp"])
+def test_weight_units_route_every_element_and_return_one_message_to_it(overrides):
+    """routing_unit=weight: element i of routed model r's parameters is copy perms[i, r]'s element i,
+    and each copy's element gets the gradient of exactly that routed model's loss (rebuilt as an
+    ordinary model) at that element."""
+    m = 3
+    cfg = tiny_config(routing_copies=m, routing_width=math.inf, routing_unit="weight", **overrides)
+    trainer = _trainer(cfg)
+    data = trainer.data
+    for step in range(3):
+        trainer.train_step(step)
+    perms = trainer.sampler.sample(trainer.n_draws)
+    assert perms.shape == (sum(p.numel() for p in trainer.copy_params[0].values()), m)
+    flat_copies = [torch.cat([p.detach().flatten() for p in cp.values()]) for cp in trainer.copy_params]
+    losses = trainer.routed_objectives(perms, 0)[0]
+    refs = []
+    for r in range(m):
+        routed = torch.cat([p.detach().flatten() for p in trainer.routed_params(perms, r).values()])
+        assert torch.equal(routed, torch.stack(flat_copies)[perms[:, r], torch.arange(len(routed))])
+        model = build_model(cfg, data)
+        torch.nn.utils.vector_to_parameters(routed, model.parameters())
+        logits = model(data.inputs[data.train_idx])[:, data.readout_pos]
+        loss = trainer.lanes[0].objective(logits, data.labels[data.train_idx], None, 0)[0]
+        assert float(loss.detach()) == pytest.approx(float(losses[r].detach()), rel=1e-6)
+        loss.backward()
+        refs.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    for lane in trainer.lanes:
+        lane.zero_grad()
+    torch.stack(losses).sum().backward()
+    for c in range(m):
+        got = torch.cat([p.grad.flatten() for p in trainer.copy_params[c].values()])
+        path = (perms == c).int().argmax(1)  # the routed model that took each element from copy c
+        want = torch.stack(refs)[path, torch.arange(len(got))]
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), c
+
+
+def test_elastic_sgd_step_matches_a_retyping_of_its_update():
+    """Elastic SGD (identity kernel, elastic_gamma): M models, each with torch.optim.AdamW on its own
+    loss; every step w_m <- w_m - lr_t gamma (w_m - mean_c w_c) from the parameters before it, then
+    each optimizer's step with the gradient taken before the pull (lr_t: the warm-up's rate)."""
+    m, gamma, steps = 3, 0.5, 6
+    cfg = tiny_config(routing_copies=m, elastic_gamma=gamma, warmup_steps=3, weight_decay=0.5, seed=4)
+    trainer = _trainer(cfg)
+    data = trainer.data
+    models = [build_model(cfg, data, seed=cfg.seed + c) for c in range(m)]
+    opts = [torch.optim.AdamW(mod.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                              weight_decay=cfg.weight_decay) for mod in models]
+    x, y = data.inputs[data.train_idx], data.labels[data.train_idx]
+    for step in range(steps):
+        trainer.train_step(step)
+        lr_t = cfg.lr * min(step / cfg.warmup_steps, 1.0)
+        for mod, opt in zip(models, opts):
+            opt.zero_grad()
+            F.cross_entropy(mod(x)[:, data.readout_pos].double(), y).backward()
+        with torch.no_grad():
+            for params in zip(*(mod.parameters() for mod in models)):
+                centre = sum(params) / m
+                for p in params:
+                    p -= lr_t * gamma * (p - centre)
+        for opt in opts:
+            opt.param_groups[0]["lr"] = lr_t
+            opt.step()
+    for c, mod in enumerate(models):
+        for name, p in mod.named_parameters():
+            assert torch.allclose(trainer.copy_params[c][name].detach(), p.detach(), rtol=1e-5, atol=1e-6), (c, name)
+    # the pull moved the copies toward each other: their spread is below the uncoupled copies'
+    plain = _trainer(cfg.replace(elastic_gamma=0.0))
+    for step in range(steps):
+        plain.train_step(step)
+
+    def spread(t):
+        flat = torch.stack([torch.cat([p.detach().flatten() for p in cp.values()]) for cp in t.copy_params])
+        return float((flat - flat.mean(0)).norm())
+    assert spread(trainer) < spread(plain)
+
+
 # ---------------------------------------------------------------------- identity kernel = independent runs
 @pytest.mark.parametrize("overrides", [dict(batch_size=16), dict(MLP)], ids=["transformer-minibatch", "mlp"])
 def test_identity_kernel_trains_copies_exactly_like_independent_runs(tmp_path, overrides):
@@ -181,9 +259,11 @@ def test_mixing_kernel_makes_copies_differ_from_independent_runs(tmp_path):
 
 
 # ---------------------------------------------------------------------- resume, stop rule, format
-def test_interrupted_routed_run_resumes_bit_identically(tmp_path):
-    cfg = tiny_config(routing_copies=3, routing_width=1.0, batch_size=16, steps=60, eval_every=10,
-                      checkpoint_every=20)
+@pytest.mark.parametrize("overrides", [dict(routing_width=1.0), dict(routing_width=2.0, routing_unit="weight",
+                                                                     elastic_gamma=0.3)],
+                                                                     ids=["layer", "weight-elastic"])
+def test_interrupted_routed_run_resumes_bit_identically(tmp_path, overrides):
+    cfg = tiny_config(routing_copies=3, batch_size=16, steps=60, eval_every=10, checkpoint_every=20, **overrides)
     whole = tmp_path / "whole.h5"
     train(cfg, whole, progress=False)
     cut = tmp_path / "cut.h5"
@@ -238,7 +318,4 @@ def test_file_layout_and_copy_selection(tmp_path):
     (["--routing-copies", "2", "--routing-width", "-1"], "routing_width must be >= 0"),
 ])
 def test_unsupported_routing_options_are_one_line_errors(tmp_path, flags, message):
-    out = groklens("train", "-q", "--out", str(tmp_path / "x.h5"), "--p", "7", "--steps", "5", "--eval-every", "5",
-                   "--checkpoint-every", "5", *flags)
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "x.h5").exists()
+    assert_train_refused(tmp_path, flags, message)

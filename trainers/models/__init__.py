@@ -102,6 +102,24 @@ def _build_mlp(cfg: "RunConfig", data: "TaskData"):
     ), cfg, data)
 
 
+def _build_teacher_student(cfg: "RunConfig", data: "TaskData"):
+    """model=perceptron | committee (task teacher): trainers/models/teacher.py."""
+    from groklens.tasks import teacher_student
+    from groklens.trainers.models.teacher import TeacherStudent, TeacherStudentConfig
+
+    committee = cfg.model == "committee"
+    return _attach_task(TeacherStudent(
+        TeacherStudentConfig(
+            d_model=cfg.teacher_dim, n_heads=0, d_head=0, n_layers=1, d_mlp=cfg.d_mlp if committee else 1,
+            d_vocab=data.d_vocab, d_vocab_out=data.d_vocab_out, n_ctx=data.n_ctx, committee=committee,
+        ), teacher_student(cfg)[0]), cfg, data)
+
+
+memory_width(lambda cfg, vocab: cfg.teacher_dim)(_build_teacher_student)  # one weight vector per input dimension
+MODELS.register("perceptron")(_build_teacher_student)
+MODELS.register("committee")(_build_teacher_student)
+
+
 def build_model(cfg: "RunConfig", data: "TaskData", seed: int | None = None) -> "nn.Module":
     """Build the configured model, initialised from `seed` (default cfg.seed)."""
     import torch
