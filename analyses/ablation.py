@@ -115,7 +115,7 @@ def check(model, data: TaskData, params: dict) -> None:
 
 @analysis("freq_ablation",
           "loss and accuracy with Fourier frequencies removed from the embedding or a hook site (through a hook)",
-          check=check, tasks=MODULAR_TASKS, tier="named")
+          check=check, tasks=MODULAR_TASKS, tier="named", order=90)
 def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | None = None, site: str = "hook_embed",
                        along: str = "token", position: int | None = None) -> dict:
     """Loss and accuracy (all / train / test) without and with `frequencies` removed at `site`
@@ -138,5 +138,6 @@ def frequency_ablation(model, data: TaskData, *, frequencies: Sequence[int] | No
             clean = model(data.inputs.to(device)).cpu()
         with scoped_hooks(model, fwd_hooks=[(site, _projector(model, data, freqs, site, along, pos))]):
             ablated = model(data.inputs.to(device)).cpu()
-    return {**_losses(clean, data, int(data.readout_pos), ""), **_losses(ablated, data, int(data.readout_pos), "ablated_"),
+    return {**_losses(clean, data, int(data.readout_pos), ""),
+            **_losses(ablated, data, int(data.readout_pos), "ablated_"),
             "frequencies": np.array(freqs, dtype=np.int64)}

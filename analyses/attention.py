@@ -82,7 +82,8 @@ def mass_statistics(pattern_q: np.ndarray, informative: np.ndarray, quantiles: S
           export="attention_mass",
           check=check, measures=[("attn_mass", "mass", "attention mass on informative tokens", "mean"),
                                  ("attn_min_mass", "min_token_mass",
-                                  "attention on the least-attended informative token (per input; mean)", "mean")])
+                                  "attention on the least-attended informative token (per input; mean)", "mean")],
+          order=20)
 def attention_mass(model, data: TaskData, *, quantiles: Sequence[float] = QUANTILES,
                    batch_size: int = 4096) -> dict:
     """Definition 3 for every attention layer, over all of the task's inputs.
@@ -163,7 +164,8 @@ def _check_gradient(model, data: TaskData, params: dict) -> list[str]:
           "the informative tokens, and the W_Q/W_K gradient norm", check=_check_gradient, tier="named",
           measures=[("attn_qk_grad", "qk_grad", "gradient norm of W_Q, W_K (task loss)", "mean"),
                     ("attn_qk_share", "qk_grad_share", "W_Q, W_K share of the whole gradient norm", "mean"),
-                    ("attn_struct_pull", "struct_pull", "pull of the loss toward the informative tokens", "mean")])
+                    ("attn_struct_pull", "struct_pull", "pull of the loss toward the informative tokens", "mean")],
+          order=20)
 def attention_gradient(model, data: TaskData, *, eval_set: str = "train", loss: str = "ce",
                        batch_size: int = 4096) -> dict:
     """Per attention layer (our measures of "the structural gradient", docs/ANALYSES.md), from the

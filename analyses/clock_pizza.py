@@ -136,7 +136,7 @@ def cosines(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 @analysis("gradient_symmetricity", "Clock/Pizza gradient symmetricity: cosine of the logit's gradients "
-          "w.r.t. the two operand embeddings (Zhong et al. 2023)", tier="named", check=check, tasks=("add",))
+          "w.r.t. the two operand embeddings (Zhong et al. 2023)", tier="named", check=check, tasks=("add",), order=120)
 def gradient_symmetricity(model, data: TaskData, *, n_samples: int = SAMPLES, seed: int = SEED) -> dict:
     """gradient_symmetricity (mean cosine over the sampled triples) and cosines [n_samples]."""
     import torch
@@ -170,7 +170,7 @@ def irrelevance(grid: np.ndarray) -> float:
 
 
 @analysis("distance_irrelevance", "Clock/Pizza distance irrelevance: how little the correct logit depends on "
-          "(a-b) mod p (Zhong et al. 2023)", tier="named", check=check, tasks=("add",))
+          "(a-b) mod p (Zhong et al. 2023)", tier="named", check=check, tasks=("add",), order=120)
 def distance_irrelevance(model, data: TaskData) -> dict:
     """distance_irrelevance and correct_logits [p, p] (rows (a+b) mod p, columns (a-b) mod p)."""
     p = check(model, data, {})
@@ -181,7 +181,7 @@ def distance_irrelevance(model, data: TaskData) -> dict:
 
 
 @analysis("clock_pizza", "Clock/Pizza at a glance: gradient symmetricity, distance irrelevance and the "
-          "label of ALGORITHM_RULE (is_clock, is_pizza)", tier="named", check=check, tasks=("add",))
+          "label of ALGORITHM_RULE (is_clock, is_pizza)", tier="named", check=check, tasks=("add",), order=120)
 def clock_pizza(model, data: TaskData, *, n_samples: int = SAMPLES, seed: int = SEED) -> dict:
     """Both measures and the rule's label as is_clock / is_pizza (1 or 0; both 0: neither)."""
     gs = gradient_symmetricity(model, data, n_samples=n_samples, seed=seed)["gradient_symmetricity"]

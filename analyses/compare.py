@@ -10,8 +10,8 @@ Definitions (REFERENCES.md, definition 7):
 - memorization step: first evaluated step with train accuracy >= threshold; grokking step: the
   first of the run's grok_evals consecutive evaluations with test accuracy >= threshold (its
   first crossing is shown apart, `first_crossing`, and noted when it differs: a crossing that
-  fell back is not grokking); a run that never crosses is right-censored at its last evaluated step and shown `> N`, never
-  dropped. A group with censored members says how many.
+  fell back is not grokking); a run that never crosses is right-censored at its last evaluated
+  step and shown `> N`, never dropped. A group with censored members says how many.
 - gap: grokking step - memorization step (a lower bound when grokking is censored).
 - variant: the config fields whose values differ between the rows, found automatically
   (`seed` and `data_seed` are left out when rows are groups of seeds).
@@ -72,14 +72,13 @@ from groklens.analyses.measures import (  # noqa: F401 - re-exported
 )
 from groklens.analyses.registry import default_names, get
 from groklens.analyses.speedup import CI_LEVEL, SPEEDUP_METHOD, mean_std, speedup  # noqa: F401 - re-exported
-from groklens.config import GROK_THRESHOLD, field_names
+from groklens.config import GROK_THRESHOLD, SEED_FIELDS, field_names
 from groklens.errors import BadInput
 from groklens.analyses.fourier import trivial_key_note
 from groklens.analyses.grokking import collapse, collapse_text
 from groklens.analyses.notes import one_per_kind
 from groklens.analyses.tables import comparison_frame
 
-SEED_FIELDS = ("seed", "data_seed")
 GROUP_VARIANT = "variant"  # --group-by variant: runs whose configs differ only in seed / data_seed
 GROUP_RUN = "run"  # --group-by run: one row per run (compare's default)
 
@@ -145,7 +144,8 @@ def drop_sidecars(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[s
                 continue
             raise BadInput(f"{p} is a run's analyses sidecar, not a run; give the RUN.h5 beside it")
         kept.append(p)
-    notes = [f"skipped {skipped} analyses sidecar file(s) (RUN{SIDECAR_SUFFIX}) given beside their runs"] if skipped else []
+    notes = ([f"skipped {skipped} analyses sidecar file(s) (RUN{SIDECAR_SUFFIX}) given beside their runs"]
+             if skipped else [])
     return kept, notes
 
 
@@ -492,7 +492,7 @@ def compare(paths: Sequence[str | Path], *, baseline: str | Path | None = None,
             if inner:
                 notes.append(f"group {g.label} also differs in {', '.join(inner)}")
     exclude = SEED_FIELDS if groups_by is not None else ()
-    variant_fields = differing_fields([g.runs[0].config for g in groups], exclude) if groups_by in (None, [GROUP_VARIANT]) \
-        else list(groups_by)
+    variant_fields = (differing_fields([g.runs[0].config for g in groups], exclude)
+                      if groups_by in (None, [GROUP_VARIANT]) else list(groups_by))
     return Comparison(threshold=threshold, groups=groups, grouped=groups_by is not None, baseline=base,
                       variant_fields=variant_fields, notes=one_per_kind(notes))

@@ -125,7 +125,8 @@ def format_table(comp: Comparison) -> str:
     if comp.baseline is not None:
         lines.append(f"speed-up = grokking step of '{comp.baseline.label}' / the row's: {SPEEDUP_METHOD}")
     if any(r.grok_censored or r.mem_censored for g in comp.groups for r in g.runs):
-        lines.append("> N: never reached the threshold by step N (censored); a group's mean then counts N, a lower bound")
+        lines.append("> N: never reached the threshold by step N (censored); a group's mean then counts N, a lower "
+                     "bound")
     head, body = analysis_cells(comp)
     if body:
         lines.append("")

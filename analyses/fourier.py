@@ -69,7 +69,8 @@ def trivial_key_note(steps: Sequence[int], n_keys: Sequence[float], p: int, wher
            if s > 0 and n is not None and np.isfinite(n) and n > TRIVIAL_KEY_SHARE * m]
     if not hit:
         return None
-    shown = ", ".join(f"{n} at step {s}" for s, n in hit[:3]) + (f", ... ({len(hit)} checkpoints)" if len(hit) > 3 else "")
+    shown = ", ".join(f"{n} at step {s}" for s, n in hit[:3])
+    shown += f", ... ({len(hit)} checkpoints)" if len(hit) > 3 else ""
     return (f"warning: {where}Nanda's key set holds more than half of the {m} frequencies ({shown} of {m}): "
             "the key-set FVEs (neuron, embedding, least-squares key mean) are near 1 by construction; read the "
             "top-5 least-squares FVE or the restricted / excluded loss with a fixed key set instead")
@@ -373,7 +374,8 @@ def resolve_params(traj, params: dict) -> dict:
 def check(model, data: TaskData, params: dict) -> dict:
     grid = modular_grid(data, "the Fourier analysis")
     if params.get("restricted_skip", "mean") not in RESTRICTED_SKIP:
-        raise BadInput(f"restricted_skip must be one of {', '.join(RESTRICTED_SKIP)}; got {params['restricted_skip']!r}")
+        raise BadInput(f"restricted_skip must be one of {', '.join(RESTRICTED_SKIP)}; "
+                       f"got {params['restricted_skip']!r}")
     thr = params.get("cluster_threshold", CLUSTER_THRESHOLD)
     if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 < thr <= 1:
         raise BadInput(f"cluster_threshold must be in (0, 1]; got {thr!r}")
@@ -415,7 +417,7 @@ def _neuron_losses(model, data: TaskData, acts: dict, names: dict, c: np.ndarray
     measures=[("fve_neuron", "neuron_fve", "Fourier FVE (neuron, Nanda)"),
               ("fve_ls", "ls_fve", "Fourier FVE (least squares, mean over the key frequencies)"),
               ("fve_ls_top5", "ls_fve_top_k", "Fourier FVE (least squares, top-5 mean)"),
-              ("n_key_freqs", "n_key_frequencies", "key frequencies (Nanda's set): how many")])
+              ("n_key_freqs", "n_key_frequencies", "key frequencies (Nanda's set): how many")], order=10)
 def fourier(
     model,
     data: TaskData,

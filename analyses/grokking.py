@@ -97,7 +97,8 @@ def collapse_text(c: Mapping) -> str:
 
 
 @analysis("grokking", "memorization and grokking steps per accuracy threshold (grokked: grok_evals consecutive "
-          "evaluations with test accuracy >= threshold; the first crossing apart), with censoring", kind="run")
+          "evaluations with test accuracy >= threshold; the first crossing apart), with censoring", kind="run",
+          order=80)
 def grokking_table(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float] = PHASE_THRESHOLDS,
                    grok_evals: int = 0) -> dict:
     """Per threshold (in the given order): memorization and grokking steps and the first
@@ -245,7 +246,8 @@ def format_summary(summary: Mapping) -> str:
         key = f"{GROK_THRESHOLD:g}"
         per_copy = ", ".join(censored_text(g[key], summary) for g in routing["copy_grokking_step"])
         elastic = f", elastic gamma {cfg['elastic_gamma']}" if cfg.get("elastic_gamma") else ""
-        lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit {cfg['routing_unit']}{elastic} "
+        lines.append(f"routing  {routing['copies']} copies, width {cfg['routing_width']}, unit "
+                     f"{cfg['routing_unit']}{elastic} "
                      f"(lines above: copy 0); grokked @{key} per copy: {per_copy}; ensemble: "
                      f"{censored_text(routing['ensemble_grokking_step'][key], summary)}")
     stale = summary.get("stale_temporaries")

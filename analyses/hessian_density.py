@@ -99,7 +99,7 @@ def check(model, data: TaskData, params: dict) -> None:
 
 
 @analysis("hessian_density", "Hessian eigenvalue density of the float64 training loss by stochastic Lanczos "
-          "quadrature (PyHessian's method)", tier="named", check=check, needs_step=True)
+          "quadrature (PyHessian's method)", tier="named", check=check, needs_step=True, order=130)
 def hessian_density(model, data: TaskData, *, iters: int = 100, runs: int = 1, num_bins: int = 1000,
                     sigma_squared: float = 1e-5, overhead: float = 0.01, eval_set: str = "train", seed: int = 0,
                     loss: str | None = None, step: int | None = None) -> dict:

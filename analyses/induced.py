@@ -17,7 +17,8 @@ at weight 1) acts on a weight matrix W through its gradient G = dP/dW. With W = 
                   gradient does not see the data.
 Values are named `<measure>@<weight>`; `<measure>_mean` averages over the matrices whose
 gradient is nonzero. By default only the matrices the penalty reaches (nonzero gradient) are
-reported: the unembedding after the last penalized site, for one, has no induced term at all. Weights are viewed as matrices as in the rank analysis (weight_matrix).
+reported: the unembedding after the last penalized site, for one, has no induced term at all.
+Weights are viewed as matrices as in the rank analysis (weight_matrix).
 The model runs in float64 so that a penalty already near its minimum keeps its gradient.
 """
 
@@ -97,7 +98,9 @@ def check(model, data: TaskData, params: dict) -> tuple[list[str], list[str]]:
     check_sites(model, sites)
     named = dict(model.named_parameters())
     weights = params.get("weights")
-    weights = [n for n, p in named.items() if p.ndim in (2, 3) and p.requires_grad] if weights is None else list(weights)
+    if weights is None:
+        weights = [n for n, p in named.items() if p.ndim in (2, 3) and p.requires_grad]
+    weights = list(weights)
     unknown = [w for w in weights if w not in named]
     if unknown:
         raise BadInput(f"induced_reg: unknown weight(s) {', '.join(unknown)} (known: {', '.join(named)})")
@@ -113,7 +116,7 @@ def check(model, data: TaskData, params: dict) -> tuple[list[str], list[str]]:
           "along each weight's singular directions, anisotropy, alignment with weight decay, data dependence",
           export="induced_regularization", check=check, tier="named",
           measures=[("induced_anisotropy", "anisotropy_mean", "penalty's induced anisotropy (0 = weight decay)"),
-                    ("induced_data_dependence", "data_dependence_mean", "penalty's induced data dependence")])
+                    ("induced_data_dependence", "data_dependence_mean", "penalty's induced data dependence")], order=60)
 def induced_regularization(model, data: TaskData, *, sites: Sequence[str] | None = None,
                            weights: Sequence[str] | None = None, eval_set: str = "train",
                            other_set: str = "test") -> dict:
@@ -134,7 +137,8 @@ def induced_regularization(model, data: TaskData, *, sites: Sequence[str] | None
         stats = rate_stats(W, weight_matrix(w, grads[w]))
         other_rates = singular_rates(W, weight_matrix(w, other[w]))
         norm = float(np.linalg.norm(stats["rates"]))
-        stats["data_dependence"] = float(np.linalg.norm(stats["rates"] - other_rates) / norm) if norm > 0 else float("nan")
+        stats["data_dependence"] = (float(np.linalg.norm(stats["rates"] - other_rates) / norm) if norm > 0
+                                    else float("nan"))
         for key, val in stats.items():
             out[f"{key}@{w}"] = val
         for key in pooled:

@@ -206,7 +206,8 @@ def _devinterp_trace(model, row_loss: Callable, n_rows: int, *, lr, localization
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), _kept_global_rngs(device):
             warnings.simplefilter("ignore")
             tree = sample(_holder(model), rows.dataset, {}, lr=float(lr), n_beta=nb, num_chains=chains,
-                          num_draws=draws, num_burnin_steps=burnin, batch_size=minibatch, localization=float(localization),
+                          num_draws=draws, num_burnin_steps=burnin, batch_size=minibatch,
+                          localization=float(localization),
                           # chain c draws from init_seed + c: seeds far apart share no chain
                           init_seed=seed * SEED_STRIDE, device=device, save_metrics=bool(save_metrics),
                           output_path=tmp / "samples.zarr", loss_fn=rows.loss_fn)
@@ -306,7 +307,7 @@ def task_row_loss(model, data: TaskData, rows: torch.Tensor, kind: str) -> Calla
 
 @analysis("llc", "local learning coefficient by devinterp's SGLD, with per-chain spread and loss-trace diagnostics",
           check=check, tier="named",
-          measures=[("llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)")])
+          measures=[("llc", "llc_mean", "local learning coefficient (SGLD, mean over chains)")], order=100)
 def llc(
     model,
     data: TaskData,

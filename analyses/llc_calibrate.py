@@ -100,7 +100,8 @@ class Calibration:
             for s, (lr, nb, gamma) in enumerate(self.settings):
                 r = self.results[t][s]
                 rows.append({"checkpoint": label, "lr": lr, "nbeta": nb, "localization": gamma,
-                             **{k: _plain(v) for k, v in r.items() if k != "trace_blocks"}, "passes": s in self.passing})
+                             **{k: _plain(v) for k, v in r.items() if k != "trace_blocks"},
+                             "passes": s in self.passing})
         return {"checkpoints": self.targets, "default_nbeta": self.default_nbeta, "params": self.params,
                 "thresholds": {"drift_max": DRIFT_MAX, "spread_max": SPREAD_MAX, "local_fraction": LOCAL_FRACTION,
                                "lr_stable": LR_STABLE},

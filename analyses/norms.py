@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @analysis("norms", "global and per-parameter weight norms, distance from initialisation", needs_init=True,
-          export="weight_norms")
+          export="weight_norms", order=70)
 def norms(model, data: TaskData = None, *, init_params: Mapping[str, torch.Tensor] | None = None) -> dict:
     params = {n: p.detach().cpu().double().numpy() for n, p in model.named_parameters()}
     out: dict = {}

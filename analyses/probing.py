@@ -39,7 +39,7 @@ def check(model, data: TaskData, params: dict) -> None:
 
 
 @analysis("probe", "linear probe (scikit-learn) of a target from a hook site, held-out accuracy or R^2",
-          check=check, tier="named", export="probe_checkpoint")
+          check=check, tier="named", export="probe_checkpoint", order=110)
 def probe(model, data: TaskData, *, site: str | None = None, target: str | None = None,
           position="readout", frequencies: Sequence[int] | None = None, split: str = "random",
           train_frac: float = 0.5, seed: int = 0, classifier: str = "logistic", C: float = 1.0,

@@ -78,7 +78,8 @@ def progress_curves(run_path: str | Path) -> ProgressCurves:
 
     traj = Trajectory(run_path)
     m = traj.metrics
-    curves = ProgressCurves(np.asarray(m["step"]), np.asarray(m["train_loss"], float), np.asarray(m["test_loss"], float),
+    curves = ProgressCurves(np.asarray(m["step"]), np.asarray(m["train_loss"], float),
+                            np.asarray(m["test_loss"], float),
                             np.asarray(m["weight_norm"], float) ** 2)
     stored, keys = _fixed_key_variant(Path(run_path), traj.config_dict)
     if stored is None or "restricted_loss_all" not in stored.values:
@@ -88,7 +89,8 @@ def progress_curves(run_path: str | Path) -> ProgressCurves:
     curves.excluded = np.array([float(np.asarray(v).reshape(-1)[0]) for v in stored.values["excluded_loss_train"]])
     curves.key_set = keys
     curves.key_source = (f"fixed key set {{{', '.join(map(str, keys))}}}" if keys
-                         else "each checkpoint's own key set (no fixed set stored: --param fourier.key_frequencies=last)")
+                         else "each checkpoint's own key set (no fixed set stored: --param "
+                              "fourier.key_frequencies=last)")
     return curves
 
 

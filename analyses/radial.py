@@ -10,8 +10,9 @@ L is the float64 task loss (cross-entropy, or the run's StableMax loss) at the r
 position(s), summed over the evaluation set (default: the training inputs), so g_i is sample
 i's own gradient (our models treat samples independently; the sum's scale cancels in rho).
 Default sites: each layer's hidden representation (blocks.{l}.hook_resid_post, or
-layers.{i}.hook_post of the MLP), all positions, as the activation-norm penalty. Vectors with h_i = 0 or g_i = 0 (a position
-that cannot affect the readout) are left out of rho and counted in `rho_excluded`.
+layers.{i}.hook_post of the MLP), all positions, as the activation-norm penalty. Vectors with
+h_i = 0 or g_i = 0 (a position that cannot affect the readout) are left out of rho and counted in
+`rho_excluded`.
 The model runs in float64 so that confident (grokked) models do not underflow gradients.
 eps_dependent@S = 1 (and an EpsDependenceWarning) when S reaches the logits only through
 scale-invariant norms (norm_fed_sites): there rho ~ 0 by construction and the radius is free,
@@ -111,7 +112,8 @@ def _free_scale(model, data: TaskData, sites: Sequence[str], norms: bool, n_inpu
             logits = m(x)
             weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
             keys = [k for k, t in caught.items() if t.requires_grad]
-            grads = [] if not keys else torch.autograd.grad((logits * weights.to(logits.device)).sum(), [caught[k] for k in keys],
+            grads = [] if not keys else torch.autograd.grad((logits * weights.to(logits.device)).sum(),
+                                                            [caught[k] for k in keys],
                                         allow_unused=True)
     finally:
         for h in handles:
@@ -171,7 +173,7 @@ def check(model, data: TaskData, params: dict) -> list[str]:
           check=check,
           measures=[("radius", "radius_mean@{site}", "activation radius ||h||/sqrt(d)"),
                     ("rho", "rho@{site}", "radial gradient energy rho"),
-                    ("rho_baseline", "rho_baseline@{site}", "isotropic baseline of rho (1/d)")])
+                    ("rho_baseline", "rho_baseline@{site}", "isotropic baseline of rho (1/d)")], order=50)
 def radial(model, data: TaskData, *, sites: Sequence[str] | None = None, position="all",
            eval_set: str = "train", loss: str | None = None, batch_size: int = 2048) -> dict:
     """Definition 6 per site: radius_mean, radius_std, rho, rho_baseline (1/d), rho_excluded.

@@ -125,7 +125,7 @@ def check(model, data: TaskData, params: dict) -> tuple[list[str], list[str]]:
 @analysis("rank", "effective rank (Roy-Vetterli, RankMe, participation ratio) of hook sites and weights",
           export="effective_rank",
           check=check, cheap_params={"weights": []},
-          measures=[("eff_rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)")])
+          measures=[("eff_rank", "roy_vetterli_centred@{site}", "effective rank (Roy-Vetterli, centred)")], order=40)
 def effective_rank(model, data: TaskData, *, sites: Sequence[str] | None = None,
                    weights: Sequence[str] | None = None, position="readout", batch_size: int = 4096) -> dict:
     """Definition 5 for hook sites (default: every block's resid_post and mlp.hook_post) over all

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +71,9 @@ class Analysis:
     # the function's name in groklens.analyses (`from groklens.analyses import fourier_analysis`):
     # the module's own name is the submodule's there
     export: str | None = None
+    # its place among the analyses (lower first; ties: by module, then as registered): the order of
+    # the comparison's columns (measures) and of in_order
+    order: int = 1000
 
 
 # keyword arguments of an analysis function that are plumbing, not parameters of the measure
@@ -89,11 +94,21 @@ def signature_defaults(func: Callable[..., dict]) -> dict[str, Any]:
 ENTRY_POINTS = "groklens.analyses"
 ANALYSES: Registry[Analysis] = Registry("analysis", entry_points=ENTRY_POINTS)
 
-# The modules that hold the built-in analyses, in the order of the comparison's columns (each
-# registers its own with @analysis); a package outside the tree adds its modules through the
-# entry-point group ENTRY_POINTS (docs/EXTENDING.md).
-BUILTIN_MODULES = ("fourier", "attention", "sharpness", "rank", "radial", "induced", "norms", "grokking", "ablation",
-                   "llc", "probing", "clock_pizza", "hessian_density")
+# Where analyses are found (the one rule, `_load_builtins`): the modules that register them, imported when
+# the registry is first read: groklens' own, every module of this package with an `@analysis(`
+# decorator at its top level (found from its source, so the others, figures and reports, are not
+# imported for it), and an installed package's, the modules its entry points of the group
+# ENTRY_POINTS name (docs/EXTENDING.md). Their order is each analysis's own (`order=`).
+DECLARES_ANALYSIS = re.compile(r"^@analysis\(", re.M)
+
+
+def builtin_modules() -> tuple[str, ...]:
+    """The modules of groklens.analyses that register analyses (DECLARES_ANALYSIS), by name."""
+    here = Path(__file__).parent
+    return tuple(sorted(p.stem for p in here.glob("*.py") if DECLARES_ANALYSIS.search(p.read_text(encoding="utf-8"))))
+
+
+BUILTIN_MODULES = builtin_modules()
 _loaded = False
 
 
@@ -103,7 +118,7 @@ def analysis(name: str, description: str, *, tier: str = "default", measures: It
     signature's (signature_defaults); `tier` the default sets it is in (TIERS); `measures`
     (key, value, label[, reduce]) the comparison's columns read from its stored values; the
     other options are Analysis fields (kind, check, needs_init, needs_step, tasks, cheap_params,
-    resolve, batch_func, export)."""
+    resolve, batch_func, export, order)."""
     if tier not in TIERS:
         raise ValueError(f"analysis {name!r}: tier {tier!r} is not one of {TIERS}")
 
@@ -141,11 +156,8 @@ def _load_builtins() -> None:
 
 
 def _rank(a: Analysis) -> tuple[int, str]:
-    """Built-in analyses in BUILTIN_MODULES order, then the others (plugins) by module."""
-    module = a.func.__module__.rpartition(".")[2]
-    if a.func.__module__.startswith("groklens.analyses.") and module in BUILTIN_MODULES:
-        return BUILTIN_MODULES.index(module), ""
-    return len(BUILTIN_MODULES), a.func.__module__
+    """An analysis's place: its declared order, then its module (registration order within one)."""
+    return a.order, a.func.__module__
 
 
 def get(name: str) -> Analysis:
@@ -159,7 +171,7 @@ def names() -> list[str]:
 
 
 def in_order() -> list[Analysis]:
-    """Every analysis, built-in ones in BUILTIN_MODULES order (stable within a module)."""
+    """Every analysis, by its declared order (then by module; as registered within one)."""
     _load_builtins()
     return sorted(ANALYSES.in_order(), key=_rank)
 

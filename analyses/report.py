@@ -206,7 +206,8 @@ def parse_figures(names: str | Sequence[str] | None) -> list[str] | None:
     out = [x.strip().removeprefix("fig_") for item in items for x in str(item).split(",") if x.strip()]
     unknown = [n for n in out if n not in FIGURE_NAMES]
     if unknown or not out:
-        raise BadInput(f"--figures takes figure names ({', '.join(FIGURE_NAMES)}); got {unknown[0] if unknown else 'none'!r}")
+        raise BadInput(f"--figures takes figure names ({', '.join(FIGURE_NAMES)}); got "
+                       f"{unknown[0] if unknown else 'none'!r}")
     return list(dict.fromkeys(out))
 
 

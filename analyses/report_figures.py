@@ -15,7 +15,8 @@ import numpy as np
 
 from groklens.analyses import figures as F
 from groklens.analyses.grokking import grokked_rule
-from groklens.analyses.compare import Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint
+from groklens.analyses.compare import (
+    Comparison, Group, Measure, RunSummary, fmt_number, measure_key, nearest_checkpoint)
 from groklens.analyses.clock_pizza import (ALGORITHM_RULE, CLOCK_MAX_SYMMETRICITY, CLOCK_MIN_IRRELEVANCE,
                                            PIZZA_MIN_SYMMETRICITY)
 from groklens.analyses.fourier import CLUSTER_THRESHOLD
@@ -323,7 +324,8 @@ def pattern_grid(groups: Sequence[Group], steps: Sequence[int] | None):
     return F.pattern_grid(pats, rows, col_labels, names, [f"head {h}" for h in range(n_heads)])
 
 
-def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[list[FigureSpec], list[tuple[str, str]]]:
+def make_figures(comp: Comparison,
+                 steps: Sequence[int] | None = None) -> tuple[list[FigureSpec], list[tuple[str, str]]]:
     """Every figure whose data exists, and (title, why) for each that is missing."""
     groups = comp.groups
     colours = [F.colour(i) for i in range(len(groups))]
@@ -336,8 +338,8 @@ def make_figures(comp: Comparison, steps: Sequence[int] | None = None) -> tuple[
         "curves", "Accuracy and loss against step",
         "Train (dashed) and test (solid) accuracy and loss, log step axis; one colour per variant, seeds thin "
         "and the mean over seeds bold, over the evaluations every seed has: where a seed stopped early (its stop "
-        "rule) the mean ends, marked by a dotted vertical line, and the longer seeds go on alone; dots: grokking points "
-        f"({grokked_rule([r.grok_evals for g in groups for r in g.runs], f'{thr:g}')}).",
+        "rule) the mean ends, marked by a dotted vertical line, and the longer seeds go on alone; dots: grokking "
+        f"points ({grokked_rule([r.grok_evals for g in groups for r in g.runs], f'{thr:g}')}).",
         F.training_curves(variant_curves(groups, colours), threshold=thr)))
     times, cens, means = [], [], []
     for g in groups:
@@ -392,7 +394,8 @@ class _Figs:
 
 
 @figure("fourier_fve", "fourier_spectrum", "neuron_clusters",
-        missing={"Fourier-circuit FVE against step": ("fourier_fve",), "Embedding Fourier spectrum": ("fourier_spectrum",),
+        missing={"Fourier-circuit FVE against step": ("fourier_fve",),
+                 "Embedding Fourier spectrum": ("fourier_spectrum",),
                  "Neuron-frequency clusters": ("neuron_clusters",)})
 def _fourier_figures(f: _Figs) -> None:
     """Fourier FVE over time, the spectrum and the neuron clusters at chosen checkpoints."""
@@ -528,7 +531,8 @@ def _head_lines(f: _Figs) -> list[F.Line]:
     return heads
 
 
-@figure("attention", "attention_patterns", missing={"Attention at the readout position": ("attention", "attention_patterns")})
+@figure("attention", "attention_patterns",
+        missing={"Attention at the readout position": ("attention", "attention_patterns")})
 def _attention_figures(f: _Figs) -> None:
     """Attention at the readout position over time and its patterns at chosen checkpoints."""
     if f.lacks("attention", "Attention at the readout position"):

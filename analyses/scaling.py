@@ -306,7 +306,8 @@ def fit_scaling_law(records: Sequence[GrokRecord], variables: Sequence[str], *, 
     ols = ols_fit(X, y, variables)
     if len(variables) >= 2:
         Xi, labels = _design(X, variables, interactions=True)
-        if len(grokked) > Xi.shape[1] + 1 and np.linalg.matrix_rank(np.hstack([np.ones((len(X), 1)), Xi])) == Xi.shape[1] + 1:
+        if len(grokked) > Xi.shape[1] + 1 and (
+                np.linalg.matrix_rank(np.hstack([np.ones((len(X), 1)), Xi])) == Xi.shape[1] + 1):
             inter = ols_fit(Xi, y, labels)
             ols["r2_interactions"] = inter["r2"]
             if interactions:
@@ -410,7 +411,8 @@ def boundary_text(b: dict[str, Any], name: str = "") -> str:
 NORM_RISE_TOL = 1e-3  # "falls monotonically": no evaluation's weight norm above the previous one's by more
 
 
-def weight_norm_transition(steps: Sequence[float], norms: Sequence[float], start: int, end: int) -> dict[str, Any] | None:
+def weight_norm_transition(steps: Sequence[float],
+                           norms: Sequence[float], start: int, end: int) -> dict[str, Any] | None:
     """The weight norm over the evaluations from `start` (memorization) to `end` (grokking),
     both included: its first and last value, the largest rise between consecutive evaluations
     relative to the earlier one (0 when it never rises), and the share of those steps where it
@@ -558,8 +560,8 @@ def format_result(result: dict[str, Any]) -> list[str]:
     """The lines `groklens scaling-law` prints."""
     lines = []
     ols = result["ols"]
-    lines.append(f"runs     {result['n_runs']} finished: {result['n_grokked']} grokked, {result['n_censored']} censored "
-                 f"(never reached test accuracy {result['threshold']:g}); censored runs "
+    lines.append(f"runs     {result['n_runs']} finished: {result['n_grokked']} grokked, {result['n_censored']} "
+                 f"censored (never reached test accuracy {result['threshold']:g}); censored runs "
                  f"{'fitted by Tobit' if result['censored'] == 'tobit' else 'excluded from the fit'}")
     lines += [f"warning  {w}" for w in result.get("warnings", [])]
     for reason, names in {**result["excluded"], **result.get("skipped", {})}.items():
@@ -588,9 +590,10 @@ def format_result(result: dict[str, Any]) -> list[str]:
         lines.append(f"boundary {b['variable']}: {boundary_text(b)}")
     wn = result.get("weight_norm")
     if wn and wn["n"]:
-        lines.append(f"norm     weight norm falls monotonically from memorization to grokking in {wn['k']} of {wn['n']} "
-                     f"grokked runs ({wn['rate']:.2f} [{wn['ci95'][0]:.2f}, {wn['ci95'][1]:.2f}]; no rise above "
-                     f"{wn['tol']:g} between evaluations; median share of falling steps {wn['median_falling']:.2f})")
+        lines.append(f"norm     weight norm falls monotonically from memorization to grokking in {wn['k']} of "
+                     f"{wn['n']} grokked runs ({wn['rate']:.2f} [{wn['ci95'][0]:.2f}, {wn['ci95'][1]:.2f}]; no rise "
+                     f"above {wn['tol']:g} between evaluations; median share of falling steps "
+                     f"{wn['median_falling']:.2f})")
     if "json" in result:
         lines.append(f"wrote    {result['json']}, {result['figure']}")
     return lines

@@ -165,7 +165,7 @@ def check(model, data: TaskData, params: dict) -> None:
           export="hessian_sharpness",
           check=check, tier="extended", needs_step=True,
           measures=[("hessian_top", "top_eigenvalues", "Hessian top eigenvalue", "first"),
-                    ("hessian_trace", "trace", "Hessian trace (Hutchinson)")])
+                    ("hessian_trace", "trace", "Hessian trace (Hutchinson)")], order=30)
 def sharpness(
     model,
     data: TaskData,

@@ -71,34 +71,3 @@ def speedup(base: Sequence, runs: Sequence, level: float = CI_LEVEL) -> dict[str
         out["df"] = df
     out["ci"] = [lo, math.inf] if cb else [0.0, hi] if cr else [lo, hi]
     return out
-    cb = any(r.grok_censored for r in base)
-    cr = any(r.grok_censored for r in runs)
-    if cb and cr:
-        out["ci_note"] = "censored on both sides"
-        return out
-    lb, lr = np.log(tb), np.log(tr)
-    diff = float(lb.mean() - lr.mean())
-    out["value"] = float(math.exp(diff))
-    if cb:
-        out["bound"] = "lower"
-        out["ci_note"] = "baseline censored: a lower bound"
-        return out
-    if cr:
-        out["bound"] = "upper"
-        out["ci_note"] = "censored seed(s): an upper bound"
-        return out
-    nb, nr = len(lb), len(lr)
-    if nb < 2 or nr < 2:
-        out["ci_note"] = "needs >= 2 seeds on both sides"
-        return out
-    vb, vr = float(lb.var(ddof=1)), float(lr.var(ddof=1))
-    se2 = vb / nb + vr / nr
-    if se2 == 0:
-        out["ci"] = [out["value"], out["value"]]
-        return out
-    df = se2 ** 2 / ((vb / nb) ** 2 / (nb - 1) + (vr / nr) ** 2 / (nr - 1))
-    t = float(stats.t.ppf(0.5 + level / 2, df))
-    half = t * math.sqrt(se2)
-    out["ci"] = [math.exp(diff - half), math.exp(diff + half)]
-    out["df"] = df
-    return out

@@ -54,5 +54,6 @@ def parameter_pca(run, n_components: int = 2) -> dict:
     k = min(n_components, len(X) - 1, X.shape[1])  # n centred points span at most n - 1 directions
     pca = PCA(n_components=k, svd_solver="full")
     ph = run_phases(traj)
-    return {"steps": steps, "projections": pca.fit_transform(X), "explained_variance_ratio": pca.explained_variance_ratio_,
+    return {"steps": steps, "projections": pca.fit_transform(X),
+            "explained_variance_ratio": pca.explained_variance_ratio_,
             "phases": checkpoint_phases(steps, ph.memorization, ph.grokking)}

@@ -106,8 +106,10 @@ def main() -> None:
             "graph_build_seconds": t_build, "seconds_per_hvp": t_hvp,
             "eigsh_tol": args.tol,
             "eigsh_top1": counts[1], "eigsh_top5": counts[5],
-            "top1_at_machine_precision": float(ref["top_eigenvalues"][0]), "hvps_at_machine_precision": ref["hvp_count"],
-            "top1_relative_error_at_tol": abs(counts[1]["top"][0] - ref["top_eigenvalues"][0]) / abs(ref["top_eigenvalues"][0]),
+            "top1_at_machine_precision": float(ref["top_eigenvalues"][0]),
+            "hvps_at_machine_precision": ref["hvp_count"],
+            "top1_relative_error_at_tol": (abs(counts[1]["top"][0] - ref["top_eigenvalues"][0])
+                                           / abs(ref["top_eigenvalues"][0])),
             "hutchinson_50": {"trace": tr["trace"], "stderr": tr["trace_stderr"], "seconds": t_tr},
         },
         "sharpness_default_result": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in sharp.items()},
@@ -121,13 +123,15 @@ def main() -> None:
     for name, sec in rows.items():
         print(f"  {name:<58} {sec:8.2f} s")
     h = report["hessian"]
-    print(f"  Hessian: {h['n_params']} parameters, {h['n_train_inputs']} training inputs; graph {h['graph_build_seconds']:.2f} s, "
+    print(f"  Hessian: {h['n_params']} parameters, {h['n_train_inputs']} training inputs; graph "
+          f"{h['graph_build_seconds']:.2f} s, "
           f"{h['seconds_per_hvp']:.3f} s per Hessian-vector product")
     for k in (1, 5):
         c = h[f"eigsh_top{k}"]
         print(f"  eigsh(which='LA', k={k}, tol={args.tol:g}): {c['hvps']} HVPs, {c['seconds']:.1f} s, "
               f"converged={c['converged']}, top = {np.round(c['top'], 4).tolist()}")
-    print(f"  k=1 at machine precision: {h['hvps_at_machine_precision']} HVPs, top {h['top1_at_machine_precision']:.6g}; "
+    print(f"  k=1 at machine precision: {h['hvps_at_machine_precision']} HVPs, top "
+          f"{h['top1_at_machine_precision']:.6g}; "
           f"relative error at tol {args.tol:g}: {h['top1_relative_error_at_tol']:.2e}")
     t = h["hutchinson_50"]
     print(f"  Hutchinson trace, 50 Rademacher samples: {t['trace']:.4g} +- {t['stderr']:.2g} in {t['seconds']:.1f} s")

@@ -48,7 +48,8 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def configs(args) -> list[RunConfig]:
-    base = {"model": "mlp", "n_layers": 2, "d_model": args.d_model, "d_mlp": args.d_mlp, "mlp_bias": True, "task": "add",
+    base = {"model": "mlp", "n_layers": 2, "d_model": args.d_model, "d_mlp": args.d_mlp,
+            "mlp_bias": True, "task": "add",
                 "p": args.p, "train_frac": args.train_frac, "steps": args.steps, "eval_every": args.eval_every,
                 "checkpoint_every": args.checkpoint_every, "device": args.device, "warmup_steps": 10}
     n_seeds = max(1, -(-args.members // (len(args.lrs) * len(args.wds))))
@@ -123,7 +124,8 @@ def main() -> None:
     t_ens, t_seq = float(np.median([w for w, _ in ens])), float(np.median([w for w, _ in seq]))
     c_ens, c_seq = float(np.median([c for _, c in ens])), float(np.median([c for _, c in seq]))
     out = {
-        "members": len(cfgs), "steps": args.steps, "rounds": args.rounds, "device": args.device, "threads": args.threads,
+        "members": len(cfgs), "steps": args.steps, "rounds": args.rounds, "device": args.device,
+        "threads": args.threads,
         "config": {"model": "mlp", "n_layers": 2, "d_model": args.d_model, "d_mlp": args.d_mlp, "p": args.p,
                    "train_frac": args.train_frac, "lrs": list(args.lrs), "wds": list(args.wds),
                    "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every},
@@ -143,8 +145,10 @@ def main() -> None:
     else:
         print(f"{len(cfgs)} MLP configs x {args.steps} steps on {args.device} ({args.threads} thread(s)), "
               f"{args.rounds} round(s); load average {out['load_average']:.1f}")
-        print(f"  ensemble   {t_ens:8.2f} s wall, {c_ens:8.2f} s CPU  {out['ensemble_model_steps_per_s']:10.1f} model-steps/s")
-        print(f"  sequential {t_seq:8.2f} s wall, {c_seq:8.2f} s CPU  {out['sequential_model_steps_per_s']:10.1f} model-steps/s")
+        print(f"  ensemble   {t_ens:8.2f} s wall, {c_ens:8.2f} s CPU  {out['ensemble_model_steps_per_s']:10.1f} "
+              "model-steps/s")
+        print(f"  sequential {t_seq:8.2f} s wall, {c_seq:8.2f} s CPU  {out['sequential_model_steps_per_s']:10.1f} "
+              "model-steps/s")
         print(f"  speedup    {out['speedup']:.2f}x wall, {out['speedup_cpu']:.2f}x CPU   (largest parameter difference "
               f"ensemble vs single: {worst:.2g})")
 

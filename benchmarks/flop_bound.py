@@ -82,7 +82,8 @@ def readout_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int, n_la
     return {k: 3.0 * f for k, f in fwd.items()}
 
 
-def table_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int, vocab: int, n_layers: int = 1) -> dict[str, float]:
+def table_flops(n: int, ctx: int, d: int, h: int, e: int, m: int, v: int,
+                vocab: int, n_layers: int = 1) -> dict[str, float]:
     """FLOPs of the same step as the first block computes it from its table of every (position,
     token) pair (TransformerBlock.from_table, the default where it pays): K and V on ctx * vocab
     table rows, Q on the readout's vocab rows, the scores of every query row against every key
@@ -170,7 +171,8 @@ def measure(name: str, threads: int, args) -> dict:
     _paths(lean=True, table=True)
     gemm = [max(a, b) for a, b in zip(gemm, gemm_rate())]  # before and after the steps: the best of 10
     flops, done = model_flops(cfg, arms["step"].run), model_flops(cfg, arms["step"].run, table=True)
-    out = {"model": name, "threads": threads, "load_avg_1min": os.getloadavg()[0], "gflop": flops / 1e9, "gemm_gflops": gemm[0] / 1e9,
+    out = {"model": name, "threads": threads, "load_avg_1min": os.getloadavg()[0], "gflop": flops / 1e9,
+           "gemm_gflops": gemm[0] / 1e9,
            "bound_ms": 1e3 * flops / gemm[0], "gemm_gflops_cpu": gemm[1] / 1e9, "bound_ms_cpu": 1e3 * flops / gemm[1],
            "table_gflop": done / 1e9, "table_bound_ms_cpu": 1e3 * done / gemm[1]}
     if args.compile:
@@ -191,7 +193,8 @@ def _paths(lean: bool, table: bool) -> None:
 
 
 def _line(row: dict, variant: bool, compiled: bool) -> str:
-    out = (f"{row['model']:11s} threads {row['threads']} (load {row['load_avg_1min']:.1f}): {row['gflop']:.2f} GFLOP | wall: step {row['step_ms']:.1f} ms, "
+    out = (f"{row['model']:11s} threads {row['threads']} (load {row['load_avg_1min']:.1f}): {row['gflop']:.2f} GFLOP "
+           f"| wall: step {row['step_ms']:.1f} ms, "
            f"GEMM {row['gemm_gflops']:.1f} GFLOP/s, bound {row['bound_ms']:.1f} ms, ratio {row['step_ratio']:.2f}"
            f" | CPU time: step {row['step_cpu_ms']:.1f} ms, GEMM {row['gemm_gflops_cpu']:.1f} GFLOP/s, "
            f"ratio {row['step_cpu_ratio']:.2f}")
@@ -217,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variant", action="store_true", help="also time the step on the batch's rows and the step before issue 31 (alternating)")
+    ap.add_argument("--variant", action="store_true",
+                    help="also time the step on the batch's rows and the step before issue 31 (alternating)")
     ap.add_argument("--compile", action="store_true", help="also time the step with compile=true (alternating)")
     ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON to OUT")
     args = ap.parse_args(argv)

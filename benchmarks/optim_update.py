@@ -31,7 +31,8 @@ from flop_bound import MODELS, build, paper_config
 
 def load_revision(rev: str):
     """trainers/optim.py at `rev`, as a module of its own."""
-    text = subprocess.run(["git", "show", f"{rev}:trainers/optim.py"], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(["git", "show", f"{rev}:trainers/optim.py"],
+                          capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "optim_before.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location("optim_before", path)

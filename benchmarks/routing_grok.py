@@ -91,7 +91,8 @@ def table(rows: dict[str, dict[int, dict]], seeds: list[int], walls: dict) -> st
                 f"{'%.3f' % r['spread'] if r['spread'] is not None else '-'} | "
                 f"{walls.get(f'{arm}/{s}', float('nan')):.0f} |")
     lines += ["", "| arm | mean grok step, all copies x seeds (grokked/total) | median | mean ensemble grok step | "
-              "mean final test acc | mean last-10 test acc | ensemble: final, last-10 |", "|---|---|---|---|---|---|---|"]
+              "mean final test acc | mean last-10 test acc | ensemble: final, last-10 |",
+              "|---|---|---|---|---|---|---|"]
     for arm, by_seed in rows.items():
         rs = [by_seed[s] for s in seeds if s in by_seed]
         steps = [g for r in rs for g in r["grok"]]

@@ -6,8 +6,9 @@ Run by hand: `python benchmarks/sweep_overhead.py [--runs 64] [--steps 100] [--w
 It runs `groklens.trainers.sweeps.run_sweep` with the local executor (the process pool of
 `groklens sweep`) on a grid of tiny runs. Inside each worker the training steps
 (`Trainer.train_step`), evaluations (`Trainer.evaluate` and the writing of its row,
-`TrajectoryWriter.write_eval`) and checkpoint writes (`TrajectoryWriter.write_checkpoint`) are timed; their sum over the workers, divided by the
-wall time times the number of workers, is the productive share; the rest is overhead.
+`TrajectoryWriter.write_eval`) and checkpoint writes (`TrajectoryWriter.write_checkpoint`) are
+timed; their sum over the workers, divided by the wall time times the number of workers, is the
+productive share; the rest is overhead.
 Both come from the same sweep, so their ratio holds on a busy machine. With `--workers 1`
 (the default) the reading does not depend on how other processes share the cores.
 
@@ -38,7 +39,8 @@ def timed_execute_task(task: dict) -> list[dict]:
     with Timed(SingleRun, "train_step") as st, Timed(SingleRun, "evaluate") as ev, \
             Timed(TrajectoryWriter, "write_eval") as ew, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         out = sweep_tasks.execute_task(task)
-    record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0, "step_s": st.total, "steps": st.calls,
+    record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0,
+              "step_s": st.total, "steps": st.calls,
               "eval_s": ev.total + ew.total, "checkpoint_s": ck.total}
     with open(os.environ[TIMINGS_ENV], "a") as f:
         f.write(json.dumps(record) + "\n")

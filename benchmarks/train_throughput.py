@@ -244,7 +244,8 @@ def train_end_to_end(cfg: RunConfig, steps: int) -> tuple[float, dict[str, float
     steps) steps: at steps 0 and `steps`), and where its wall time went (seconds)."""
     from groklens.checkpoints import TrajectoryWriter
 
-    c = cfg.replace(steps=steps, eval_every=min(cfg.eval_every, steps), checkpoint_every=min(cfg.checkpoint_every, steps))
+    c = cfg.replace(steps=steps, eval_every=min(cfg.eval_every, steps),
+                    checkpoint_every=min(cfg.checkpoint_every, steps))
     with tempfile.TemporaryDirectory() as d, Timed(SingleRun, "train_step") as ts, \
             Timed(SingleRun, "evaluate") as ev, Timed(TrajectoryWriter, "write_checkpoint") as ck:
         t = time.perf_counter()
@@ -326,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  explicit path (before the fast path): / plain.sdpa = {r['time_explicit_step_over_plain_sdpa']:.3f};  "
               f"/ plain = {r['time_explicit_step_over_plain']:.3f}")
         print(f"  rates: groklens.step / plain = {r['ratio_groklens_step_to_plain']:.3f};  groklens.train / plain = "
-              f"{r['ratio_groklens_train_to_plain']:.3f};  plain.readout / plain = {r['ratio_plain_readout_to_plain']:.3f}")
+              f"{r['ratio_groklens_train_to_plain']:.3f};  plain.readout / plain = "
+              f"{r['ratio_plain_readout_to_plain']:.3f}")
         print(f"  training.train over {args.e2e_steps} steps, seconds: "
               + ", ".join(f"{k} {v:.2f}" for k, v in r["e2e_seconds"].items()))
         print(f"  same loss and gradients: {json.dumps(r['equivalence'])}")

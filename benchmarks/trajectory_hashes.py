@@ -9,8 +9,9 @@ the CPU) and with the same thread count (one; this script sets it):
 Each case trains tiny real runs into a temporary directory (the global RNGs seeded before
 every case, as tests/conftest.py does, so a case's bytes do not depend on the cases before
 it) and hashes every dataset of every file it wrote: name, shape, dtype and bytes (attributes
-are left out: they hold the version and a creation time). The cases cover what a trainer
-refactor can touch: single, ensemble and routed runs; every regularizer and transform
+are left out: they hold the version and a creation time; so is the CPU time the run took, which
+differs between two runs of one config). The cases cover what a trainer refactor can touch:
+single, ensemble and routed runs; every regularizer and transform
 (act_norm, geomdr with its window, kl_attn, grokfast, perp_grad both scales); mini-batches;
 losses ce and stablemax; the multi-target task; the MLP; uniform attention (parameters without
 a gradient); members that stop, members with their own inputs (seq tasks); a run interrupted
@@ -120,13 +121,17 @@ CASES = {
 }
 
 
+# what the machine measured, not what the run computed: differs between two runs of one config
+MEASURED = ("cpu_seconds",)
+
+
 def dataset_hashes(path: Path) -> dict[str, str]:
-    """sha256 of (name, shape, dtype, bytes) of every dataset, by name."""
+    """sha256 of (name, shape, dtype, bytes) of every dataset but the MEASURED ones, by name."""
     out = {}
     with h5py.File(path, "r", locking=False) as f:
         names: list[str] = []
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        for name in sorted(names):
+        for name in sorted(n for n in names if n not in MEASURED):
             arr = np.ascontiguousarray(f[name][()])
             h = hashlib.sha256(f"{name}|{arr.shape}|{arr.dtype.str}|".encode())
             h.update(arr.tobytes())

@@ -58,7 +58,9 @@ def _table(rows: dict[str, dict[int, dict]], seeds: list[int]) -> str:
     for name, by_seed in rows.items():
         rs = [by_seed[s] for s in seeds if s in by_seed]
         done = [r["grok_95"] for r in rs if r["grok_95"] is not None]
-        mean = (f"{statistics.mean(done):.0f}" + ("" if len(done) == len(rs) else f" ({len(done)}/{len(rs)})")) if done else "none"
+        mean = "none"
+        if done:
+            mean = f"{statistics.mean(done):.0f}" + ("" if len(done) == len(rs) else f" ({len(done)}/{len(rs)})")
         lines.append(f"| {name} | {', '.join(show(r['grok_95'], r) for r in rs)} | {mean} "
                      f"| {', '.join(show(r['grok_90'], r) for r in rs)} | {', '.join(str(r['memorized']) for r in rs)} "
                      f"| {', '.join('%.3f' % r['final_test_acc'] for r in rs)} |")

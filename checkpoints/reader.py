@@ -43,7 +43,8 @@ def open_trajectory_file(path: str | Path, validate: bool = True) -> h5py.File:
     if not path.exists():
         raise BadInput(f"{path}: no such file")
     if not path.is_file():
-        raise BadInput(f"{path}: is a directory, not a trajectory file" if path.is_dir() else f"{path}: not a regular file")
+        raise BadInput(f"{path}: is a directory, not a trajectory file" if path.is_dir()
+                       else f"{path}: not a regular file")
     with open(path, "rb") as fh:
         head = fh.read(8)
     if head != HDF5_SIGNATURE:
@@ -208,7 +209,8 @@ def _open_swmr(file: Path, path: Path) -> h5py.File:
     try:
         return h5py.File(file, "r", libver="latest", swmr=True, locking=False)
     except OSError as exc:
-        raise BadInput(f"{path}: damaged HDF5 file ({str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
+        why = str(exc).splitlines()[0] if str(exc) else "unreadable"
+        raise BadInput(f"{path}: damaged HDF5 file ({why})") from None
 
 
 def _check_not_truncated(path: Path) -> None:

@@ -191,7 +191,8 @@ def _write_copy(src: h5py.File, tmp: Path, last: int, m: int, slot: int) -> None
         g[C.STATE_STEP][:] = keep
         filters = {"chunks": (1,), "fletcher32": True} if checksum else {}
         dst.create_dataset(C.STATUS, data=np.array([b"interrupted"], dtype=f"S{C.STATUS_LENGTH}"), **filters)
-        if isinstance(src.get(C.CPU_SECONDS), h5py.Dataset):  # as last written (it counts work since the last checkpoint)
+        # as last written (it counts work since the last checkpoint)
+        if isinstance(src.get(C.CPU_SECONDS), h5py.Dataset):
             dst.create_dataset(C.CPU_SECONDS, data=read(src[C.CPU_SECONDS]), **filters)
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())

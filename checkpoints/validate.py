@@ -45,7 +45,7 @@ from groklens.checkpoints import constants as C
 from groklens.checkpoints.integrity import DamagedDataset, integrity_problems, read
 from groklens.config import RunConfig, stored_dict
 from groklens.errors import BadInput
-from groklens.tasks import TASKS, teacher_sizes
+from groklens.tasks import TASKS
 
 if TYPE_CHECKING:  # pragma: no cover
     import h5py
@@ -350,12 +350,13 @@ def _data_fits_config(cfg, arrays, attrs, problems: list[str]) -> bool:
         label_shape = (n, n_targets) if n_targets else (n,)
         if inputs.shape != (n, n_ctx) or labels.shape != label_shape:
             problems.append(f"/{C.DATA} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}; the stored "
-                            f"config's task ({cfg.task}, p={cfg.p}) has inputs {[n, n_ctx]} and labels {list(label_shape)}")
+                            f"config's task ({cfg.task}, p={cfg.p}) has inputs {[n, n_ctx]} and labels "
+                            f"{list(label_shape)}")
             return False
     stored = (attrs.get("d_vocab"), attrs.get("d_vocab_out"))
     if None not in stored and stored != vocab:
-        problems.append(f"/{C.DATA} vocabulary (d_vocab {stored[0]}, d_vocab_out {stored[1]}) is not the stored config's "
-                        f"({vocab[0]}, {vocab[1]})")
+        problems.append(f"/{C.DATA} vocabulary (d_vocab {stored[0]}, d_vocab_out {stored[1]}) is not the stored "
+                        f"config's ({vocab[0]}, {vocab[1]})")
         return False
     if "readout_pos" in attrs and attrs["readout_pos"] != readout:
         problems.append(f"/{C.DATA} readout_pos {attrs['readout_pos']} is not the stored config's ({readout})")
@@ -387,20 +388,12 @@ def _split(train, test, N: int, whole: bool, problems: list[str]) -> None:
 
 def data_shape(cfg: "RunConfig") -> tuple[int, int, int] | None:
     """(inputs, positions per input, answer positions: 0 for labels [N]) of cfg's task, from the
-    config alone; None for a task this function does not know (its data is then not compared)."""
-    task, p = cfg.task, cfg.p
-    if task in ("add", "sub", "mul", "x2y2", "div"):
-        n_ctx = 4 if cfg.op_token else 3  # [a, op, b, =] or [a, b, =]
-        return (p * (p - 1) if task == "div" or cfg.nonzero_b else p * p), n_ctx, 0
-    if task == "s5":
-        return 120 * 120, 3, 0
-    if task == "digits_add":
-        return cfg.digits_pairs or 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1
-    if task in ("seq_add", "seq_mul"):
-        return p ** cfg.n_informative, cfg.seq_len + 1, 0
-    if task == "teacher":
-        return sum(teacher_sizes(cfg)), 2, 0
-    return None
+    config alone (the task's own `shape`); None for a task that declares none or is not
+    registered here (its data is then not compared)."""
+    if cfg.task not in TASKS:
+        return None
+    shape = TASKS.get(cfg.task).shape
+    return None if shape is None else shape(cfg)
 
 
 def _in_range(ds, lo: int, hi: int, where: str, problems: list[str]) -> None:
@@ -534,9 +527,11 @@ def task_size(cfg: "RunConfig") -> tuple[int, int]:
 
 def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     """Bytes a run of `cfg` holds at its peak, by part (an estimate with generous factors)."""
+    from groklens.trainers.models import model_width
+
     n, n_ctx = task_size(cfg)
     vocab = cfg.p + cfg.distractor_vocab + 16
-    d_model = max(cfg.d_model, vocab if cfg.model == "mlp" and cfg.mlp_embed == "onehot" else 0)
+    d_model = model_width(cfg, vocab)  # the model's own fact (a one-hot embedding is as wide as the vocabulary)
     per_layer = 4 * cfg.n_heads * cfg.d_head * d_model + 2 * d_model * cfg.d_mlp + 8 * d_model
     n_params = 2 * vocab * d_model + n_ctx * d_model + cfg.n_layers * per_layer
     batch = min(cfg.batch_size or n, n)
@@ -548,7 +543,8 @@ def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     # inputs, no autograd) about two layers at once; they are never live together
     step_acts = batch * cfg.n_layers * n_ctx * width * 4 * copies
     eval_acts = eval_rows * 2 * n_ctx * width * 4 * copies
-    table = n * cfg.teacher_dim * 4 if cfg.task == "teacher" else 0  # its Gaussian vectors, one table for every copy
+    extra = TASKS.get(cfg.task).extra_memory  # the task's own fact (the teacher task's Gaussian vectors)
+    table = extra(cfg) if extra is not None else 0
     return {
         "task inputs": n * n_ctx * (8 * 3 + 1) + n * 8 * 4 + table,
         "parameters and optimizer state": n_params * 4 * 8 * copies,

@@ -98,7 +98,8 @@ from groklens.analyses import compute
 last = int(run.steps[-1])
 own = compute(run, "fourier")  # every checkpoint, its own key set
 fourier = to_pandas(run, "fourier")  # the same, as a DataFrame: one row per checkpoint
-print(fourier[["step", "n_key_frequencies", "neuron_fve", "restricted_loss_all", "excluded_loss_train"]].to_string(index=False))
+print(fourier[["step", "n_key_frequencies", "neuron_fve",
+               "restricted_loss_all", "excluded_loss_train"]].to_string(index=False))
 keys = [int(k) for k in own.values["key_frequencies"][-1]]
 print("key frequencies of the grokked model:", keys)
 

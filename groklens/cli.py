@@ -68,7 +68,8 @@ def _which_checkpoints(func):
     func = click.option("--checkpoints", "steps", multiple=True, metavar="S",
                         help="Checkpoint step(s) (repeatable, or comma-separated).")(func)
     return click.option("--every", type=int, default=None,
-                        help="Every K-th checkpoint (by index), plus the last and the memorization / grokking ones.")(func)
+                        help="Every K-th checkpoint (by index), plus the last and the memorization / grokking "
+                             "ones.")(func)
 
 
 def _log_option(whose: str):
@@ -95,7 +96,8 @@ def cli(debug: bool) -> None:
 
 
 @cli.command()
-@click.option("--preset", "preset_name", default=None, help=f"Starting config: {', '.join(sorted(PRESETS))} (default nanda).")
+@click.option("--preset", "preset_name", default=None,
+              help=f"Starting config: {', '.join(sorted(PRESETS))} (default nanda).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="YAML file of config fields (unknown keys are an error).")
 @click.option("--out", "-o", type=click.Path(), default=None, help="Trajectory file to write (RUN.h5).")
@@ -127,7 +129,8 @@ def train(preset_name, config_file, out, force, resume_path, quiet, as_json, thr
         given = sorted(k for k, v in overrides.items() if v is not None)
         if given or config_file or preset_name or out:
             extra = ", ".join(["--" + g.replace("_", "-") for g in given] +
-                              [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out)) if v])
+                              [o for o, v in (("--config", config_file), ("--preset", preset_name), ("--out", out))
+                               if v])
             raise BadInput(f"--resume continues the stored config; do not also give {extra}")
         target, cfg = Path(resume_path), None
     else:
@@ -262,7 +265,8 @@ class _MetricOption(click.Option):
               help="One line per measure (compare's columns): its value at the first analyzed checkpoint, at "
                    "memorization, at grokking and at the last, instead of the table of every step.")
 @click.option("--copy", "copy", type=int, default=None, metavar="M",
-              help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to RUN.copyM.analyses.h5.")
+              help="Copy M of a routed run (routing_copies > 1; default copy 0); its results go to "
+                   "RUN.copyM.analyses.h5.")
 def analyze(runs, metrics, every, steps, params, recompute, quiet, as_json, summary, copy) -> None:
     """Measure mechanisms at the checkpoints of RUN.h5 (one or more runs, one after the other);
     results are kept in each RUN.analyses.h5."""
@@ -299,7 +303,8 @@ def analyze(runs, metrics, every, steps, params, recompute, quiet, as_json, summ
 @click.option("--checkpoints", "steps", multiple=True, metavar="S",
               help="Checkpoint step(s) to calibrate at (repeatable or comma-separated; default: the memorization "
                    "checkpoint and the last one).")
-@click.option("--lr", "lrs", multiple=True, metavar="X", help="SGLD step sizes (default 3e-7,3e-6,...,3e-1 by decades).")
+@click.option("--lr", "lrs", multiple=True, metavar="X",
+              help="SGLD step sizes (default 3e-7,3e-6,...,3e-1 by decades).")
 @click.option("--nbeta", "nbetas", multiple=True, metavar="X",
               help="Inverse temperatures n*beta (default 0.01,0.1,1,10 x n/log n).")
 @click.option("--localization", "localizations", multiple=True, metavar="X",
@@ -389,7 +394,8 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_log_option(" of every run trained (each under its run's name)")
-def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address, gpus_per_run, partition,
+def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address,
+          gpus_per_run, partition,
           time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json, log_to) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
     from groklens.experiments.cost import cap_cost
@@ -470,7 +476,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
             skipped = " (failed before; --retry-failed runs it again)" if name in report.skipped_failed else ""
             click.echo(f"failed   {name}: {error}{skipped}")
     if c["failed"]:
-        raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` lists them")
+        raise GroklensError(f"{c['failed']} of {c['total']} runs failed; `groklens sweep --status {report.out_dir}` "
+                            "lists them")
 
 
 @cli.command("scaling-law")
@@ -479,7 +486,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
               help="Comma-separated: width (the model's hidden width), n_train, or numeric config fields.")
 @_threshold_option("Test accuracy that counts as grokked.")
 @click.option("--interactions", is_flag=True, help="Also print the fit with pairwise interaction terms.")
-@click.option("--censored", is_flag=True, help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
+@click.option("--censored", is_flag=True,
+              help="Fit censored runs too (Tobit maximum likelihood); default: exclude them.")
 @click.option("--phase", default=None, metavar="X,Y", help="The two variables of the phase diagram.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
 def scaling_law_cmd(directory, variables, threshold, interactions, censored, phase, as_json) -> None:
@@ -538,7 +546,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help=_GROUP_BY_HELP)
 @_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
-              help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the sidecars).")
+              help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the "
+                   "sidecars).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
 @click.option("--every", type=int, default=None,
@@ -556,7 +565,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
               help="paper: each figure --width inches wide, its text at --font-size points, 300 dpi, "
                    "TrueType fonts in PDF.")
 @click.option("--width", "width_in", type=float, default=None, metavar="IN",
-              help="With --style paper: figure width in inches, 1 to 20 (default 5.5, a one-column paper's text width).")
+              help="With --style paper: figure width in inches, 1 to 20 (default 5.5, a one-column paper's text "
+                   "width).")
 @click.option("--font-size", "font_pt", type=float, default=None, metavar="PT",
               help="With --style paper: text size in points, 4 to 36 (default 8).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -590,10 +600,12 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 
 @cli.command()
 @click.argument("name", required=False)
-@click.option("--list", "list_", is_flag=True, help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop and to "
-                   "the cap), the measured (ledger) time per run, fits this CPU?")
+@click.option("--list", "list_", is_flag=True,
+              help="List the experiments: runs, their cost here (steps timed on this machine, to the expected stop "
+                   "and to the cap), the measured (ledger) time per run, fits this CPU?")
 @click.option("--scale", default="quick", show_default=True, metavar="smoke|quick|paper",
-              help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup (GPU).")
+              help="smoke: tiny pipeline check; quick: a 2-core CPU (smaller p / model); paper: the published setup "
+                   "(GPU).")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for runs/, report/ and results (default ./reproduce-NAME-SCALE); rerun to resume.")
 @click.option("--seeds", type=int, default=None, help="Seeds per variant (default: smoke 1, quick 2, paper 10).")
@@ -601,7 +613,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--results-md", "results_md", type=click.Path(dir_okay=False), default=None,
               help="Markdown file whose reproduce table gets the rows (e.g. docs/RESULTS.md); none by default.")
 @click.option("--ledger", "ledger_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default OUT/ledger).")
+              help="Directory of the results ledger NAME.SCALE.json (the committed one: docs/results; default "
+                   "OUT/ledger).")
 @click.option("--no-train", is_flag=True,
               help="Train nothing: record the finished runs in OUT/runs and read every recorded seed.")
 @_refused("--results", "is now --results-md FILE (rows are written only where asked)")
@@ -710,7 +723,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # an unexpected failure: still one line, the traceback with --debug
         if debug:
             raise
-        click.echo(f"groklens: failed: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for details)", err=True)
+        click.echo(f"groklens: failed: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for details)",
+                   err=True)
         code = 1
     if getattr(sys.modules.get("groklens.checkpoints.writer"), "WRITE_FAILED", False):
         sys.stdout.flush()  # HDF5 would fail (or crash) closing a file whose write failed:

@@ -36,35 +36,6 @@ def first_sustained(hits, n: int) -> int | None:
     return None
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model": ("transformer", "mlp", "perceptron", "committee"),
-    "act_fn": ("relu", "gelu"),
-    "norm": ("none", "ln", "rms", "sphere"),
-    "norm_placement": ("pre", "post", "in_stream"),
-    "init_scheme": ("tl", "torch", "torch_mha"),
-    "attention": ("softmax", "uniform"),
-    "unembed": ("linear", "bounded"),
-    "init": ("default", "fourier"),
-    "mlp_embed": ("learned", "onehot", "onehot_residues"),
-    "informative_layout": ("first", "last", "spread", "random"),
-    "loss": ("ce", "stablemax", "ce_float32", "perceptron"),
-    "device": ("auto", "cpu", "cuda"),
-    "routing_unit": ("layer", "sublayer", "weight"),
-    "perp_grad_scale": ("orthograd", "unscaled"),
-    "optimizer": ("adamw", "adam"),
-    "grokfast_filter": ("ema", "ma"),
-    "batch_order": ("random", "epoch"),
-    "split_rule": ("pcg64", "python_shuffle"),
-}
-# Fields added after trajectory files were first written, with the value such an old file
-# meant: a key missing from a stored config is read as this, not as today's default.
-STORED_LEGACY = {
-    "perp_grad_scale": "unscaled",  # perp_grad before OrthoGrad's rescaling was implemented
-    "grok_evals": 1,  # grokked at the first crossing, before a sustained crossing was asked for
-}
-# Fields a run fills in from another run when it starts, by the field that names that run
-# (trainers/ticket.py): a planned config leaves them at their defaults, the stored one holds them.
-DERIVED_FROM = {"attn_mask": "attn_mask_from"}
 ROUTING_MAX_COPIES = 64
 GROKFAST_MAX_WINDOW = 1_000  # grokfast_filter=ma keeps this many gradients of every parameter in memory
 MODEL_ENTRY_POINTS = "groklens.models"  # the entry-point group of models added by installed packages
@@ -77,145 +48,259 @@ def plugin_models() -> tuple[str, ...]:
 
     return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
 
+
+# ---------------------------------------------------------------------- a field and its facts
+class _NoLegacy:
+    def __repr__(self) -> str:
+        return "NO_LEGACY"
+
+
+NO_LEGACY: Any = _NoLegacy()  # a field that was there from the start has no legacy value
+
+
+@dataclass(frozen=True)
+class FieldFacts:
+    """What the rest of groklens needs to know about a RunConfig field, declared with it (`setting`);
+    every table of fields (CHOICES, the ledger's LEGACY_DEFAULTS, the ensembles' PER_MEMBER_FIELDS,
+    ...) and `train --help` are read from these."""
+
+    help: str  # what the field means, in words (`train --help` prints it)
+    choices: tuple[str, ...] = ()  # the values a str field takes ('' = any; model: plugins add theirs)
+    # the value that reproduces the behaviour from before the field existed, for a field added after
+    # the first ledger entries and trajectory files (NO_LEGACY: it was there from the start). The
+    # ledger's hash leaves the field out at this value, and a stored config without the key means it.
+    legacy: Any = NO_LEGACY
+    per_member: bool = False  # members of one ensemble may differ in it (trainers/ensemble.py)
+    solo: bool = False  # a config that sets it trains alone, never in an ensemble
+    hashed: bool = True  # in the ledger's config hash; False: how a run ran, not what it computed
+    inert_unless: str | None = None  # changes nothing while this other field is off: not hashed then
+    # filled in from another run when the run starts, by this field naming that run
+    # (trainers/ticket.py): a planned config leaves it at its default, the stored one holds it
+    derived_from: str | None = None
+    transformer_only: bool = False  # an option of model=transformer: other models take the default only
+    seed: bool = False  # a seed: runs that differ only in seeds are one arm, one variant
+    # it changes the work of a training step (False: what a step multiplies by, the schedule, the stop
+    # rule, where the run runs): configs that differ only in uncosted fields share one measured step time
+    costed: bool = True
+
+    @property
+    def has_legacy(self) -> bool:
+        return self.legacy is not NO_LEGACY
+
+
+def setting(default: Any, help: str, **facts: Any) -> Any:
+    """A RunConfig field: its default, its help and its facts (FieldFacts' names), in one place."""
+    return dataclasses.field(default=default, metadata={"facts": FieldFacts(help=help, **facts)})
+
+
 TEACHER_MODELS = ("perceptron", "committee")  # the models of task=teacher (trainers/models/teacher.py)
-# options of model=transformer that another model accepts only at their defaults
-TRANSFORMER_ONLY = ("norm", "attention", "attention_rate", "unembed", "init", "norm_placement", "init_scheme",
-                    "attn_mask", "attn_mask_from")
 
 
 @dataclass
 class RunConfig:
+    """One run's configuration; every field is declared with `setting` (its help and its facts)."""
+
     # --- task and data split
-    task: str = "add"  # add, sub, mul, div, x2y2, s5, digits_add, seq_add, seq_mul or teacher (groklens/tasks.py)
-    p: int = 113  # the modulus: inputs are residues 0..p-1
-    train_frac: float = 0.3  # share of all input pairs in the training set (the rest is the test set)
-    data_seed: int = 598  # seed of the train/test split (Nanda's DATA_SEED), apart from `seed`
-    # how the split is drawn from data_seed: pcg64 (numpy's permutation, round(train_frac n) for
-    # training) or python_shuffle (the sphere paper's make_dataset: random.Random(data_seed)
-    # shuffles the pairs in row-major order, the first int(train_frac n) train)
-    split_rule: str = "pcg64"
-    # modular tasks: the sequence [a, op, b, =] with an operator token p+1 and the output over the
-    # whole vocabulary (p+2 classes), as Power et al.'s and Grokfast's code; off: [a, b, =], p classes
-    op_token: bool = False
-    nonzero_b: bool = False  # modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it
+    task: str = setting(
+        "add", "add, sub, mul, div, x2y2, s5, digits_add, seq_add, seq_mul or teacher (groklens/tasks.py)")
+    p: int = setting(113, "the modulus: inputs are residues 0..p-1")
+    train_frac: float = setting(0.3, "share of all input pairs in the training set (the rest is the test set)")
+    data_seed: int = setting(
+        598, per_member=True, seed=True, costed=False,
+        help="seed of the train/test split (Nanda's DATA_SEED), apart from `seed`")
+    split_rule: str = setting(
+        "pcg64", choices=("pcg64", "python_shuffle"), legacy="pcg64",
+        help="how the split is drawn from data_seed: pcg64 (numpy's permutation, round(train_frac n) for training) or "
+             "python_shuffle (the sphere paper's make_dataset: random.Random(data_seed) shuffles the pairs in "
+             "row-major order, the first int(train_frac n) train)")
+    op_token: bool = setting(
+        False, legacy=False,
+        help="modular tasks: the sequence [a, op, b, =] with an operator token p+1 and the output over the whole "
+             "vocabulary (p+2 classes), as Power et al.'s and Grokfast's code; off: [a, b, =], p classes")
+    nonzero_b: bool = setting(
+        False, legacy=False,
+        help="modular tasks: b in 1..p-1 (Grokfast's x*y data); div always has it")
     # --- model
-    seed: int = 999  # seed of the model init and the mini-batch order
-    model: str = "transformer"  # transformer (TransformerLens-style), mlp, or perceptron | committee (task teacher)
-    n_layers: int = 1  # transformer blocks (mlp: hidden layers)
-    d_model: int = 128  # residual-stream width (mlp: embedding width)
-    n_heads: int = 4  # attention heads per layer
-    d_head: int = 32  # width of each head
-    d_mlp: int = 512  # MLP hidden width (model=committee: its K hidden sign units, odd)
-    act_fn: str = "relu"  # activation function of the MLP neurons
-    norm: str = "none"  # none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)
-    # ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's
-    # baselines, a norm after the embedding and after every residual sum, no final norm;
-    # in_stream = Grokfast's code: the norm's output replaces the stream before the attention,
-    # x = ln1(x); x = x + attn(x); x = x + mlp(ln2(x)), with a final norm
-    norm_placement: str = "pre"
-    attention: str = "softmax"  # softmax, or uniform (fixed equal weights over the positions)
-    # attention=softmax: pattern = rate * softmax + (1 - rate) * the uniform pattern, Zhong et al.'s
-    # attention rate (their attn_coeff; their uniform part is all ones, ours 1/allowed positions):
-    # 1 = learned attention, 0 = uniform (docs/VARIANTS.md)
-    attention_rate: float = 1.0
-    unembed: str = "linear"  # linear, or bounded (normalized unembedding with logit temperature tau)
-    init: str = "default"  # default (init_scheme), or fourier (embeddings from fourier_freqs)
-    # tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's
-    # module defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1));
-    # torch_mha = torch, with W_Q, W_K, W_V as nn.MultiheadAttention initializes its in_proj (Grokfast's
-    # code): xavier-uniform over the stacked [3 d_model, d_model] matrix
-    init_scheme: str = "tl"
-    causal: bool = True  # causal attention mask; Nanda's TransformerLens model is causal, the sphere paper's is not
-    mlp_bias: bool = False  # train the MLP biases (off: frozen at zero, as in Nanda's demo)
+    seed: int = setting(
+        999, "seed of the model init and the mini-batch order", per_member=True, seed=True, costed=False)
+    model: str = setting(
+        "transformer", "transformer (TransformerLens-style), mlp, or perceptron | committee (task teacher)",
+        choices=("transformer", "mlp", "perceptron", "committee"))
+    n_layers: int = setting(1, "transformer blocks (mlp: hidden layers)")
+    d_model: int = setting(128, "residual-stream width (mlp: embedding width)")
+    n_heads: int = setting(4, "attention heads per layer")
+    d_head: int = setting(32, "width of each head")
+    d_mlp: int = setting(512, "MLP hidden width (model=committee: its K hidden sign units, odd)")
+    act_fn: str = setting("relu", "activation function of the MLP neurons", choices=("relu", "gelu"))
+    norm: str = setting(
+        "none", choices=("none", "ln", "rms", "sphere"), transformer_only=True,
+        help="none (Nanda), ln (LayerNorm), rms (RMSNorm), sphere (bounded sphere; VARIANTS.md)")
+    norm_placement: str = setting(
+        "pre", choices=("pre", "post", "in_stream"), legacy="pre", transformer_only=True,
+        help="ln/rms: pre = TransformerLens' pre-norm blocks with a final norm; post = the sphere paper's baselines, a "
+             "norm after the embedding and after every residual sum, no final norm; in_stream = Grokfast's code: the "
+             "norm's output replaces the stream before the attention, x = ln1(x); x = x + attn(x); x = x + "
+             "mlp(ln2(x)), with a final norm")
+    attention: str = setting(
+        "softmax", choices=("softmax", "uniform"), transformer_only=True,
+        help="softmax, or uniform (fixed equal weights over the positions)")
+    attention_rate: float = setting(
+        1.0, legacy=1.0, transformer_only=True,
+        help="attention=softmax: pattern = rate * softmax + (1 - rate) * the uniform pattern, Zhong et al.'s attention "
+             "rate (their attn_coeff; their uniform part is all ones, ours 1/allowed positions): 1 = learned "
+             "attention, 0 = uniform (docs/VARIANTS.md)")
+    unembed: str = setting(
+        "linear", choices=("linear", "bounded"), transformer_only=True,
+        help="linear, or bounded (normalized unembedding with logit temperature tau)")
+    init: str = setting(
+        "default", choices=("default", "fourier"), transformer_only=True, costed=False,
+        help="default (init_scheme), or fourier (embeddings from fourier_freqs)")
+    init_scheme: str = setting(
+        "tl", choices=("tl", "torch", "torch_mha"), legacy="tl", transformer_only=True, costed=False,
+        help="tl = every W_ ~ N(0, 0.8/sqrt(d_model)) (TransformerLens, Nanda's demo); torch = PyTorch's module "
+             "defaults as the sphere paper's code has them (nn.Linear kaiming-uniform, nn.Embedding N(0, 1)); "
+             "torch_mha = torch, with W_Q, W_K, W_V as nn.MultiheadAttention initializes its in_proj (Grokfast's "
+             "code): xavier-uniform over the stacked [3 d_model, d_model] matrix")
+    causal: bool = setting(
+        True,
+        help="causal attention mask; Nanda's TransformerLens model is causal, the sphere paper's is not")
+    mlp_bias: bool = setting(False, "train the MLP biases (off: frozen at zero, as in Nanda's demo)")
     # --- model variants (docs/VARIANTS.md)
-    radius: float = 1.0  # norm=sphere: radius of the residual-stream sphere (the paper: 1)
-    tau: float = 10.0  # unembed=bounded: fixed logit temperature (the paper: 10)
-    fourier_freqs: str = "14 35 41 42 52"  # init=fourier: the K frequencies (Nanda's key frequencies)
-    # model=mlp: learned (d_model wide) or one-hot operand embeddings, onehot over the whole vocabulary
-    # (`=` included), onehot_residues over the p residues only (Prieto et al.'s 2p inputs)
-    mlp_embed: str = "learned"
-    mlp_unembed_bias: bool = True  # model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)
+    radius: float = setting(1.0, "norm=sphere: radius of the residual-stream sphere (the paper: 1)")
+    tau: float = setting(10.0, "unembed=bounded: fixed logit temperature (the paper: 10)")
+    fourier_freqs: str = setting("14 35 41 42 52", "init=fourier: the K frequencies (Nanda's key frequencies)")
+    mlp_embed: str = setting(
+        "learned", choices=("learned", "onehot", "onehot_residues"),
+        help="model=mlp: learned (d_model wide) or one-hot operand embeddings, onehot over the whole vocabulary (`=` "
+             "included), onehot_residues over the p residues only (Prieto et al.'s 2p inputs)")
+    mlp_unembed_bias: bool = setting(
+        True, legacy=True,
+        help="model=mlp with mlp_bias: false drops b_U only (devinterp's grokking MLP)")
     # --- task knobs (digits_add; seq_add / seq_mul)
-    n_digits: int = 3  # digits_add: digits per operand
-    # digits_add: operand pairs drawn from the 10^(2 n_digits) (data_seed, a stream apart from the
-    # split's), which train_frac then splits; 0 = every pair. A 3-digit run on a CPU evaluates a
-    # sample, not 10^6 inputs every evaluation
-    digits_pairs: int = 0
-    seq_len: int = 8  # seq tasks: L positions before the `=` readout token
-    n_informative: int = 2  # seq tasks: k positions that determine the label
-    informative_layout: str = "first"  # seq tasks: where the k positions sit (first|last|spread|random)
-    distractor_vocab: int = 0  # seq tasks: 0 = distractors are residues; D > 0 = D separate tokens
+    n_digits: int = setting(3, "digits_add: digits per operand")
+    # a 3-digit run on a CPU evaluates a sample, not 10^6 inputs every evaluation
+    digits_pairs: int = setting(
+        0, legacy=0,
+        help="digits_add: operand pairs drawn from the 10^(2 n_digits) (data_seed, a stream apart from the "
+             "split's), which train_frac then splits; 0 = every pair")
+    seq_len: int = setting(8, "seq tasks: L positions before the `=` readout token")
+    n_informative: int = setting(2, "seq tasks: k positions that determine the label")
+    informative_layout: str = setting(
+        "first", choices=("first", "last", "spread", "random"),
+        help="seq tasks: where the k positions sit (first|last|spread|random)")
+    distractor_vocab: int = setting(0, "seq tasks: 0 = distractors are residues; D > 0 = D separate tokens")
     # --- teacher-student task (task=teacher: Gaussian inputs labelled by a random sign teacher;
     #     its split is teacher_alpha x teacher_dim training examples and teacher_test test ones, not train_frac)
-    teacher_dim: int = 100  # N: input dimension, the weights of one hidden unit
-    teacher_hidden: int = 1  # K of the teacher committee machine (odd); 1 = a perceptron teacher
-    teacher_alpha: float = 2.0  # examples per weight: alpha N training examples
-    teacher_test: int = 10_000  # test examples (the generalization error's estimate)
+    teacher_dim: int = setting(100, "N: input dimension, the weights of one hidden unit", legacy=100)
+    teacher_hidden: int = setting(1, "K of the teacher committee machine (odd); 1 = a perceptron teacher", legacy=1)
+    teacher_alpha: float = setting(2.0, "examples per weight: alpha N training examples", legacy=2.0)
+    teacher_test: int = setting(10_000, "test examples (the generalization error's estimate)", legacy=10_000)
     # --- loss, regularizers and gradient transforms (trainers/regularizers.py); 0 = off
-    # training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the
-    # cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse) or
-    # perceptron (Rosenblatt's criterion max(0, largest other logit - the label's): zero once an input is right)
-    loss: str = "ce"
-    act_norm_lambda: float = 0.0  # weight of the activation-norm penalty toward the sqrt(d) sphere
-    act_norm_sites: str = ""  # hook-name patterns (fnmatch, comma-separated); "" = the model's default
-    geomdr_lambda: float = 0.0  # weight of the effective-rank penalty toward geomdr_target
-    geomdr_target: float = 10.0  # the effective rank the geomdr penalty pulls toward
-    geomdr_start: int = 0  # active for geomdr_start <= step < geomdr_end
-    geomdr_end: int = 0  # step the geomdr penalty ends at; 0 = the end of the run
-    geomdr_site: str = ""  # one hook name; "" = the model's default (last residual stream / hidden layer)
-    kl_attn_beta: float = 0.0  # weight of KL(uniform on informative positions || attention at the readout query)
-    kl_attn_layer: int = 0  # layer whose heads are pulled; -1 = every layer
-    # attention-mask transfer (our reading of a lottery ticket; docs/VARIANTS.md): the key positions
-    # the readout query (the last position) may attend to in every layer, e.g. "0 7" ("" = all of them)
-    attn_mask: str = ""
-    # the run beside this run's file whose grokked attention gives attn_mask when that is "" (its
-    # name; "{seed}" = this run's seed), read when the run starts
-    attn_mask_from: str = ""
-    grokfast_alpha: float = 0.98  # decay of Grokfast's gradient EMA (Lee et al. 2024)
-    grokfast_lambda: float = 0.0  # Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)
-    grokfast_filter: str = "ema"  # ema (gradfilter_ema, alpha) | ma (gradfilter_ma: mean of the last window gradients)
-    grokfast_window: int = 100  # grokfast_filter=ma: the window; the filter acts once it is full (the code's warmup)
-    perp_grad: bool = False  # project each gradient tensor orthogonal to its weights (Prieto et al. 2025)
-    perp_grad_scale: str = "orthograd"  # orthograd: rescaled to ||g|| as published; unscaled: the projection only
+    loss: str = setting(
+        "ce", choices=("ce", "stablemax", "ce_float32", "perceptron"),
+        help="training loss: ce (cross-entropy, float64), stablemax (Prieto et al. 2025) or ce_float32 (the "
+             "cross-entropy's log-softmax in float32, as Prieto et al.'s default: it shows softmax collapse) or "
+             "perceptron (Rosenblatt's criterion max(0, largest other logit - the label's): zero once an input is "
+             "right)")
+    act_norm_lambda: float = setting(
+        0.0, per_member=True,
+        help="weight of the activation-norm penalty toward the sqrt(d) sphere")
+    act_norm_sites: str = setting("", 'hook-name patterns (fnmatch, comma-separated); "" = the model\'s default')
+    geomdr_lambda: float = setting(0.0, "weight of the effective-rank penalty toward geomdr_target", per_member=True)
+    geomdr_target: float = setting(10.0, "the effective rank the geomdr penalty pulls toward")
+    geomdr_start: int = setting(0, "active for geomdr_start <= step < geomdr_end")
+    geomdr_end: int = setting(0, "step the geomdr penalty ends at; 0 = the end of the run")
+    geomdr_site: str = setting("", 'one hook name; "" = the model\'s default (last residual stream / hidden layer)')
+    kl_attn_beta: float = setting(
+        0.0, per_member=True,
+        help="weight of KL(uniform on informative positions || attention at the readout query)")
+    kl_attn_layer: int = setting(0, "layer whose heads are pulled; -1 = every layer")
+    attn_mask: str = setting(
+        "", legacy="", derived_from="attn_mask_from", transformer_only=True,
+        help="attention-mask transfer (our reading of a lottery ticket; docs/VARIANTS.md): the key positions the "
+             'readout query (the last position) may attend to in every layer, e.g. "0 7" ("" = all of them)')
+    attn_mask_from: str = setting(
+        "", legacy="", solo=True, transformer_only=True, costed=False,
+        help='the run beside this run\'s file whose grokked attention gives attn_mask when that is "" (its name; '
+             '"{seed}" = this run\'s seed), read when the run starts')
+    grokfast_alpha: float = setting(0.98, "decay of Grokfast's gradient EMA (Lee et al. 2024)", per_member=True)
+    grokfast_lambda: float = setting(
+        0.0, per_member=True,
+        help="Grokfast's amplification of the slow gradient; 0 = off (the paper: 2)")
+    grokfast_filter: str = setting(
+        "ema", choices=("ema", "ma"), legacy="ema", per_member=True,
+        help="ema (gradfilter_ema, alpha) | ma (gradfilter_ma: mean of the last window gradients)")
+    grokfast_window: int = setting(
+        100, legacy=100,
+        help="grokfast_filter=ma: the window; the filter acts once it is full (the code's warmup)")
+    perp_grad: bool = setting(
+        False, per_member=True,
+        help="project each gradient tensor orthogonal to its weights (Prieto et al. 2025)")
+    perp_grad_scale: str = setting(
+        "orthograd", choices=("orthograd", "unscaled"), legacy="unscaled", inert_unless="perp_grad",
+        help="orthograd: rescaled to ||g|| as published; unscaled: the projection only")
     # --- permutation routing across model copies (trainers/routing.py, docs/VARIANTS.md); 1 = off
-    routing_copies: int = 1  # M copies trained together; each step's loss is taken on routed models
-    routing_width: float = 0.0  # width of the ring kernel Q over the copies: 0 = identity, inf = uniform
-    # what one permutation routes: layer | sublayer (transformer: attn, mlp apart) | weight (every scalar weight)
-    routing_unit: str = "layer"
-    # Elastic SGD across the copies: each step pulls every copy toward the copies' mean by lr * elastic_gamma of
-    # its distance (decoupled, as AdamW's weight decay pulls toward 0); 0 = off; needs routing_copies > 1
-    elastic_gamma: float = 0.0
-    # --- optimizer: adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2
-    #     gradient term wd * w, as devinterp's grokking notebook trains)
-    optimizer: str = "adamw"
-    lr: float = 1e-3  # learning rate (after warm-up)
-    weight_decay: float = 1.0  # weight decay (decoupled with adamw, an L2 gradient term with adam)
-    betas: tuple[float, float] = (0.9, 0.98)  # Adam(W) betas: two numbers
-    adam_eps: float = 1e-8  # Adam(W)'s epsilon (torch's default; Prieto et al. train with 1e-25)
-    warmup_steps: int = 10  # linear learning-rate warm-up from 0 over this many steps
-    batch_size: int = 0  # training inputs per step; 0 = the full training set
-    # random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and
-    # cut into batches in order, the last one smaller (Grokfast's code: ceil(n / batch_size) steps an epoch)
-    batch_order: str = "random"
+    routing_copies: int = setting(1, "M copies trained together; each step's loss is taken on routed models", solo=True)
+    routing_width: float = setting(
+        0.0, solo=True, costed=False,
+        help="width of the ring kernel Q over the copies: 0 = identity, inf = uniform")
+    routing_unit: str = setting(
+        "layer", choices=("layer", "sublayer", "weight"), solo=True,
+        help="what one permutation routes: layer | sublayer (transformer: attn, mlp apart) | weight (every scalar "
+             "weight)")
+    elastic_gamma: float = setting(
+        0.0, legacy=0.0, costed=False,
+        help="Elastic SGD across the copies: each step pulls every copy toward the copies' mean by lr * elastic_gamma "
+             "of its distance (decoupled, as AdamW's weight decay pulls toward 0); 0 = off; needs routing_copies > 1")
+    # --- optimizer
+    optimizer: str = setting(
+        "adamw", choices=("adamw", "adam"), legacy="adamw",
+        help="adamw (decoupled weight decay) | adam (torch.optim.Adam: weight decay as an L2 gradient term wd * w, "
+             "as devinterp's grokking notebook trains)")
+    lr: float = setting(1e-3, "learning rate (after warm-up)", per_member=True, costed=False)
+    weight_decay: float = setting(
+        1.0, per_member=True, costed=False,
+        help="weight decay (decoupled with adamw, an L2 gradient term with adam)")
+    betas: tuple[float, float] = setting((0.9, 0.98), "Adam(W) betas: two numbers", costed=False)
+    adam_eps: float = setting(1e-8, "Adam(W)'s epsilon (torch's default; Prieto et al. train with 1e-25)", legacy=1e-8)
+    warmup_steps: int = setting(10, "linear learning-rate warm-up from 0 over this many steps", costed=False)
+    batch_size: int = setting(0, "training inputs per step; 0 = the full training set")
+    batch_order: str = setting(
+        "random", choices=("random", "epoch"), legacy="random",
+        help="random: each step draws batch_size rows afresh; epoch: the training set is shuffled each epoch and cut "
+             "into batches in order, the last one smaller (Grokfast's code: ceil(n / batch_size) steps an epoch)")
     # --- schedule of the run
-    steps: int = 40_000  # optimizer updates to train for
-    eval_every: int = 100  # evaluate loss and accuracy on every input each this many steps
-    checkpoint_every: int = 100  # store the weights each this many steps (and at every phase event)
-    log_checkpoints: int = 0  # extra log-spaced checkpoints before the first regular one
-    grok_threshold: float = GROK_THRESHOLD  # test accuracy that counts as grokked (and train accuracy as memorized)
-    # grokked = the first of this many consecutive evaluations with test accuracy >= grok_threshold:
-    # 3 so that one evaluation lifted by a loss spike (or a first crossing that falls back) is
-    # not grokking, at the cost of 2 evaluations more before the stop rule can end a run; 1 is
-    # the first crossing (what files and ledgers from before this field recorded)
-    grok_evals: int = 3
-    stop_after_grok: int = 0  # >0: stop this many evaluations after grokking (grok_evals above)
-    stop_test_loss: float = 0.0  # >0: the stop rule counts evaluations after test loss <= this instead
-    stop_min_steps: int = 0  # the stop rule never ends a run before this step
-    device: str = "auto"  # auto (cuda when available), cpu or cuda
-    # torch.compile the training step's forward and backward (single runs without regularizer terms;
-    # CPU: needs a C++ compiler): 0.79-0.82x the step time at paper scale on one thread (1.3-1.4x on
-    # two), after 3-20 s of compiling in the first step; the trajectory equals eager's to float rounding
-    compile: bool = False
+    steps: int = setting(40_000, "optimizer updates to train for", costed=False)
+    eval_every: int = setting(100, "evaluate loss and accuracy on every input each this many steps", costed=False)
+    checkpoint_every: int = setting(
+        100, "store the weights each this many steps (and at every phase event)", costed=False)
+    log_checkpoints: int = setting(0, "extra log-spaced checkpoints before the first regular one", costed=False)
+    grok_threshold: float = setting(
+        GROK_THRESHOLD, per_member=True, costed=False,
+        help="test accuracy that counts as grokked (and train accuracy as memorized)")
+    grok_evals: int = setting(
+        3, legacy=1, per_member=True, costed=False,
+        help="grokked = the first of this many consecutive evaluations with test accuracy >= grok_threshold: 3 so that "
+             "one evaluation lifted by a loss spike (or a first crossing that falls back) is not grokking, at the cost "
+             "of 2 evaluations more before the stop rule can end a run; 1 is the first crossing (what files and "
+             "ledgers from before this field recorded)")
+    stop_after_grok: int = setting(
+        0, per_member=True, costed=False,
+        help=">0: stop this many evaluations after grokking (grok_evals above)")
+    stop_test_loss: float = setting(
+        0.0, legacy=0.0, per_member=True, costed=False,
+        help=">0: the stop rule counts evaluations after test loss <= this instead")
+    stop_min_steps: int = setting(
+        0, "the stop rule never ends a run before this step", legacy=0, per_member=True, costed=False)
+    device: str = setting(
+        "auto", choices=("auto", "cpu", "cuda"), hashed=False, costed=False,
+        help="auto (cuda when available), cpu or cuda")
+    compile: bool = setting(
+        False, legacy=False, solo=True, hashed=False, costed=False,
+        help="torch.compile the training step's forward and backward (single runs without regularizer terms; CPU: "
+             "needs a C++ compiler), after some seconds of compiling in the first step; the trajectory equals "
+             "eager's to float rounding (step times and compile cost: docs/PERFORMANCE.md)")
+
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -270,14 +355,16 @@ class RunConfig:
         )
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"betas must be two numbers in [0, 1); got {list(self.betas)}")
-        _check(math.isfinite(self.adam_eps) and self.adam_eps > 0, f"adam_eps must be a positive number; got {self.adam_eps}")
+        _check(math.isfinite(self.adam_eps) and self.adam_eps > 0,
+               f"adam_eps must be a positive number; got {self.adam_eps}")
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "steps",
                      "eval_every", "checkpoint_every"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1; got {getattr(self, name)}")
         for name in ("warmup_steps", "batch_size", "log_checkpoints", "stop_after_grok", "stop_min_steps"):
             _check(getattr(self, name) >= 0, f"{name} must be >= 0; got {getattr(self, name)}")
         for name in ("seed", "data_seed"):  # torch and numpy take seeds in [0, 2**63)
-            _check(0 <= getattr(self, name) < 2**63, f"{name} must be in 0 <= {name} < 2**63; got {getattr(self, name)}")
+            _check(0 <= getattr(self, name) < 2**63,
+                   f"{name} must be in 0 <= {name} < 2**63; got {getattr(self, name)}")
         _check(self.checkpoint_every <= self.steps,
                f"checkpoint_every ({self.checkpoint_every}) is larger than the run (steps={self.steps})")
         _check(self.eval_every <= self.steps,
@@ -324,7 +411,8 @@ class RunConfig:
         if self.model in TEACHER_MODELS:
             _check(not self.mlp_bias, f"model={self.model} has no biases; mlp_bias=true is an option of model=mlp")
         _check(self.model != "committee" or self.d_mlp % 2 == 1,
-               f"model=committee needs an odd number of hidden units d_mlp (its output is their majority); got {self.d_mlp}")
+               "model=committee needs an odd number of hidden units d_mlp (its output is their majority); "
+               f"got {self.d_mlp}")
 
     def _validate_variants(self) -> None:
         for name in ("radius", "tau"):
@@ -356,7 +444,8 @@ class RunConfig:
                f"attn_mask_from must be a run name (letters, digits, _ - ., and {{seed}}), no path; "
                f"got {self.attn_mask_from!r}")
         freqs = parse_freqs(self.fourier_freqs)
-        transformer_only = [(n, getattr(self, n)) for n in TRANSFORMER_ONLY if getattr(self, n) != getattr(RunConfig, n)]
+        transformer_only = [(n, getattr(self, n)) for n in TRANSFORMER_ONLY
+                            if getattr(self, n) != getattr(RunConfig, n)]
         if self.model != "transformer":
             for name, value in transformer_only:
                 raise BadInput(f"{name}={value} is an option of model=transformer, not model={self.model}")
@@ -365,7 +454,8 @@ class RunConfig:
                "mlp_unembed_bias=false drops the unembedding bias of model=mlp with mlp_bias=true; "
                f"model={self.model} with mlp_bias={str(self.mlp_bias).lower()} has none to drop")
         _check(self.norm_placement == "pre" or self.norm in ("ln", "rms"),
-               f"norm_placement={self.norm_placement} places a LayerNorm or RMSNorm (norm: ln | rms); norm={self.norm} has "
+               f"norm_placement={self.norm_placement} places a LayerNorm or RMSNorm (norm: ln | rms); "
+               f"norm={self.norm} has "
                + ("no norm to place" if self.norm == "none" else "its projection after every sum already"))
         if self.init == "fourier":
             _check(2 * len(freqs) <= self.d_model,
@@ -391,6 +481,27 @@ class RunConfig:
 
     def fourier_frequencies(self) -> tuple[int, ...]:
         return parse_freqs(self.fourier_freqs)
+
+
+def field_facts() -> dict[str, FieldFacts]:
+    """Every RunConfig field's facts, in declaration order."""
+    bare = [f.name for f in fields(RunConfig) if "facts" not in f.metadata]
+    if bare:  # a programming error, said at import: every field states its facts
+        raise TypeError(f"RunConfig field(s) {', '.join(bare)} declared without setting(default, help, ...) "
+                        "(docs/EXTENDING.md, 'Add a config field')")
+    return {f.name: f.metadata["facts"] for f in fields(RunConfig)}
+
+
+# the tables of fields, read from the declarations (FieldFacts says what each fact means)
+FIELD_FACTS = field_facts()
+CHOICES: dict[str, tuple[str, ...]] = {n: f.choices for n, f in FIELD_FACTS.items() if f.choices}
+# a key missing from a stored config (a field added after the file was written) is read as the
+# value the file meant, where that is not today's default
+STORED_LEGACY: dict[str, Any] = {n: f.legacy for n, f in FIELD_FACTS.items()
+                                 if f.has_legacy and f.legacy != getattr(RunConfig, n)}
+DERIVED_FROM: dict[str, str] = {n: f.derived_from for n, f in FIELD_FACTS.items() if f.derived_from}
+TRANSFORMER_ONLY: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if f.transformer_only)
+SEED_FIELDS: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if f.seed)
 
 
 def as_planned(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -490,7 +601,8 @@ def _coerce(key: str, annotation: Any, raw: Any) -> Any:
 # Named starting points; `nanda` is the default. docs/VARIANTS.md says where each comes from.
 _SPHERE = {  # Yildirim 2026: bounded sphere, bidirectional, MLP biases, betas (0.9, 0.999), no warm-up,
     # PyTorch's default init as the paper's code
-    "norm": "sphere", "init_scheme": "torch", "unembed": "bounded", "radius": 1.0, "tau": 10.0, "causal": False, "mlp_bias": True,
+    "norm": "sphere", "init_scheme": "torch", "unembed": "bounded", "radius": 1.0, "tau": 10.0,
+    "causal": False, "mlp_bias": True,
     "betas": [0.9, 0.999], "warmup_steps": 0, "lr": 6e-4, "weight_decay": 1.0,
     "steps": 10_000, "eval_every": 200, "checkpoint_every": 200,
 }
@@ -611,30 +723,10 @@ def field_names() -> list[str]:
 
 
 def field_help() -> dict[str, str]:
-    """field -> its description in words: the comments on and just above the field's line in
-    RunConfig's source (this file is the one place fields are described; `train --help` shows them)."""
-    import ast
-    import inspect
-
-    try:
-        source = inspect.getsource(RunConfig)
-    except (OSError, TypeError):  # no source shipped: the help shows names and defaults only
-        return {}
-    lines = source.splitlines()
-    out: dict[str, str] = {}
-    for node in ast.parse(source).body[0].body:
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            continue
-        row = lines[node.lineno - 1]
-        parts = [row[row.index("#", node.end_col_offset) + 1:].strip()] if "#" in row[node.end_col_offset:] else []
-        above = []
-        for prev in reversed(lines[: node.lineno - 1]):  # a comment block right above, not a section header
-            text = prev.strip()
-            if not text.startswith("#") or text.startswith("# ---"):
-                break
-            above.insert(0, text.lstrip("#").strip())
-        out[node.target.id] = " ".join(above + parts)
-    return out
+    """field -> its description in words (its `setting`'s help; `train --help` shows them)."""
+    return {n: f.help for n, f in FIELD_FACTS.items()}
 
 
-__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml", "field_names", "field_help", "CHOICES", "parse_freqs"]
+__all__ = ["RunConfig", "PRESETS", "config_from", "preset", "load_config_file", "safe_yaml",
+           "field_names", "field_help",
+           "field_facts", "setting", "FieldFacts", "CHOICES", "parse_freqs"]

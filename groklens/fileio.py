@@ -234,7 +234,8 @@ def parse_json(text: str, what: str, max_depth: int = JSON_MAX_DEPTH, allow_nan:
     if json_depth(text) > max_depth:
         raise BadInput(f"{what} is nested deeper than {max_depth} levels")
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, **({} if allow_nan else {"parse_constant": _no_constant}))
+        return json.loads(text, object_pairs_hook=_no_duplicates,
+                          **({} if allow_nan else {"parse_constant": _no_constant}))
     except _Duplicate as exc:
         raise BadInput(f"{what} holds the key {exc.key!r} twice") from None
     except (ValueError, RecursionError) as exc:

@@ -80,6 +80,13 @@ class Task:
     readout: Callable[["RunConfig"], int] | None = None  # overrides readout_pos when it depends on cfg
     multi_target: bool = False  # labels [N, K], read out at K consecutive positions
     residue_tokens: bool = False  # token ids 0..p-1 are the residues mod p (init=fourier needs it)
+    # -> (inputs, positions per input, answer positions: 0 for labels [N]) from the config alone,
+    # without building the grid: what a stored run's /data must hold (checkpoints/validate.py) and
+    # the memory estimate's size. None: unknown (a file's data is then not compared)
+    shape: Callable[["RunConfig"], tuple[int, int, int]] | None = None
+    # -> bytes of data it holds beside its token ids and labels (teacher: its Gaussian vectors), for
+    # the memory estimate made before a run starts; None: nothing more
+    extra_memory: Callable[["RunConfig"], int] | None = None
     # (train_idx, test_idx) of cfg's n inputs, where the task fixes its split; None: drawn by train_frac (`draw_split`)
     split: Callable[["RunConfig", int], tuple[np.ndarray, np.ndarray]] | None = None
 
@@ -197,6 +204,11 @@ def _inverse(b: np.ndarray, p: int) -> np.ndarray:
     return np.array([pow(int(x), p - 2, p) for x in b], dtype=np.int64)  # Fermat: p prime
 
 
+def _modular_shape(cfg: "RunConfig", exclude_b_zero: bool) -> tuple[int, int, int]:
+    n = cfg.p * (cfg.p - 1) if exclude_b_zero or cfg.nonzero_b else cfg.p * cfg.p
+    return n, 4 if cfg.op_token else 3, 0  # [a, op, b, =] or [a, b, =]
+
+
 MODULAR_TASKS = ("add", "sub", "mul", "div", "x2y2")  # the tasks that take op_token and nonzero_b
 for _name, _op, _desc, _div in [
     ("add", lambda a, b, p: a + b, "(a + b) mod p", False),
@@ -214,6 +226,7 @@ for _name, _op, _desc, _div in [
             validate=(lambda cfg, _d=_div: _check_p(cfg, prime=_d)),
             readout=_modular_readout,
             residue_tokens=True,
+            shape=(lambda cfg, _d=_div: _modular_shape(cfg, exclude_b_zero=_d)),
         )
     )
 
@@ -239,6 +252,7 @@ TASKS.register("s5")(
         grid=_s5_grid,
         vocab=lambda cfg: (len(S5) + 1, len(S5)),
         validate=lambda cfg: None,  # p is not used by S5
+        shape=lambda cfg: (len(S5) ** 2, 3, 0),
     )
 )
 
@@ -295,6 +309,7 @@ TASKS.register("digits_add")(
         validate=_check_digits,
         readout=lambda cfg: 2 * cfg.n_digits + 1,
         multi_target=True,
+        shape=lambda cfg: (cfg.digits_pairs or 10 ** (2 * cfg.n_digits), 3 * cfg.n_digits + 2, cfg.n_digits + 1),
     )
 )
 
@@ -358,7 +373,8 @@ def _check_seq(cfg: "RunConfig") -> None:
         raise BadInput("informative_layout=random needs distractor_vocab > 0: with distractors drawn from the "
                        "residues, nothing tells the informative tokens apart")
     # logarithms first: p ** n_informative as an integer takes minutes to build for n_informative 1e8
-    if cfg.n_informative * math.log(cfg.p) > math.log(SEQ_MAX_INPUTS) + 1e-9 or cfg.p**cfg.n_informative > SEQ_MAX_INPUTS:
+    if (cfg.n_informative * math.log(cfg.p) > math.log(SEQ_MAX_INPUTS) + 1e-9
+            or cfg.p**cfg.n_informative > SEQ_MAX_INPUTS):
         raise BadInput(f"p^n_informative = {cfg.p}^{cfg.n_informative} inputs is over {SEQ_MAX_INPUTS:,}; "
                        "lower p or n_informative")
 
@@ -376,6 +392,7 @@ for _name, _op, _desc in [
             validate=_check_seq,
             readout=lambda cfg: cfg.seq_len,
             residue_tokens=True,
+            shape=lambda cfg: (cfg.p ** cfg.n_informative, cfg.seq_len + 1, 0),
         )
     )
 
@@ -426,14 +443,16 @@ def _check_teacher(cfg: "RunConfig") -> None:
     if cfg.teacher_dim < 1:
         raise BadInput(f"teacher_dim must be >= 1; got {cfg.teacher_dim}")
     if cfg.teacher_hidden < 1 or cfg.teacher_hidden % 2 == 0:
-        raise BadInput(f"teacher_hidden must be odd and >= 1 (the teacher's output is a majority); got {cfg.teacher_hidden}")
+        raise BadInput("teacher_hidden must be odd and >= 1 (the teacher's output is a majority); got "
+                       f"{cfg.teacher_hidden}")
     if not (math.isfinite(cfg.teacher_alpha) and cfg.teacher_alpha > 0):
         raise BadInput(f"teacher_alpha must be a number > 0; got {cfg.teacher_alpha}")
     if cfg.teacher_test < 1:
         raise BadInput(f"teacher_test must be >= 1; got {cfg.teacher_test}")
     n_train, n_test = teacher_sizes(cfg)
     if n_train < 1:
-        raise BadInput(f"teacher_alpha {cfg.teacher_alpha} x teacher_dim {cfg.teacher_dim} rounds to no training example")
+        raise BadInput(f"teacher_alpha {cfg.teacher_alpha} x teacher_dim {cfg.teacher_dim} rounds to no training "
+                       "example")
     if (n_train + n_test) * cfg.teacher_dim > TEACHER_MAX_FLOATS:
         raise BadInput(f"{n_train + n_test:,} examples x teacher_dim {cfg.teacher_dim} is over {TEACHER_MAX_FLOATS:,} "
                        "numbers; lower teacher_alpha, teacher_test or teacher_dim")
@@ -449,5 +468,7 @@ TASKS.register("teacher")(
         readout_pos=1,
         informative=(0,),
         split=_teacher_split,
+        shape=lambda cfg: (sum(teacher_sizes(cfg)), 2, 0),  # [example id, =]
+        extra_memory=lambda cfg: sum(teacher_sizes(cfg)) * cfg.teacher_dim * 4,  # float32, one table for every copy
     )
 )

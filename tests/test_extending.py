@@ -56,7 +56,8 @@ def plugin(tmp_path_factory) -> dict[str, str]:
     groups: dict[str, list[str]] = {}
     for group, name, module in eps:
         groups.setdefault(group, []).append(f"{name} = {module}")
-    (info / "entry_points.txt").write_text("".join(f"[{g}]\n" + "\n".join(lines) + "\n\n" for g, lines in groups.items()))
+    text = "".join(f"[{g}]\n" + "\n".join(lines) + "\n\n" for g, lines in groups.items())
+    (info / "entry_points.txt").write_text(text)
     return {"PYTHONPATH": str(site)}
 
 
@@ -141,3 +142,111 @@ def test_the_experiment_is_listed_and_runs_at_smoke_scale(plugin, tmp_path):
 def test_without_the_package_the_names_are_unknown(run):
     proc = groklens("analyze", str(run), "--metric", "norms", "-q")
     assert proc.returncode == 2 and "transformer_x3" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------- the field and regularizer recipes
+REPO = DOC.parents[1]
+ROOMS = {"groklens": "groklens", "trainers": "groklens/trainers", "checkpoints": "groklens/checkpoints",
+         "probes": "groklens/probes", "analyses": "groklens/analyses"}  # pyproject's package-dir
+
+
+def titled_blocks(text: str) -> dict[str, str]:
+    """The code blocks with a title (```python title="WHERE"), by title."""
+    return dict(re.findall(r'^```python title="([^"]+)"\n(.*?)^```$', text, re.S | re.M))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> dict[str, str]:
+    """A copy of groklens' packages with the field and regularizer blocks put where the doc says;
+    the environment (and folder to run in) that imports it instead of the installed groklens."""
+    import shutil
+
+    site = tmp_path_factory.mktemp("tree")
+    for folder, where in ROOMS.items():
+        shutil.copytree(REPO / folder, site / where, ignore=shutil.ignore_patterns("__pycache__"))
+    code = titled_blocks(DOC.read_text())
+    assert set(code) == {"groklens/config.py: RunConfig", "trainers/regularizers.py"}
+    config = site / "groklens" / "config.py"
+    text = config.read_text()
+    end_of_fields = "\n    # ------------------------------------------------------------------ (de)serialisation"
+    assert text.count(end_of_fields) == 1
+    config.write_text(text.replace(end_of_fields,
+                                   "\n" + code["groklens/config.py: RunConfig"].rstrip() + "\n" + end_of_fields))
+    regs = site / "groklens" / "trainers" / "regularizers.py"
+    text = regs.read_text()
+    assert text.count("\ndef composition_order(") == 1
+    regs.write_text(text.replace("\ndef composition_order(",
+                                 "\n" + code["trainers/regularizers.py"] + "\n\ndef composition_order("))
+    return {"PYTHONPATH": str(site), "cwd": str(tmp_path_factory.mktemp("cwd"))}
+
+
+def in_tree(tree: dict[str, str], *args: str, **kw):
+    return groklens(*args, env={"PYTHONPATH": tree["PYTHONPATH"]}, cwd=tree["cwd"], **kw)
+
+
+def python_in_tree(tree: dict[str, str], source: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=300, cwd=tree["cwd"],
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": tree["PYTHONPATH"]})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_field_is_a_flag_with_its_help_and_its_facts(tree):
+    assert tree["PYTHONPATH"] in python_in_tree(tree, "import groklens; print(groklens.__file__)")
+    text = " ".join(in_tree(tree, "train", "--help", check=True).stdout.split())
+    assert "--hidden-l2-lambda" in text and "weight of the hidden_l2 penalty" in text
+    out = json.loads(python_in_tree(tree, """
+import json
+from groklens.config import RunConfig
+from groklens.experiments.ledger import LEGACY_DEFAULTS, config_hash
+from groklens.trainers.ensemble import PER_MEMBER_FIELDS
+from groklens.trainers.regularizers import COMPOSITION_ORDER
+cfg = RunConfig().to_dict()
+old = {k: v for k, v in cfg.items() if k != "hidden_l2_lambda"}  # an entry from before the field
+print(json.dumps({"legacy": LEGACY_DEFAULTS["hidden_l2_lambda"], "member": "hidden_l2_lambda" in PER_MEMBER_FIELDS,
+                  "same": config_hash(cfg) == config_hash(old),
+                  "apart": config_hash({**cfg, "hidden_l2_lambda": 0.1}) != config_hash(old),
+                  "order": list(COMPOSITION_ORDER)}))
+"""))
+    assert out == {"legacy": 0.0, "member": True, "same": True, "apart": True,
+                   "order": ["act_norm", "geomdr", "kl_attn", "hidden_l2", "grokfast", "grokfast_ma", "perp_grad"]}
+
+
+def test_the_regularizer_trains_and_logs_its_term_as_its_formula(tree, tmp_path):
+    path = tmp_path / "l2.h5"
+    in_tree(tree, "train", *TINY, "--hidden-l2-lambda", "0.05", "-o", str(path), check=True)
+    # recomputed here from each stored checkpoint: 0.05 * mean ||h||^2 / d over the training inputs
+    # at the last block's residual stream, read through TransformerLens' cache
+    out = json.loads(python_in_tree(tree, f"""
+import json, torch
+from groklens.checkpoints import Trajectory
+traj = Trajectory({str(path)!r})
+data = traj.dataset()
+logged = dict(zip(traj.metrics["step"].tolist(), traj.metrics["reg_hidden_l2"].tolist()))
+rows = []
+for s in traj.steps:
+    _, cache = traj.model(s).run_with_cache(data.inputs[data.train_idx])
+    h = cache["blocks.0.hook_resid_post"].double()
+    rows.append((logged[s], float(0.05 * (h * h).sum(-1).mean() / h.shape[-1])))
+print(json.dumps(rows))
+"""))
+    assert len(out) == 3 and all(got > 0 for got, _ in out)
+    for got, want in out:
+        assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_members_with_different_strengths_train_as_one_ensemble(tree, tmp_path):
+    out = python_in_tree(tree, f"""
+from groklens.checkpoints import Trajectory
+from groklens.config import RunConfig
+from groklens.trainers.ensemble import ensemble_key, train_ensemble
+base = dict(p=7, train_frac=0.5, d_model=16, n_heads=2, d_head=8, d_mlp=32, steps=20, eval_every=10,
+            checkpoint_every=10, device="cpu")
+cfgs = [RunConfig.from_dict({{**base, "hidden_l2_lambda": lam}}) for lam in (0.0, 0.05)]
+assert ensemble_key(cfgs[0]) == ensemble_key(cfgs[1])
+paths = [{str(tmp_path)!r} + f"/m{{i}}.h5" for i in range(2)]
+train_ensemble(cfgs, paths)
+print(" ".join(str(Trajectory(p).metrics.get("reg_hidden_l2", [None])[-1]) for p in paths))
+""")
+    plain, regularized = out.split()
+    assert plain == "None" and float(regularized) > 0  # each member logs its own active terms

@@ -62,7 +62,8 @@ def test_one_core_measures_nothing():
     def fail(cfg, threads):
         raise AssertionError("measured")
 
-    assert plan_layout([tiny_config()] * 3, cores=1, measure=fail) == Layout(1, 1, "one run per core (1 worker(s) x 1 thread)")
+    assert plan_layout([tiny_config()] * 3, cores=1, measure=fail) == Layout(
+        1, 1, "one run per core (1 worker(s) x 1 thread)")
     assert plan_layout([], cores=4, measure=fail).why == "nothing to train"
 
 

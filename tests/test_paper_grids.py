@@ -74,7 +74,8 @@ def test_scaling_paper_rows_from_ledger_entries(tmp_path):
         row = rows[f"scaling exponent of {name}"]
         assert row.ours_text.startswith("Tobit") and row.ours == pytest.approx(want, abs=0.1), name
         assert row.verdict == "agrees" or row.verdict.startswith("disagrees")
-    r2, r2i = rows["R^2 of the power-law fit"], rows["R^2 of the power-law fit with the pairwise interactions (centred logs)"]
+    r2, r2i = rows["R^2 of the power-law fit"], rows["R^2 of the power-law fit with the pairwise interactions "
+                                                     "(centred logs)"]
     assert 0 < r2.ours <= r2i.ours <= 1
     # the boundary by hand: the largest step in the grokked share that straddles 1/2, log-interpolated
     levels = sorted(grokked)

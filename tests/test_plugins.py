@@ -71,7 +71,8 @@ def test_a_plugin_name_that_is_a_path_is_left_out_and_the_sidecar_stays_readable
 
 @pytest.mark.parametrize("plugin, why", [
     ("broken", "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
-    ("dup", "ValueError: duplicate analysis name 'fourier': registered by module groklens.analyses.fourier, again by plugin "
+    ("dup",
+     "ValueError: duplicate analysis name 'fourier': registered by module groklens.analyses.fourier, again by plugin "
             "dup = plug_dup (package plugs)"),
     ("exits", "it called sys.exit(3)"),
 ])

@@ -59,7 +59,8 @@ def test_every_row_and_run_block_is_the_ledgers(generated):
     table = [ln for ln in body.splitlines() if ln.startswith("| `groklens reproduce")]
     expected = {ln for r in results.values() for ln in pipeline.result_lines(r)}
     stale = [ln[:160] for ln in table if ln not in expected]
-    assert not stale, f"{len(stale)} row(s) differ from the ledger (rerun reproduce --no-train --results-md): {stale[:3]}"
+    assert not stale, (f"{len(stale)} row(s) differ from the ledger (rerun reproduce --no-train --results-md): "
+                       f"{stale[:3]}")
     assert len(table) == len(expected)
     for (name, scale), r in results.items():
         begin, end = pipeline._runs_markers(name, scale)

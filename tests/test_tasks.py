@@ -103,3 +103,30 @@ def test_the_python_shuffle_split_is_the_sphere_papers(seed):
     # pcg64 (the default) is another split of the same size up to rounding
     default = TASKS.get("add").build(cfg.replace(split_rule="pcg64"))
     assert len(default.train_idx) == 51 and pairs(default.train_idx) != set(train)
+
+
+# small settings of every task's knobs; a task trains on those its validate accepts
+SMALL = [dict(p=7), dict(p=7, op_token=True), dict(p=7, nonzero_b=True), dict(p=5, n_digits=1),
+         dict(p=5, seq_len=4, n_informative=2), dict(p=5, seq_len=3, n_informative=3, distractor_vocab=2),
+         dict(model="perceptron", teacher_dim=6, teacher_alpha=1.5, teacher_test=10)]
+
+
+@pytest.mark.parametrize("task", TASKS.names())
+def test_every_task_declares_the_shape_of_the_data_it_builds(task):
+    """A task's `shape` (from the config alone: what a stored run's /data must hold, and the memory
+    estimate's size) against the arrays it builds, for every small setting it accepts."""
+    from groklens.checkpoints.validate import data_shape
+
+    checked = 0
+    for extra in SMALL:
+        try:
+            cfg = RunConfig(task=task, **extra)
+            cfg.validate()
+        except BadInput:
+            continue
+        arrays = TASKS.get(task).arrays(cfg)
+        inputs, labels = arrays["inputs"], arrays["labels"]
+        assert TASKS.get(task).shape(cfg) == data_shape(cfg) == (
+            inputs.shape[0], inputs.shape[1], labels.shape[1] if labels.ndim == 2 else 0), (task, extra)
+        checked += 1
+    assert checked, f"task {task} accepts none of the small settings: give it one in SMALL"

@@ -44,7 +44,8 @@ def test_bad_thread_counts_are_refused(bad):
 def test_which_processes_count_as_computing(tmp_path):
     assert is_computing(["/x/.venv/bin/python", "/x/.venv/bin/groklens", "train", "--out", "a.h5"])
     assert is_computing(["python", "-m", "groklens", "report", "a.h5", "-o", "r"])
-    assert is_computing(["python", "-c", "from multiprocessing.forkserver import main; main(['groklens.trainers.train'])"])
+    assert is_computing(["python", "-c",
+                         "from multiprocessing.forkserver import main; main(['groklens.trainers.train'])"])
     assert not is_computing(["/x/bin/groklens", "info", "a.h5"])
     assert not is_computing(["vim", "train.py"])
     # a /proc of three processes: one trainer, one `info`, one unrelated

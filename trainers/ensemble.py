@@ -2,8 +2,8 @@
 
 Members share every RunConfig field but the per-member ones (PER_MEMBER_FIELDS): each keeps its
 own `seed` (initialisation and mini-batch order), `data_seed` (its own train/test split, and
-its own inputs where the task draws them), `lr`, `weight_decay`, stop rule, and the fields its
-regularizers declare per member (their strengths, Grokfast's alpha): an ensemble may mix
+its own inputs where the task draws them), `lr`, `weight_decay`, stop rule, and its
+regularizers' strengths (and Grokfast's alpha and filter): an ensemble may mix
 regularized and plain members. Routing (SOLO_FIELDS) is a strategy of its own: a routed
 config trains alone. Any task trains in an ensemble, multi-target ones included.
 
@@ -30,26 +30,27 @@ import torch
 
 from groklens.checkpoints import Trajectory, TrajectoryWriter, recover
 from groklens.checkpoints.locking import describe_holder, writer_alive
-from groklens.config import RunConfig
+from groklens.config import FIELD_FACTS, RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TASKS, TaskData
 from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device, restore_counters, run
 from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
 from groklens.trainers.models import build_model
 from groklens.trainers.optim import Update, grad_norms
-from groklens.trainers.regularizers import MEMBER_FIELDS, Batch, build_regularizers
+from groklens.trainers.regularizers import Batch, build_regularizers
 from groklens.trainers.train import create_trajectory
 from groklens.trainers.step import (
     check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows, resid_capturable)
 
-# Fields that may differ between members: the loop's (init and split seeds, optimizer strength,
-# the stop rule; each member's own in trainers/engine.py) and those its regularizers declare.
-PER_MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "grok_threshold", "grok_evals",
-                     "stop_after_grok", "stop_test_loss", "stop_min_steps") + MEMBER_FIELDS
-# Fields of a strategy of their own: a config that sets one trains alone (`ensemble_key` None);
-# compile: a vmapped step is not compiled, a compiled config trains as a single run;
-# attn_mask_from: each run reads its own mask from another run when it starts (trainers/ticket.py).
-SOLO_FIELDS = ("routing_copies", "routing_width", "routing_unit", "compile", "attn_mask_from")
+# Fields that may differ between members, declared per_member with the field (groklens/config.py):
+# the loop's (init and split seeds, optimizer strength, the stop rule; each member's own in
+# trainers/engine.py) and the regularizers' strengths.
+PER_MEMBER_FIELDS: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if f.per_member)
+# Fields of a strategy of their own, declared solo: a config that sets one trains alone
+# (`ensemble_key` None); routing; compile: a vmapped step is not compiled, a compiled config trains
+# as a single run; attn_mask_from: each run reads its own mask from another run when it starts
+# (trainers/ticket.py).
+SOLO_FIELDS: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if f.solo)
 
 
 def shared_fields() -> list[str]:

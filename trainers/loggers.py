@@ -204,7 +204,8 @@ def open_loggers(specs: list[tuple[str, str]], run_path: str | Path, config: dic
     for kind, target in specs:
         label = f"{kind}:{target}"
         try:
-            item = TensorBoardLogger(target, name, config) if kind == "tensorboard" else WandbLogger(target, name, config)
+            logger = TensorBoardLogger if kind == "tensorboard" else WandbLogger
+            item = logger(target, name, config)
         except Exception as exc:  # noqa: BLE001 - what check_targets could not foresee (a lost connection)
             out.report(label, exc, None)
             continue

@@ -99,5 +99,6 @@ def task_loss_at_readout(logits: torch.Tensor, labels: torch.Tensor, data: "Task
     return task_loss(out, labels, loss, reduction=reduction)
 
 
-__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "perceptron_criterion", "stablemax", "stablemax_cross_entropy", "stablemax_s", "task_loss",
+__all__ = ["LOSSES", "cross_entropy", "cross_entropy_float32", "perceptron_criterion", "stablemax",
+           "stablemax_cross_entropy", "stablemax_s", "task_loss",
            "task_loss_at_readout"]

@@ -9,14 +9,14 @@ A regularizer is either
   step (trainers/optim.py `Update`). Transforms are written on stacked tensors [M, *shape], one
   row per member, with per-member constants: an ensemble's parameters are stacked, a single
   run's are a stack of one, so one implementation serves every kind of run.
-Terms are composed in registry order (act_norm, geomdr, kl_attn) and so are transforms
-(grokfast, then perp_grad: the final gradient is orthogonal to the weights). Weight decay is
-AdamW's own, set by `weight_decay`, and nowhere else.
+Each declares its place in the composition (`order`): terms act_norm, geomdr, kl_attn, then
+transforms grokfast, then perp_grad (the final gradient is orthogonal to the weights). Weight
+decay is AdamW's own, set by `weight_decay`, and nowhere else.
 
 A regularizer is built once for all the members trained together (`cfgs`: one config for a
-single run, M for an ensemble) and declares the config fields that may differ between them
-(`member_fields`: its strength, Grokfast's alpha); every other field it reads (sites, targets,
-windows, the projection's scale) the members share (trainers/ensemble.py).
+single run, M for an ensemble); the config fields that may differ between them (its strength,
+Grokfast's alpha) are declared per_member with the field (groklens/config.py); every other field
+it reads (sites, targets, windows, the projection's scale) the members share (trainers/ensemble.py).
 
 Each regularizer names its metrics from the config alone (the trajectory file creates every
 metric dataset before SWMR starts), and the trainer logs them at every evaluation: a term is
@@ -60,7 +60,7 @@ class Batch:
 
 
 class Regularizer:
-    """Base class. Subclasses set name, kind ('term' | 'grad'), metric_keys and member_fields.
+    """Base class. Subclasses set name, kind ('term' | 'grad'), metric_keys and order.
 
     Built with every member's config (`cfgs`, in member order; `cfg` = the first, for the fields
     they share), the model (a term's hook points; an ensemble's template) and the task data;
@@ -69,7 +69,9 @@ class Regularizer:
     name: ClassVar[str]
     kind: ClassVar[str]
     metric_keys: ClassVar[tuple[str, ...]]
-    member_fields: ClassVar[tuple[str, ...]]  # the RunConfig fields that may differ between members
+    # its place in the composition (lower first): terms are summed into the objective, and
+    # transforms rewrite the gradient, in this order (COMPOSITION_ORDER)
+    order: ClassVar[int]
     weight_field: ClassVar[str] = ""  # a term's RunConfig weight (an ensemble passes it per member)
 
     def __init__(self, cfgs: Sequence["RunConfig"], model: "nn.Module", data: "TaskData",
@@ -187,7 +189,7 @@ class ActivationNormPenalty(Regularizer):
 
     name, kind, weight_field = "act_norm", "term", "act_norm_lambda"
     metric_keys = ("reg_act_norm", "act_norm_radius")
-    member_fields = ("act_norm_lambda",)
+    order = 10
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -227,7 +229,7 @@ class GeomDR(Regularizer):
 
     name, kind, weight_field = "geomdr", "term", "geomdr_lambda"
     metric_keys = ("reg_geomdr", "geomdr_erank")
-    member_fields = ("geomdr_lambda",)
+    order = 20
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -265,7 +267,7 @@ class KLAttention(Regularizer):
 
     name, kind, weight_field = "kl_attn", "term", "kl_attn_beta"
     metric_keys = ("reg_kl_attn", "kl_attn")
-    member_fields = ("kl_attn_beta",)
+    order = 30
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -324,7 +326,7 @@ class Grokfast(Regularizer):
 
     name, kind = "grokfast", "grad"
     metric_keys = ("grokfast_ema_norm",)
-    member_fields = ("grokfast_lambda", "grokfast_alpha", "grokfast_filter")
+    order = 40
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -388,7 +390,7 @@ class GrokfastMA(Regularizer):
 
     name, kind = "grokfast_ma", "grad"
     metric_keys = ("grokfast_ma_norm",)
-    member_fields = ("grokfast_lambda", "grokfast_filter")
+    order = 50
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -481,7 +483,7 @@ class PerpendicularGradient(Regularizer):
 
     name, kind = "perp_grad", "grad"
     metric_keys = ("perp_grad_removed",)
-    member_fields = ("perp_grad",)
+    order = 90  # last: the final gradient is orthogonal to the weights
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -514,17 +516,18 @@ class PerpendicularGradient(Regularizer):
         self.removed = None if self.removed is None else self.removed.index_select(0, idx)
 
 
-# the order in which the trainer composes them: terms, then transforms (perp_grad last)
-COMPOSITION_ORDER = ("act_norm", "geomdr", "kl_attn", "grokfast", "grokfast_ma", "perp_grad")
-assert set(COMPOSITION_ORDER) == set(REGULARIZERS.names())
+def composition_order() -> tuple[str, ...]:
+    """The regularizers' names in the order the trainer composes them (each one's `order`)."""
+    return tuple(sorted(REGULARIZERS.names(), key=lambda name: REGULARIZERS.get(name).order))
 
 
-MEMBER_FIELDS = tuple(f for name in COMPOSITION_ORDER for f in REGULARIZERS.get(name).member_fields)
+COMPOSITION_ORDER = composition_order()
 
 
 def active_regularizers(cfgs: Sequence["RunConfig"]) -> list[type[Regularizer]]:
     """The regularizers active in any of `cfgs`, in composition order."""
-    return [REGULARIZERS.get(name) for name in COMPOSITION_ORDER if any(REGULARIZERS.get(name).active(c) for c in cfgs)]
+    return [REGULARIZERS.get(name) for name in composition_order()
+            if any(REGULARIZERS.get(name).active(c) for c in cfgs)]
 
 
 def regularizer_metric_names(cfg: "RunConfig") -> list[str]:
@@ -539,6 +542,6 @@ def build_regularizers(cfgs: Sequence["RunConfig"], model: "nn.Module", data: "T
 
 
 __all__ = [
-    "MEMBER_FIELDS", "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names",
+    "COMPOSITION_ORDER", "REGULARIZERS", "Batch", "Regularizer", "build_regularizers", "regularizer_metric_names",
     "effective_rank", "hidden_sites", "perpendicular",
 ]

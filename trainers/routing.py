@@ -13,8 +13,9 @@ for every u, and trained on slot r's batch:
 
 One backward pass then gives copy m's unit u the gradient of exactly one routed path,
 r = pi_u^{-1}(m), because pi_u is a permutation; each copy's gradient transforms (Grokfast,
-the perpendicular gradient) and its own AdamW then run as in a single run. With the identity kernel (routing_width 0) routed model r *is* copy r and
-the copies train exactly like M independent runs with seeds seed, seed+1, ..., seed+M-1
+the perpendicular gradient) and its own AdamW then run as in a single run. With the identity
+kernel (routing_width 0) routed model r *is* copy r and the copies train exactly like M
+independent runs with seeds seed, seed+1, ..., seed+M-1
 (bit-identical on CPU, tests/trainers/test_routing.py).
 
 The kernel Q (ours; `ring_kernel`): copies sit on a ring, Q_ij proportional to
@@ -278,7 +279,8 @@ class RoutedRun(Strategy):
         t = self.t
         nll = -probs.gather(-1, t.labels[..., None])[..., 0].log()
         hit = probs.argmax(-1) == t.labels
-        scores = {"loss": nll.mean(-1) if t.multi_target else nll, "acc": (hit.all(-1) if t.multi_target else hit).double()}
+        scores = {"loss": nll.mean(-1) if t.multi_target else nll,
+                  "acc": (hit.all(-1) if t.multi_target else hit).double()}
         columns = split_columns({k: v[None] for k, v in scores.items()}, t.train_idx[None], t.test_idx[None])
         return {f"ensemble.{k}": float(v[0]) for k, v in columns.items()}
 

@@ -5,9 +5,10 @@ One step of a lane is the step every strategy takes (trainers/step.py): forward 
 hooks, in a scope, only when a regularizer term reads activations) -> objective = task loss
 (`loss`: ce | stablemax, float64, mean over the batch and its readout positions) + the active
 regularizer terms -> backward -> the update (trainers/optim.py: the gradient transforms, then
-AdamW, or Adam with an L2 weight-decay term with `optimizer=adam`), here on the module's parameters viewed as stacks of one. On CPU a run is deterministic
-for a given (seed, data_seed). With `compile=true` a single run's training forward (and its
-backward) is the model under torch.compile (`Lane.train_logits`); evaluation stays eager.
+AdamW, or Adam with an L2 weight-decay term with `optimizer=adam`), here on the module's
+parameters viewed as stacks of one. On CPU a run is deterministic for a given (seed, data_seed).
+With `compile=true` a single run's training forward (and its backward) is the model under
+torch.compile (`Lane.train_logits`); evaluation stays eager.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class Lane:
         with compile=true (evaluation stays eager: other shapes, no gradient)."""
         if self.compiled is None:
             return self.forward(x)
-        return readout_logits(self.compiled, x, self.t.readout_slice, False, getattr(self.model, "supports_readout", False))
+        return readout_logits(self.compiled, x, self.t.readout_slice, False,
+                              getattr(self.model, "supports_readout", False))
 
     def objective(self, logits: torch.Tensor, y: torch.Tensor, batch: Batch, step: int):
         """(task loss, objective = task loss + the terms on the activations just captured)."""

@@ -56,7 +56,8 @@ def run_state(out_dir: Path, name: str) -> tuple[str, str]:
             n = len(traj.steps)
         except BadInput as exc:
             why = str(exc).removeprefix(f"{path}: ")
-            return "blocked", f"{path.name} is not a readable groklens run ({why}); move it away (a sweep never replaces it)"
+            return "blocked", (f"{path.name} is not a readable groklens run ({why}); move it away (a sweep never "
+                               "replaces it)")
     if traj is not None and status.startswith("completed"):
         return "done", status  # a finished run wins over an error file left by a racing attempt
     if err.exists() or err.is_symlink():
@@ -103,7 +104,8 @@ def check_same_config(path: Path, cfg: RunConfig) -> None:
     stored = stored_config(path)
     if stored is not None and as_planned(stored) != as_planned(cfg.to_dict()):
         diff = config_diff(as_planned(stored), cfg.to_dict())
-        raise BadInput(f"{path} holds a run with a different config ({', '.join(diff)}); move it away or use another -o")
+        raise BadInput(f"{path} holds a run with a different config ({', '.join(diff)}); move it away or use "
+                       "another -o")
 
 
 @contextmanager

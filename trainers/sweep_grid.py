@@ -125,7 +125,8 @@ def parse_sweep(data: Any, source: str = "sweep") -> Sweep:
 def _axis_values(name: str, spec: Any, base: dict, source: str) -> list[Any]:
     if isinstance(spec, dict):
         if set(spec) != {"logspace"}:
-            raise BadInput(f"{source}: axis {name!r}: a mapping must be {{logspace: [lo, hi, n]}}; got keys {sorted(spec)}")
+            raise BadInput(f"{source}: axis {name!r}: a mapping must be {{logspace: [lo, hi, n]}}; got keys "
+                           f"{sorted(spec)}")
         lohi = spec["logspace"]
         if not (isinstance(lohi, list) and len(lohi) == 3):
             raise BadInput(f"{source}: axis {name!r}: logspace needs [lo, hi, n]; got {lohi!r}")

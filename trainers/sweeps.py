@@ -184,7 +184,8 @@ def _classify(runs: Sequence[RunSpec], out_dir: Path, retry_failed: bool) -> tup
             stored = stored_config(path)
             if stored is not None and as_planned(stored) != as_planned(r.config.to_dict()):
                 # reported, not written to an error file: moving the file away is the fix
-                report.failed[r.name] = f"{path.name} holds a run with a different config; move it away or use another -o"
+                report.failed[r.name] = (f"{path.name} holds a run with a different config; move it away or use "
+                                         "another -o")
                 counts["failed"] += 1
                 continue
         if state == "done":

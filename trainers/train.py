@@ -177,7 +177,8 @@ def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int]
     if last != loaded:  # the file moved on between the two reads: load what recovery kept
         load_stored(strategy, traj, last)
     member = strategy.members[0]
-    metrics, cpu_s = traj.metrics, traj.cpu_seconds  # read before the writer opens the file (HDF5 refuses a second, unlocked open)
+    # read before the writer opens the file (HDF5 refuses a second, unlocked open)
+    metrics, cpu_s = traj.metrics, traj.cpu_seconds
     member.writer = TrajectoryWriter.reopen(path, extension)
     restore_counters(member, metrics, cpu_s)
     member.writer.set_status("running")

@@ -1,7 +1,8 @@
 """Record runs of the sphere paper's own code (the JSONs of benchmarks/peer/sphere_official.py) in
 the peer ledger that bounded-sphere's paper rows read (groklens/experiments/sphere_official.py):
 
-  python benchmarks/peer/record_sphere_official.py /work/runs/peer/*.json --ledger docs/results/peer/sphere-official.json
+  python benchmarks/peer/record_sphere_official.py /work/runs/peer/*.json \
+      --ledger docs/results/peer/sphere-official.json
 
 Each JSON becomes one checked entry (its log of evaluations and the sha256 of its training pairs;
 the pairs and the full history stay out); an entry of the same arm, seed, lr and p is replaced.

@@ -193,7 +193,8 @@ def on_groklens_run(repo: Path, path: Path, at: str, cell: int = 1) -> dict:
         theirs.load_state_dict(to_theirs(dict(ours.state_dict()), cfg.n_heads), strict=True)
         gap = logit_gap(ours, theirs.eval(), data.inputs)
         if gap > LOGIT_TOLERANCE:
-            raise SystemExit(f"sphere_fve_official: their model's logits differ from groklens' by {gap:.3g} at step {step}")
+            raise SystemExit(f"sphere_fve_official: their model's logits differ from groklens' by {gap:.3g} at step "
+                             f"{step}")
         i = int(np.argmin(np.abs(np.asarray(m["step"]) - step)))
         rows.append({"step": step, "why": why, "test_acc": float(m["test_acc"][i]), "logit_gap": gap,
                      "theirs": their_diagnostics(ns, theirs, kind, cfg.p, test_x, test_y),

@@ -1,4 +1,5 @@
-"""The activation-norm penalty's experiments: activation-norm (propositions on the no-norm transformer and the MLP) and nanogpt-addition."""
+"""The activation-norm penalty's experiments: activation-norm (propositions on the no-norm
+transformer and the MLP) and nanogpt-addition."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def _read_actnorm(ctx: Context) -> list[Row]:
                 why = generalized_arms({"the penalty arm": ctx.group(v).runs})
                 verdict = undetermined(why) if why else ratio_verdict(ratio, ci, below=True, missing=rtext, n=n)
             rows.append(Row(f"radial gradient energy rho / (1/d) at the end, {label}, {tag}",
-                            Published(None, "rho below the isotropic 1/d baseline (Proposition ii; no number)", ACTNORM),
+                            Published(None,
+                                      "rho below the isotropic 1/d baseline (Proposition ii; no number)", ACTNORM),
                             ratio, rtext, diff, verdict))
         for suffix, lam in arms:
             tag = f", lambda {lam:g}" if grid else ""
@@ -231,7 +233,8 @@ def _delay(ctx: Context, variant: str) -> tuple[float | None, str, str | None]:
     ratio = math.exp(sum(math.log(g / m) for m, g, _ in have) / len(have))
     cens = sum(r.grok_censored for _, _, r in have)
     steps = ", ".join(f"{m:,}->{'>' if r.grok_censored else ''}{g:,.0f}" for m, g, r in have)
-    text = f"{'>= ' if cens else ''}{ratio:.3g}x (memorized -> generalized, by seed: {steps}) {mean_flag(len(have), len(runs))}"
+    text = (f"{'>= ' if cens else ''}{ratio:.3g}x (memorized -> generalized, by seed: {steps}) "
+            f"{mean_flag(len(have), len(runs))}")
     short = [r.seed for m, g, r in have if g < DELAY_RATIO * m and not r.grok_censored]
     why = None
     if len(have) < len(runs):
@@ -259,8 +262,9 @@ def _read_nanogpt(ctx: Context) -> list[Row]:
                         Published(None, "a delay to shorten (the claim presumes one; no number)", ACTNORM), ratio,
                         dtext + (f"; {why}" if why and ratio is not None else ""), diff))
         for v in (base, act):
-            rows.append(grok_row(ctx, f"steps to 95% exact-match test accuracy, {'penalty' if v == act else 'baseline'}"
-                                 f", nanoGPT on {label}", Published(None, "no number in REFERENCES.md", ACTNORM), v, diff))
+            what = "penalty" if v == act else "baseline"
+            rows.append(grok_row(ctx, f"steps to 95% exact-match test accuracy, {what}, nanoGPT on {label}",
+                                 Published(None, "no number in REFERENCES.md", ACTNORM), v, diff))
     return rows
 
 
@@ -270,7 +274,8 @@ register(Experiment(
     "against 1/d, Hessian sharpness (paper: at matched generalization, test accuracy 0.99), the induced weight "
     "regularization (paper)",
     {
-        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE, **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
+        "smoke": Scale.of({**SMOKE}, SMOKE_NOTE,
+                          **{"lambda": 1.0, "mlp": {"model": "mlp", "n_layers": 2, "mlp_bias": True}}),
         "quick": Scale.of({**QUICK, "steps": 6000, "stop_after_grok": 2},
                         QUICK_NOTE.replace("pre-LayerNorm", "no norm (Nanda's architecture)")
                         + "; the transformer censored at 20,000 steps (without a norm it grokked after 12,700 steps or "

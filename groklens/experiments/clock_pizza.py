@@ -114,7 +114,9 @@ def _mean_row(ctx: Context, variant: str, key: str, what: str) -> Row:
 
 def _label_row(ctx: Context, variant: str) -> Row:
     want = PUBLISHED[variant]["label"]
-    claim = Published(None, f"{'uniform attention: pizza (Model A)' if variant == 'uniform' else 'learned attention: clock (Model B)'}",
+    claim = Published(None,
+                      "uniform attention: pizza (Model A)" if variant == "uniform"
+                      else "learned attention: clock (Model B)",
                       SOURCE)
     text, verdict = _labels(ctx, variant, want)
     return Row(f"algorithm at the end, {variant} attention (our rule: {ALGORITHM_RULE})", claim, None, text,
@@ -149,10 +151,12 @@ def _their_label(rate: float) -> str | None:
 
 def _values_text(runs) -> str:
     parts = []
-    for key, what in (("gradient_symmetricity", "gradient symmetricity"), ("distance_irrelevance", "distance irrelevance")):
+    for key, what in (("gradient_symmetricity", "gradient symmetricity"),
+                      ("distance_irrelevance", "distance irrelevance")):
         vals = [float(v) for r in runs if isinstance(v := r.run_values.get(key), (int, float))]
         if vals:
-            parts.append(f"{what} {sum(vals) / len(vals):.3f}" + (f" [{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""))
+            spread = f" [{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""
+            parts.append(f"{what} {sum(vals) / len(vals):.3f}{spread}")
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -193,8 +197,9 @@ def _boundary_row(ctx: Context) -> Row:
     lo, hi = softmax_share(THEIR_PIZZA_TO), softmax_share(THEIR_CLOCK_ABOVE)
     mid = softmax_share((THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2)
     published = Published(round(mid, 3), f"pizza up to attn_coeff {THEIR_PIZZA_TO}, clock above {THEIR_CLOCK_ABOVE} "
-                           f"(shares {lo:.2f} and {hi:.2f}); midpoint {(THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2:g} = share "
-                           f"{mid:.2f} (their result/1l_fixedwidth.csv, 2,381 1-layer runs in bins of 0.05, labelled by our rule)",
+                           f"(shares {lo:.2f} and {hi:.2f}); midpoint {(THEIR_PIZZA_TO + THEIR_CLOCK_ABOVE) / 2:g} = "
+                           f"share {mid:.2f} (their result/1l_fixedwidth.csv, 2,381 1-layer runs in bins of 0.05, "
+                           "labelled by our rule)",
                            SOURCE)
     per_rate = {arms[a]: majority([r.run_values.get("label") for r in rs]) for a, rs in runs.items() if rs}
     found = boundary(per_rate)

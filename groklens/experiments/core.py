@@ -210,13 +210,14 @@ class Context:
         pairs = [(r.value(key, num), r.value(key, den)) for r in runs]
         pairs = [(a, b) for a, b in pairs if a is not None and b not in (None, 0)]
         if not pairs:
-            return None, f"at {num}: {self.measure(variant, key, num)[1]}; at {den}: {self.measure(variant, key, den)[1]}", None, 0
+            why = f"at {num}: {self.measure(variant, key, num)[1]}; at {den}: {self.measure(variant, key, den)[1]}"
+            return None, why, None, 0
         mean, ci = paired_interval([a / b for a, b in pairs])
         n = len(pairs)
         mn, md = sum(a for a, _ in pairs) / n, sum(b for _, b in pairs) / n
         ci_text = f" {fmt_ci(ci)}" if ci is not None else ""
-        return mean, (f"{fmt_number(mean)}{ci_text} {mean_flag(n, len(runs))} (paired means: {fmt_number(mn)} at {num} / "
-                      f"{fmt_number(md)} at {den})"), ci, n
+        return mean, (f"{fmt_number(mean)}{ci_text} {mean_flag(n, len(runs))} (paired means: {fmt_number(mn)} at "
+                      f"{num} / {fmt_number(md)} at {den})"), ci, n
 
 
 @dataclass

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groklens.config import FIELD_FACTS
 from groklens.experiments.layout import step_flops
 
 # a run that stops after grokking is costed to this many times its expected grokking step
@@ -48,14 +49,9 @@ EVAL_SAMPLE = 256
 CPU_FLOPS = 3.0e10
 STEP_OVERHEAD_S = 1.5e-2
 
-# fields that change no step's work (what an optimizer step multiplies by, the schedule and the stop
-# rule, where the run runs): configs equal but for these share one measurement
-NOT_COSTED = frozenset((
-    "seed", "data_seed", "lr", "weight_decay", "betas", "warmup_steps", "steps", "eval_every", "checkpoint_every",
-    "log_checkpoints", "grok_threshold", "grok_evals", "stop_after_grok", "stop_min_steps", "stop_test_loss", "device",
-    "compile", "init", "init_scheme", "attn_mask_from",
-    # a routed step runs its M routed models whatever the kernel; the elastic pull is one pass over the parameters
-    "routing_width", "elastic_gamma"))
+# fields that change no step's work, declared costed=False (groklens/config.py): configs equal but
+# for these share one measurement
+NOT_COSTED = frozenset(n for n, f in FIELD_FACTS.items() if not f.costed)
 
 CACHE_ENV = "GROKLENS_CACHE_DIR"
 CACHE_FORMAT = 1
@@ -87,7 +83,8 @@ def measurable(cfg: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- measuring
-def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS, budget_s: float = MEASURE_BUDGET_S) -> Rates:
+def measure_rates(cfg: Any, table: bool = True, steps: int = MEASURE_STEPS,
+                  budget_s: float = MEASURE_BUDGET_S) -> Rates:
     """Rates of cfg timed here on one torch thread (see the module docstring); torch's thread
     count is restored after. The fastest timed step is the rate: other processes only add to a
     step's time (cache and memory traffic, even in CPU time). cfg.compile: the compiled step
@@ -194,7 +191,8 @@ class RateCache:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError, UnicodeDecodeError):
             return {}
-        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("contexts"), dict):
+        if (not isinstance(data, dict) or data.get("format") != CACHE_FORMAT
+                or not isinstance(data.get("contexts"), dict)):
             return {}
         return {k: v for k, v in data["contexts"].items()
                 if isinstance(v, dict) and isinstance(v.get("rates"), dict)}

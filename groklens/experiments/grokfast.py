@@ -29,8 +29,9 @@ PAPER = dict(task="mul", p=97, op_token=True, nonzero_b=True, train_frac=0.5,
              loss="ce_float32", weight_decay=0.0, steps=80_000, eval_every=10, checkpoint_every=2000, stop_after_grok=1)
 PAPER_NOTE = ("their code's setup (ironjr/grokfast main.py): x*y mod 97, y in 1..96, [x, op, y, =], half the pairs "
               "for training, 2-layer causal decoder, width 128, 4 heads, GELU MLP 512, x = LN1(x); x = x + Attn(x); "
-              "x = x + MLP(LN2(x)), final LN, cross-entropy in float32, Adam (coupled L2) lr 1e-3, betas (0.9, 0.98), 10-step warm-up, "
-              "epochs of batches of 512, validation every epoch (10 steps; the baseline every 5 epochs); censored at 80,000 steps (2x the "
+              "x = x + MLP(LN2(x)), final LN, cross-entropy in float32, Adam (coupled L2) lr 1e-3, betas (0.9, 0.98), "
+              "10-step warm-up, epochs of batches of 512, validation every epoch (10 steps; the baseline every 5 "
+              "epochs); censored at 80,000 steps (2x the "
               "published baseline). Differences: no attention biases (nn.MultiheadAttention's in_proj_bias and "
               "out_proj.bias start at 0 and are trained there); the train/validation split is drawn from data_seed "
               "598 for every seed (theirs from the run's seed), the epoch order from numpy (seed, epoch) (theirs "

@@ -15,7 +15,7 @@ Config hash (`config_hash`): sha256 of the config as sorted JSON, with these fie
 the field naming that run is set, and every field of `LEGACY_DEFAULTS` whose value equals its
 legacy default, i.e. the value that reproduces the behaviour from before
 the field existed. So adding a config field whose default keeps the old behaviour leaves old
-entries valid (add it to LEGACY_DEFAULTS in the same commit), while a changed default, or any
+entries valid (declare its `legacy` value with the field), while a changed default, or any
 other changed value, changes the hash: such entries are not mixed into the rows (they are
 listed apart) and the run is retrained.
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 from groklens.analyses.compare import PhaseTimes
 from groklens.checkpoints.validate import ACCURACY, metric_range
-from groklens.config import DERIVED_FROM, GROK_THRESHOLD, PHASE_THRESHOLDS
+from groklens.config import DERIVED_FROM, FIELD_FACTS, GROK_THRESHOLD, PHASE_THRESHOLDS, SEED_FIELDS
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
 
@@ -45,35 +45,17 @@ THRESHOLDS = (0.5, 0.9, *PHASE_THRESHOLDS)
 # with test accuracy >= GENERALIZED
 GENERALIZED = PHASE_THRESHOLDS[1]
 GENERALIZED_PHASE = "generalized"
-# Fields added after the first ledger entries, with the value that reproduces the behaviour from
-# before they existed. A field at this value is left out of the hash.
-LEGACY_DEFAULTS: dict[str, Any] = {"norm_placement": "pre", "init_scheme": "tl", "perp_grad_scale": "unscaled",
-                                   "stop_test_loss": 0.0, "stop_min_steps": 0, "optimizer": "adamw",
-                                   "mlp_unembed_bias": True, "compile": False, "adam_eps": 1e-8,
-                                   # Grokfast's official setup (issue 38)
-                                   "op_token": False, "nonzero_b": False, "grokfast_filter": "ema",
-                                   "grokfast_window": 100, "batch_order": "random",
-                                   # the sphere paper's split from the seed (issue 45)
-                                   "split_rule": "pcg64",
-                                   # grokked at the first crossing (issue 43)
-                                   "grok_evals": 1,
-                                   # Zhong et al.'s attention rate (issue 42): learned attention
-                                   "attention_rate": 1.0,
-                                   # the attention-mask transfer (issue 41)
-                                   "attn_mask": "", "attn_mask_from": "",
-                                   # the teacher-student task and Elastic SGD (issue 41)
-                                   "teacher_dim": 100, "teacher_hidden": 1, "teacher_alpha": 2.0,
-                                   "teacher_test": 10_000, "elastic_gamma": 0.0,
-                                   # digits_add on a sample of the operand pairs (issue 39)
-                                   "digits_pairs": 0}
-# Fields that change nothing while another field is off: left out of the hash then.
-INERT_UNLESS: dict[str, str] = {"perp_grad_scale": "perp_grad"}
-# DERIVED_FROM (groklens.config): fields a run fills in from another run that a field names
-# (attn_mask from attn_mask_from's run) are left out of the hash while that field is set, so the
-# planned config and the one the file stores hash alike; the entry's config shows the value.
-# The config fields when the ledger began (groklens 0.1.0, ledger format 1). A field added later
-# must get its legacy value in LEGACY_DEFAULTS (tests/cli/test_reproduce.py checks it); until
-# then it is hashed whatever its value, so old entries are kept apart, never wrongly mixed in.
+# The hash's rule, read from each field's declaration (groklens/config.py, `setting`): a field added
+# after the first ledger entries is left out at its legacy value (the behaviour from before it
+# existed); a field inert while another is off is left out then; a field derived from another run
+# (attn_mask from attn_mask_from's run) is left out while the field naming that run is set, so the
+# planned config and the one the file stores hash alike (the entry's config shows the value).
+LEGACY_DEFAULTS: dict[str, Any] = {n: f.legacy for n, f in FIELD_FACTS.items() if f.has_legacy}
+INERT_UNLESS: dict[str, str] = {n: f.inert_unless for n, f in FIELD_FACTS.items() if f.inert_unless}
+# The config fields when the ledger began (groklens 0.1.0, ledger format 1), a record that never
+# changes. A field added later must declare its legacy value (`setting(..., legacy=...)`;
+# tests/cli/test_reproduce.py checks it); until then it is hashed whatever its value, so old
+# entries are kept apart, never wrongly mixed in.
 FIELDS_V1 = frozenset((
     "task", "p", "train_frac", "data_seed", "seed", "model", "n_layers", "d_model", "n_heads", "d_head", "d_mlp",
     "act_fn", "norm", "norm_placement", "attention", "unembed", "init", "init_scheme", "causal", "mlp_bias", "radius",
@@ -82,11 +64,11 @@ FIELDS_V1 = frozenset((
     "geomdr_end", "geomdr_site", "kl_attn_beta", "kl_attn_layer", "grokfast_alpha", "grokfast_lambda", "perp_grad",
     "routing_copies", "routing_width", "routing_unit", "lr", "weight_decay", "betas", "warmup_steps", "batch_size",
     "steps", "eval_every", "checkpoint_every", "log_checkpoints", "grok_threshold", "stop_after_grok", "device"))
-# How a run ran, not what it computed (recorded as the entry's `device`): where, and whether its
-# step was compiled (torch.compile gives the eager step's numbers to float32 rounding, as the
-# CPU and CUDA paths give each other's; tests/trainers/test_compile.py)
-NOT_HASHED = ("device", "compile")
-SEED_FIELDS = ("seed", "data_seed")
+# How a run ran, not what it computed (recorded as the entry's `device`): fields declared
+# hashed=False, where the run ran and whether its step was compiled (torch.compile gives the eager
+# step's numbers to float32 rounding, as the CPU and CUDA paths give each other's;
+# tests/trainers/test_compile.py)
+NOT_HASHED: tuple[str, ...] = tuple(n for n, f in FIELD_FACTS.items() if not f.hashed)
 
 
 def hashed_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -203,7 +185,8 @@ def load_ledger_file(path: Path) -> dict[str, Any]:
                                f"not {' or '.join(k.__name__ for k in kinds)}")
         for m, phases in e.get("measures", {}).items():
             if not isinstance(phases, dict) or not all(
-                    v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool)) for v in phases.values()):
+                    v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool))
+                    for v in phases.values()):
                 raise BadInput(f"{where}: measure {m!r} is not a mapping of phase -> number")
         for key in ("memorization_step", "grokking_step"):
             if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in e[key].values()):
@@ -382,7 +365,8 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
     phase_steps = {**run.phase_steps, GENERALIZED_PHASE: run99.phase_steps.get("grokking")}
     phase_notes = dict(run.phase_notes)
     if run99.phase_notes.get("grokking"):
-        phase_notes[GENERALIZED_PHASE] = run99.phase_notes["grokking"].replace("grokking", f"test accuracy {GENERALIZED:g}")
+        phase_notes[GENERALIZED_PHASE] = run99.phase_notes["grokking"].replace("grokking",
+                                                                               f"test accuracy {GENERALIZED:g}")
     from groklens.checkpoints.constants import ATTR_GROKLENS_VERSION
     from groklens.checkpoints.reader import open_trajectory_file
 
@@ -486,7 +470,8 @@ def measured_time(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
 
     num = (int, float)
     cpu = [float(e["cpu_s"]) for e in entries if isinstance(e.get("cpu_s"), num)]
-    wall = [float(e["wall_s"]) for e in entries if not isinstance(e.get("cpu_s"), num) and isinstance(e.get("wall_s"), num)]
+    wall = [float(e["wall_s"]) for e in entries
+            if not isinstance(e.get("cpu_s"), num) and isinstance(e.get("wall_s"), num)]
     if not cpu and not wall:
         return None
     devices = sorted({str(e.get("device", "?")).split(" (")[0] for e in entries

@@ -14,7 +14,8 @@ from typing import Any
 from groklens.errors import BadInput, GroklensError
 from groklens.experiments.layout import plan_layout
 from groklens.experiments.core import (
-    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, default_out, LEDGER_DIR, RESULTS_BEGIN, RESULTS_END, Result,
+    FROM_SEED, Context, EXPERIMENT_DEFAULTS, EXPERIMENTS, Experiment, default_out, LEDGER_DIR, RESULTS_BEGIN,
+    RESULTS_END, Result,
     SCALES, Scale)
 
 
@@ -145,7 +146,8 @@ def format_listing(items: list[dict[str, Any]]) -> str:
             m = s["measured"]
             kind = "cpu" if m and m["cpu"] else "wall" if m else None
             meas = (f"{'CPU' if kind == 'cpu' else 'wall'} {_fmt_duration(m[kind]['mean_s'])} mean, "
-                    f"{_fmt_duration(m[kind]['max_s'])} max (n={m[kind]['n']}, {'/'.join(m['devices'])})") if m else "not run yet"
+                    f"{_fmt_duration(m[kind]['max_s'])} max (n={m[kind]['n']}, {'/'.join(m['devices'])})"
+                    if m else "not run yet")
             fits = (("yes" if s["fits_cpu"] else "no") + f": {_fmt_duration(s['seconds_here'])} ({s['fits_basis']})")
             est = f"{_fmt_duration(s['cpu_seconds_expected'])} ({_fmt_duration(s['cpu_seconds_cap'])}) {_basis_mark(s)}"
             lines.append(f"{it['name'] if scale == 'smoke' else '':<22} {scale:<6} {s['runs']:>4}  {fits:<42}  "
@@ -172,11 +174,12 @@ def estimate_text(exp: Experiment, scale: str, todo: list[Any], ledger_entries: 
     runs = [(r.variant, r.cfg) for r in todo]
     costs = estimate_runs(exp, scale, runs, ledger_entries, rates_for([c for _, c in runs], measure=measure))
     basis = {b: sum(c.stop_basis == b for c in costs) for b in ("ledger", "expected", "cap")}
-    how = ", ".join(f"{k} to {dict(ledger='the ledger runs of their arm', expected=f'{EXPECTED_MARGIN:g}x the expected grokking step', cap='their step cap')[b]}"
-                    for b, k in basis.items() if k)
+    stops = {"ledger": "the ledger runs of their arm", "expected": f"{EXPECTED_MARGIN:g}x the expected grokking step",
+             "cap": "their step cap"}
+    how = ", ".join(f"{k} to {stops[b]}" for b, k in basis.items() if k)
     rate = "/".join(sorted({"timed here" if c.rate_basis == "measured" else "the FLOP model" for c in costs}))
-    return (f"cost estimate: {_fmt_duration(sum(c.expected_s for c in costs))} of CPU-core time for {len(costs)} run(s) "
-            f"({how}; every run to its cap: {_fmt_duration(sum(c.cap_s for c in costs))}; steps {rate})")
+    return (f"cost estimate: {_fmt_duration(sum(c.expected_s for c in costs))} of CPU-core time for {len(costs)} "
+            f"run(s) ({how}; every run to its cap: {_fmt_duration(sum(c.cap_s for c in costs))}; steps {rate})")
 
 
 # ---------------------------------------------------------------------- the pipeline
@@ -223,7 +226,8 @@ def _check_args(exp: Experiment, name: str, scale: str, seeds: Any, workers: int
     return seeds, out
 
 
-def _plan_runs(exp: Experiment, scale: str, seeds: int, runs_dir: Path, led) -> tuple[list[PlannedRun], list[PlannedRun],
+def _plan_runs(exp: Experiment, scale: str,
+               seeds: int, runs_dir: Path, led) -> tuple[list[PlannedRun], list[PlannedRun],
                                                                                        list[PlannedRun]]:
     """(runs the ledger holds, finished files to record, runs to train) of seeds 1..seeds."""
     from groklens.checkpoints import Trajectory
@@ -354,8 +358,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     compile=True trains each new run that can be compiled with compile=true (`compile_runs`).
     Before training it prints the runs' estimated cost (`estimate_text`; measure=False: from the
     FLOP model, nothing timed). arms: train only the variants matching these patterns
-    (`select_arms`); the rows read every arm the ledger holds (a study trained in stages). `log`: `--log` specs; each run trained mirrors
-    its rows there."""
+    (`select_arms`); the rows read every arm the ledger holds (a study trained in stages). `log`:
+    `--log` specs; each run trained mirrors its rows there."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
     from groklens.trainers.loggers import check_specs
 
@@ -583,7 +587,8 @@ RUNS_SECTION = "## The runs behind the rows"
 
 
 def _runs_markers(name: str, scale: str) -> tuple[str, str]:
-    return f"<!-- runs {name} {scale}: written by `groklens reproduce` from the ledger -->", f"<!-- end runs {name} {scale} -->"
+    return (f"<!-- runs {name} {scale}: written by `groklens reproduce` from the ledger -->",
+            f"<!-- end runs {name} {scale} -->")
 
 
 def run_table(arms: dict[str, list[Any]]) -> list[str]:
@@ -599,7 +604,8 @@ def run_table(arms: dict[str, list[Any]]) -> list[str]:
             acc = r.final_test_acc
             lines.append("| " + " | ".join(_cell(c) for c in (
                 variant, r.seed, _steps_text(r.memorization), _steps_text(r.grokking), _steps_text(g99),
-                f"{e['last_step']:,}", "—" if acc is None else f"{acc:.3f}", collapse_text(r.collapse) or ("stayed" if "collapse" in e else "ended above (dips not recorded)"),
+                f"{e['last_step']:,}", "—" if acc is None else f"{acc:.3f}",
+                collapse_text(r.collapse) or ("stayed" if "collapse" in e else "ended above (dips not recorded)"),
                 _fmt_duration(r.wall_s) if isinstance(r.wall_s, (int, float)) else "—")) + " |")
     return lines
 
@@ -610,12 +616,14 @@ def _steps_text(step: int | None) -> str:
 
 def _put_runs_block(text: str, result: Result) -> str:
     begin, end = _runs_markers(result.name, result.scale)
-    block = f"{begin}\n**{result.name}, {result.scale}** (`{result.command}`)\n\n" + "\n".join(result.run_lines) + f"\n{end}"
+    block = (f"{begin}\n**{result.name}, {result.scale}** (`{result.command}`)\n\n" + "\n".join(result.run_lines)
+             + f"\n{end}")
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
         return head + block + rest.split(end, 1)[1]
     if RUNS_SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{RUNS_SECTION}\n\nPer run, from the ledger (the rows above are computed from these entries).\n"
+        text = (text.rstrip("\n") + f"\n\n{RUNS_SECTION}\n\n"
+                "Per run, from the ledger (the rows above are computed from these entries).\n")
     return text.rstrip("\n") + f"\n\n{block}\n"
 
 

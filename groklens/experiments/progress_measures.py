@@ -96,7 +96,8 @@ def _read(ctx: Context) -> list[Row]:
     rows.append(Row("peak test loss (memorization)", Published(34.0, "~34", NANDA),
                     sum(peak) / len(peak) if peak else None, _mean_text(peak, n, ".3g"), note))
     rows.append(_step_row(ctx, "test loss first <= 0.86", "test_loss_0.86", Published(13_800, "0.86 at ~13.8k", NANDA)))
-    rows.append(_step_row(ctx, "test loss first <= 0.005", "test_loss_0.005", Published(14_500, "0.005 at ~14.5k", NANDA)))
+    rows.append(_step_row(ctx, "test loss first <= 0.005", "test_loss_0.005",
+                          Published(14_500, "0.005 at ~14.5k", NANDA)))
     keys = [v for r in runs if (v := r.value("n_key_freqs", "end")) is not None]
     rows.append(Row("key frequencies at the end (Nanda's rule: every neuron's best frequency)",
                     Published(5.0, "5 (14, 35, 41, 42, 52); another seed 4", NANDA),

@@ -37,8 +37,10 @@ from typing import Any
 
 from groklens.config import GROK_THRESHOLD
 from groklens.experiments.core import (
-    CANONICAL_GROK, FROM_SEED, QUICK, SMOKE, SMOKE_NOTE, Context, Experiment, Plan, Published, Row, Scale, no_analyses, register)
-from groklens.experiments.verdicts import fmt_ci, mean_flag, paired_interval, ratio_verdict, speedup_verdict, undetermined
+    CANONICAL_GROK, FROM_SEED, QUICK, SMOKE, SMOKE_NOTE, Context, Experiment, Plan, Published, Row,
+    Scale, no_analyses, register)
+from groklens.experiments.verdicts import (
+    fmt_ci, mean_flag, paired_interval, ratio_verdict, speedup_verdict, undetermined)
 
 SOURCE = "Kashiwamura & Leleu 2026, permutation routing across model copies (arXiv 2605.09256; REFERENCES.md)"
 CLAIM = "routing improves generalization over independent copies (no number in what we read)"
@@ -163,7 +165,8 @@ def _paired_row(ctx: Context, model: str, arm: str, base: str, published: Publis
         return Row(measure, published, None, text, diff, undetermined(f"missing: {text}") if verdict else "")
     ratios = [math.exp(_mean([math.log(num[s] / den[s]) for num, den in per_alpha.values()])) for s in sorted(seeds)]
     mean, ci = paired_interval(ratios)
-    by_alpha = "; ".join(f"alpha {a:g}: {_mean([num[s] / den[s] for s in seeds]):.3g}" for a, (num, den) in per_alpha.items())
+    by_alpha = "; ".join(f"alpha {a:g}: {_mean([num[s] / den[s] for s in seeds]):.3g}"
+                         for a, (num, den) in per_alpha.items())
     text = (f"{mean:.3g}{' ' + fmt_ci(ci) if ci is not None else ''} (n={len(ratios)} seeds, paired; per alpha, "
             f"mean ratio: {by_alpha})")
     return Row(measure, published, mean, text, diff,

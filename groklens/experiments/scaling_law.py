@@ -50,7 +50,8 @@ def _read_scaling(ctx: Context) -> list[Row]:
     claims = ctx.sc.extra.get("claims", False)
     recs = _records(ctx)
     fits = fit_exponents(recs, list(DEFAULT_VARS))
-    names = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)", "weight_decay": "lambda (weight decay)"}
+    names = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)",
+             "weight_decay": "lambda (weight decay)"}
     rows = []
     for v in DEFAULT_VARS:
         ours, ci, text = fits[v]
@@ -67,7 +68,8 @@ def _read_scaling(ctx: Context) -> list[Row]:
     else:
         ols = fit["ols"]
         rows.append(Row("R^2 of the power-law fit", R2, ols["r2"],
-                        f"{ols['r2']:.3f} (OLS, n={fit['n_grokked']} grokked, {fit['n_censored']} censored left out)", diff))
+                        f"{ols['r2']:.3f} (OLS, n={fit['n_grokked']} grokked, {fit['n_censored']} censored left out)",
+                        diff))
         if claims:
             r2i = ols.get("r2_interactions")
             rows.append(Row("R^2 of the power-law fit with the pairwise interactions (centred logs)", R2_INTERACTIONS,
@@ -152,20 +154,22 @@ register(Experiment(
     "scaling-law",
     "two-hidden-layer MLP grid over width, data, learning rate and weight decay; fitted power-law exponents",
     {
-        "smoke": Scale.of({**SMOKE, "model": "mlp", "n_layers": 2, "mlp_bias": True, "steps": 20}, SMOKE_NOTE + " (MLP grid 2x2x2x1)",
+        "smoke": Scale.of({**SMOKE, "model": "mlp", "n_layers": 2, "mlp_bias": True, "steps": 20},
+                          SMOKE_NOTE + " (MLP grid 2x2x2x1)",
                         axes={"d_mlp": [16, 32], "train_frac": [0.4, 0.6], "lr": [1e-3, 3e-3], "weight_decay": [1.0]}),
         "quick": Scale.of(dict(task="add", p=23, model="mlp", n_layers=2, d_model=64, mlp_bias=True, steps=6000,
                              eval_every=50, checkpoint_every=1000, stop_after_grok=1, device="cpu"),
-                        "MLP grid of 16 (2 values per axis: width 128, 256; train_frac 0.5, 0.7; lr 5e-3, 1e-2; wd 1, 3), "
-                        "p=23, embeddings 64 wide; censored at 6000 steps (the paper: 384 configurations)",
-                        axes={"d_mlp": [128, 256], "train_frac": [0.5, 0.7], "lr": [5e-3, 1e-2], "weight_decay": [1.0, 3.0]}),
+                        "MLP grid of 16 (2 values per axis: width 128, 256; train_frac 0.5, 0.7; lr 5e-3, 1e-2; wd 1, "
+                        "3), p=23, embeddings 64 wide; censored at 6000 steps (the paper: 384 configurations)",
+                        axes={"d_mlp": [128, 256], "train_frac": [0.5, 0.7], "lr": [5e-3, 1e-2],
+                              "weight_decay": [1.0, 3.0]}),
         "paper": Scale.of(dict(task="add", p=47, model="mlp", n_layers=2, d_model=128, mlp_bias=True, steps=20_000,
                              eval_every=50, checkpoint_every=5000, stop_after_grok=1, device="auto"),
-                        "CPU paper scale: 384 configurations, one seed each, as the paper (4 widths 64-512 x train_frac "
-                        "0.4-0.7 x lr 3e-4-1e-2 x 6 weight decays 0.1-3), two hidden layers, embeddings 128 wide, add "
-                        "mod p=47, full batch, AdamW, censored at 20,000 steps; the paper's p, grid values and cap are "
-                        "not in REFERENCES.md (ours); a (width, data) cell trains as one batched ensemble where that pays "
-                        "(docs/PERFORMANCE.md: widths 64 and 128 on a CPU)",
+                        "CPU paper scale: 384 configurations, one seed each, as the paper (4 widths 64-512 x "
+                        "train_frac 0.4-0.7 x lr 3e-4-1e-2 x 6 weight decays 0.1-3), two hidden layers, embeddings "
+                        "128 wide, add mod p=47, full batch, AdamW, censored at 20,000 steps; the paper's p, grid "
+                        "values and cap are not in REFERENCES.md (ours); a (width, data) cell trains as one batched "
+                        "ensemble where that pays (docs/PERFORMANCE.md: widths 64 and 128 on a CPU)",
                         axes=PAPER_AXES, claims=True),
     },
     _plan_scaling, _read_scaling, no_analyses, seeds={"smoke": 1, "quick": 2, "paper": 1}, run_values=_run_values,

@@ -101,7 +101,8 @@ def entry_problem(e: dict[str, Any], arms: Mapping[str, dict[str, Any]]) -> str 
     for key, kinds in ENTRY_TYPES.items():
         v = e.get(key)
         if key not in e or not isinstance(v, kinds) or isinstance(v, bool):
-            return f"{key!r} is {'missing' if key not in e else repr(v)[:60]}, not {' or '.join(k.__name__ for k in kinds)}"
+            found = "missing" if key not in e else repr(v)[:60]
+            return f"{key!r} is {found}, not {' or '.join(k.__name__ for k in kinds)}"
     if e["arm"] not in arms:
         return f"'arm' is {e['arm']!r}, not one of {', '.join(arms)}"
     if e["weight_decay"] != arms[e["arm"]]["weight_decay"]:

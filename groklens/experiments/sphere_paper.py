@@ -134,12 +134,15 @@ def _papersplit_rows(ctx: Context, tag: str, at: str, pub_lr: float) -> list[Row
                              Published(pub, f"{pub:,} (mean of 10 seeds)", YILDIRIM), f"{a}_papersplit_lr{tag}", note))
     for a in ("sphere_wd1", "sphere_wd0"):
         pub = SPHERE_TABLE[(pub_lr, "ln")] / SPHERE_TABLE[(pub_lr, a)]
-        rows.append(speedup_row(ctx, f"speed-up of {ARCH_LABEL[a]} over LayerNorm, the paper's split of each seed, {at}",
-                                Published(pub, f"{pub:.2f}x (derived: ratio of the table's arithmetic means)", YILDIRIM),
+        rows.append(speedup_row(ctx,
+                                f"speed-up of {ARCH_LABEL[a]} over LayerNorm, the paper's split of each seed, {at}",
+                                Published(pub,
+                                          f"{pub:.2f}x (derived: ratio of the table's arithmetic means)", YILDIRIM),
                                 f"ln_papersplit_lr{tag}", f"{a}_papersplit_lr{tag}", note, verdict=True))
     pub = SPHERE_TABLE[(pub_lr, "sphere_wd1")] / SPHERE_TABLE[(pub_lr, "sphere_wd0")]
     for suffix, split in (("", "data_seed 598 for every seed"), ("_papersplit", "the paper's split of each seed")):
-        rows.append(speedup_row(ctx, f"speed-up of the bounded sphere wd 0 over wd 1 (the weight-decay order), {split}, "
+        rows.append(speedup_row(ctx,
+                                f"speed-up of the bounded sphere wd 0 over wd 1 (the weight-decay order), {split}, "
                                 f"{at}", Published(pub, f"{pub:.2f}x (derived: the table's wd 1 / wd 0)", YILDIRIM),
                                 f"sphere_wd1{suffix}_lr{tag}", f"sphere_wd0{suffix}_lr{tag}",
                                 note if suffix else ctx.sc.note, verdict=True))
@@ -150,8 +153,8 @@ OFFICIAL_ARMS = ("ln", "sphere_wd1", "sphere_wd0")
 OFFICIAL_NOTE = ("the official code (AlperYildirim1/geometric-grokking at {commit}, {notebooks}) run by "
                  "benchmarks/peer/sphere_official.py on this machine for {epochs} epochs (their device line set to the "
                  "CPU), recorded from its JSONs by benchmarks/peer/record_sphere_official.py in "
-                 "docs/results/peer/sphere-official.json; their grok epoch e (the first logged epoch with test accuracy "
-                 "> 0.95, logged every 200 epochs after that epoch's step) is shown as groklens' step e+1")
+                 "docs/results/peer/sphere-official.json; their grok epoch e (the first logged epoch with test "
+                 "accuracy > 0.95, logged every 200 epochs after that epoch's step) is shown as groklens' step e+1")
 
 
 def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]:
@@ -182,7 +185,8 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
             row.ours_text = "no official-code run recorded"
         rows.append(row)
     pub = SPHERE_TABLE[(pub_lr, "sphere_wd1")] / SPHERE_TABLE[(pub_lr, "sphere_wd0")]
-    rows.append(speedup_row(octx, f"speed-up of the bounded sphere wd 0 over wd 1 (the weight-decay order), the official "
+    rows.append(speedup_row(octx,
+                            f"speed-up of the bounded sphere wd 0 over wd 1 (the weight-decay order), the official "
                             f"code, the paper's split of each seed, {at}",
                             Published(pub, f"{pub:.2f}x (derived: the table's wd 1 / wd 0)", YILDIRIM),
                             "official:sphere_wd1", "official:sphere_wd0", note, verdict=True))
@@ -197,7 +201,8 @@ def _beside_groklens(octx: Context, arm: str, tag: str) -> str:
     _, text, _ = octx.grok(f"same_seeds:{arm}")
     per_seed = ", ".join(f"s{r.seed} {_step_text(r)} / {_step_text(ours[r.seed]) if r.seed in ours else '—'}"
                          for r in official)
-    differ = [r.seed for r in official if r.split_sha256 != groklens_split_sha256(r.entry["p"], r.entry["frac_train"], r.seed)]
+    differ = [r.seed for r in official if r.split_sha256 != groklens_split_sha256(r.entry["p"],
+                                                                                  r.entry["frac_train"], r.seed)]
     split = (f"their training pairs are groklens' python_shuffle split on {len(official) - len(differ)} of "
              f"{len(official)} seeds" + (f" (not on seed {', '.join(map(str, differ))})" if differ else ""))
     return (f"groklens ({arm}_papersplit_lr{tag}) on the same seeds: {text}; per seed, official / groklens: "
@@ -265,7 +270,8 @@ def _read_s5(ctx: Context) -> list[Row]:
     at = ""
     if "grok_at" in ctx.sc.extra:  # the notebook's rule: grokked at the first test accuracy >= 0.99
         thr = ctx.sc.extra["grok_at"]
-        ctx = dataclasses.replace(ctx, arms={v: [LedgerRun(r.entry, thr) for r in runs] for v, runs in ctx.arms.items()})
+        ctx = dataclasses.replace(ctx,
+                                  arms={v: [LedgerRun(r.entry, thr) for r in runs] for v, runs in ctx.arms.items()})
         at = f" (first evaluation with test accuracy >= {thr:g})"
     rows = []
     for a in ("sphere_wd1", "sphere_wd0"):
@@ -275,19 +281,20 @@ def _read_s5(ctx: Context) -> list[Row]:
         rows.append(Row(f"S5: speed-up of {labels[a]} over LayerNorm{at}", claim, ours, text, ctx.sc.note, verdict,
                         sp.get("bound") or ""))
     for a in S5_ARMS:
-        rows.append(grok_row(ctx, f"S5: grok epoch, {labels[a]}{at}", Published(None, "no number in REFERENCES.md", YILDIRIM),
+        rows.append(grok_row(ctx, f"S5: grok epoch, {labels[a]}{at}",
+                             Published(None, "no number in REFERENCES.md", YILDIRIM),
                              a, ctx.sc.note))
     return rows
 
 
 _S5_NOTEBOOK_NOTE = (
-    "S5 as the official notebook S5_Final.ipynb runs it: the 120 permutations (vocabulary 121), 30% of the 14,400 pairs "
-    "drawn from each seed (make_s5_dataset's random.Random(seed) shuffle: split_rule python_shuffle, data_seed = the "
-    "seed), d_model 128, 4 heads, d_mlp 512, post-norm LayerNorm / RMSNorm (eps 1e-8), PyTorch's init, AdamW lr 1e-3, "
-    "betas (0.9, 0.999), weight decay 1 (0 for the bounded sphere), full batch, evaluation every 200 epochs, grokked at "
-    "the first evaluation with test accuracy >= 0.99 (the notebook's rule, which these rows read), capped at 100,000 "
-    "steps (the notebook's MAX_EPOCHS; no published S5 grokking time is in REFERENCES.md, so the cap is 10x a "
-    "baseline's only if LayerNorm groks by step 10,000); its sphere wd 1 model has a plain unembedding, as here. "
+    "S5 as the official notebook S5_Final.ipynb runs it: the 120 permutations (vocabulary 121), 30% of the 14,400 "
+    "pairs drawn from each seed (make_s5_dataset's random.Random(seed) shuffle: split_rule python_shuffle, data_seed "
+    "= the seed), d_model 128, 4 heads, d_mlp 512, post-norm LayerNorm / RMSNorm (eps 1e-8), PyTorch's init, AdamW lr "
+    "1e-3, betas (0.9, 0.999), weight decay 1 (0 for the bounded sphere), full batch, evaluation every 200 epochs, "
+    "grokked at the first evaluation with test accuracy >= 0.99 (the notebook's rule, which these rows read), capped "
+    "at 100,000 steps (the notebook's MAX_EPOCHS; no published S5 grokking time is in REFERENCES.md, so the cap is "
+    "10x a baseline's only if LayerNorm groks by step 10,000); its sphere wd 1 model has a plain unembedding, as here. "
     "What differs: runs stop 2 evaluations after test accuracy 0.99 (the notebook trains every one of its 100,000 "
     "epochs); our step s is their epoch s-1; groklens' code and RNG streams, not theirs")
 
@@ -301,8 +308,8 @@ FVE_ARMS = {"fully_bounded": ("sphere_wd0", "bounded sphere, wd 0 (the notebook'
             "bounded": ("sphere_wd1", "bounded sphere, wd 1", 0.62),
             "standard": ("ln", "post-norm LayerNorm", 0.29)}
 FVE_PHASE = "generalized"  # ledger.GENERALIZED_PHASE: the first evaluation with test accuracy >= 0.99
-FVE_READING = ("the paper's reading (our reading of its notebook): least-squares FVE of the cos and sin directions of the "
-               "top 5 frequencies of W_L by Fourier norm, the mean of those 10 values")
+FVE_READING = ("the paper's reading (our reading of its notebook): least-squares FVE of the cos and sin directions of "
+               "the top 5 frequencies of W_L by Fourier norm, the mean of those 10 values")
 
 
 def _fve_arms(sc: Scale) -> dict[str, str]:
@@ -378,7 +385,8 @@ register(Experiment(
                         "(data_seed 598; the paper draws it from the seed, which the *_papersplit arms do)",
                         lrs=[6e-4, 1e-4], ours_lrs=[6e-4],
                         ours=["sphere_wd0_tlinit", "ln_papersplit", "sphere_wd1_papersplit", "sphere_wd0_papersplit"],
-                        expect_grok={**_published_grok([6e-4, 1e-4]), **{f"{a}_papersplit_lr6e-4": SPHERE_TABLE[(6e-4, a)]
+                        expect_grok={**_published_grok([6e-4, 1e-4]),
+                                     **{f"{a}_papersplit_lr6e-4": SPHERE_TABLE[(6e-4, a)]
                                                                          for a in ("ln", "sphere_wd1", "sphere_wd0")}}),
     },
     _plan_sphere, _read_sphere, no_analyses))
@@ -408,12 +416,14 @@ register(Experiment(
     "s5-control",
     "the same variants on S5 composition (negative control): the sphere must not help",
     {
-        "smoke": Scale.of({**SMOKE, **_SPHERE_TRAIN, "task": "s5", "train_frac": 0.3, "steps": 10}, SMOKE_NOTE + " (S5, 10 steps)"),
+        "smoke": Scale.of({**SMOKE, **_SPHERE_TRAIN, "task": "s5", "train_frac": 0.3, "steps": 10},
+                          SMOKE_NOTE + " (S5, 10 steps)"),
         "quick": Scale.of({**_SPHERE_QUICK, "task": "s5", "train_frac": 0.3, "batch_size": 512, "steps": 6000,
                          "stop_after_grok": 2, "eval_every": 100, "checkpoint_every": 500},
                         "S5 (14,400 pairs, 30%), d_model 64, 2 heads, d_mlp 256, lr 3e-3, mini-batches of 512 (the "
                         "paper: d_model 128, lr 1e-3, full batch, up to 100k epochs); censored at 6000 steps", lr=3e-3),
-        "paper": Scale.of({**_SPHERE_PAPER, "task": "s5", "steps": 100_000, "stop_after_grok": 2, "grok_threshold": 0.99,
+        "paper": Scale.of({**_SPHERE_PAPER, "task": "s5", "steps": 100_000, "stop_after_grok": 2,
+                           "grok_threshold": 0.99,
                            "split_rule": "python_shuffle", "data_seed": FROM_SEED}, _S5_NOTEBOOK_NOTE,
                           lr=1e-3, notebook_arms=True, grok_at=0.99),
     },

@@ -38,7 +38,8 @@ PAPER_ARMS = {
                    "eps 1e-25, which OrthoGrad drops); evaluated every 10 steps, as they log"),
     "stablemax": ({"loss": "stablemax", "betas": [0.9, 0.999], "steps": 80_000},
                   "StableMax, beta2 0.999",
-                  Published(None, "groks without regularization (figure 1; their command trains 80,000 epochs)", PRIETO),
+                  Published(None,
+                            "groks without regularization (figure 1; their command trains 80,000 epochs)", PRIETO),
                   "evaluated every 100 steps (they log every 5,000); stops 1 evaluation after grokking"),
     "ce_float64": ({"loss": "ce", "betas": [0.9, 0.99], "steps": CE_CAP},
                    "softmax CE in float64",
@@ -54,11 +55,11 @@ PAPER_ARMS = {
 }
 PAPER_NOTE = ("Prieto et al.'s figure-1 setup from their code (add mod 113, 5107 training pairs, full batch, MLP "
               "226-200-200-113 without biases, AdamW lr 0.01, wd 0, eps 1e-25; ⊥AdamW as their code runs it: betas "
-              "(0.9, 0.999), eps 1e-8). Differs: our split is drawn from data_seed 598 (theirs: random_split under seed "
-              "42), our init from each seed (same distribution, U(+-1/sqrt(fan_in))); no per-epoch reshuffle of the "
-              "full batch (changes float rounding only); our step s is their epoch s-1; grokking = first evaluation "
-              "with test acc >= 0.95, evaluated every 10 steps (⊥AdamW) or 100 (their log: every 10 / 5,000); "
-              "runs stop 1 evaluation after grokking; the CE arms are capped at "
+              "(0.9, 0.999), eps 1e-8). Differs: our split is drawn from data_seed 598 (theirs: random_split under "
+              "seed 42), our init from each seed (same distribution, U(+-1/sqrt(fan_in))); no per-epoch reshuffle of "
+              "the full batch (changes float rounding only); our step s is their epoch s-1; grokking = first "
+              "evaluation with test acc >= 0.95, evaluated every 10 steps (⊥AdamW) or 100 (their log: every 10 / "
+              "5,000); runs stop 1 evaluation after grokking; the CE arms are capped at "
               f"{CE_CAP:,} steps (theirs: 80,000); the figure-6 transformer arm is not run")
 
 
@@ -89,14 +90,16 @@ def _plan_stablemax(sc: Scale, scale: str) -> Plan:
     return Plan({"ce_wd1": {"weight_decay": 1.0}, "ce_wd0": {"weight_decay": 0.0},
                  "stablemax_wd0": {"loss": "stablemax", "weight_decay": 0.0},
                  "perp_wd0": {"perp_grad": True, "weight_decay": 0.0},
-                 "stablemax_perp_wd0": {"loss": "stablemax", "perp_grad": True, "weight_decay": 0.0}}, "ce_wd1", sc.base)
+                 "stablemax_perp_wd0": {"loss": "stablemax", "perp_grad": True, "weight_decay": 0.0}},
+                "ce_wd1", sc.base)
 
 
 def _read_stablemax(ctx: Context) -> list[Row]:
     if ctx.scale == "paper":
         return _read_paper(ctx)
     rows = []
-    labels = {"ce_wd0": "softmax CE, wd 0", "stablemax_wd0": "StableMax, wd 0", "perp_wd0": "perpendicular gradient, wd 0",
+    labels = {"ce_wd0": "softmax CE, wd 0", "stablemax_wd0": "StableMax, wd 0",
+              "perp_wd0": "perpendicular gradient, wd 0",
               "stablemax_perp_wd0": "StableMax + perpendicular gradient, wd 0"}
     base_runs = ctx.group("ce_wd1").runs
     ref = None if not base_runs or any(r.grok_censored for r in base_runs) else \

@@ -209,7 +209,8 @@ def _mass_rows(ctx: Context, diff: str) -> list[Row]:
     for key, what in (("attn_min_mass", "the least-attended informative token (per-input minimum over the "
                        "informative positions)"), ("attn_mass", "all informative tokens (sum)")):
         rows.append(_paired_row(ctx, f"attention mass of the readout query on {what}, at grokking / at "
-                                     "memorization (baseline)", need, key, "grokking", "memorization", diff, below=False))
+                                     "memorization (baseline)", need, key, "grokking",
+                                     "memorization", diff, below=False))
     rows.append(_rise_row(ctx, diff))
     return rows
 
@@ -289,8 +290,9 @@ def _ticket_rows(ctx: Context, diff: str) -> list[Row]:
     base, x = ctx.plan.baseline, ctx.sc.extra
     runs = ctx.group(TICKET).runs
     donors = {r.seed: r for r in ctx.group(base).runs}
-    masks = [f"s{r.seed}: {r.config.get('attn_mask') or '?'}" + ("" if donors.get(r.seed) and not donors[r.seed].grok_censored
-                                                                  else " (donor never grokked: its last checkpoint)")
+    masks = [f"s{r.seed}: {r.config.get('attn_mask') or '?'}"
+             + ("" if donors.get(r.seed) and not donors[r.seed].grok_censored
+                else " (donor never grokked: its last checkpoint)")
              for r in runs]
     informative = _informative_positions(ctx.sc.base)
     note = (diff + f"; ticket (ours): the readout query confined to the keys holding 90% of the grokked baseline's "

@@ -350,7 +350,8 @@ def test_compare_analyze_computes_the_llc_only_when_asked(tmp_path, monkeypatch)
 
     train(tiny_config(**{**BASE, "steps": 30}, seed=1), path, progress=False)
     asked = []
-    monkeypatch.setattr(runner, "analyze_runs", lambda paths, requests, **kw: asked.append([n for n, _ in requests]) or [])
+    monkeypatch.setattr(runner, "analyze_runs",
+                        lambda paths, requests, **kw: asked.append([n for n, _ in requests]) or [])
     compare([path], analyze=True)
     compare([path], analyze=True, metrics=["llc"])
     from groklens.analyses.registry import get

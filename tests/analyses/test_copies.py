@@ -65,7 +65,8 @@ def test_run_level_analysis_reads_the_copys_metrics(routed):
 def test_cli_analyze_copy(routed):
     out = groklens("analyze", str(routed), "--copy", "1", "--metric", "norms", "--json", "-q", check=True)
     res = json.loads(out.stdout)
-    assert res["norms"]["weight_norm"] == pytest.approx(list(compute(Trajectory(routed, copy=1), "norms")["weight_norm"]))
+    alone = compute(Trajectory(routed, copy=1), "norms")["weight_norm"]
+    assert res["norms"]["weight_norm"] == pytest.approx(list(alone))
     bad = groklens("analyze", str(routed), "--copy", "2", "--metric", "norms")
     assert bad.returncode == 2 and "no copy 2" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     info = groklens("info", str(routed), "--json", check=True)

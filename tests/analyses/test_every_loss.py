@@ -13,7 +13,8 @@ from tests.helpers import train_tiny
 
 HEADLINE = {"attention": ["mass"], "fourier": ["neuron_fve", "restricted_loss_all", "excluded_loss_train"],
             "freq_ablation": ["ablated_loss_all", "loss_all"],
-            "grokking": ["thresholds"], "llc": ["llc_mean", "llc_per_chain"], "norms": ["weight_norm"], "probe": ["accuracy"],
+            "grokking": ["thresholds"], "llc": ["llc_mean", "llc_per_chain"], "norms": ["weight_norm"],
+            "probe": ["accuracy"],
             "radial": ["rho@blocks.0.hook_resid_post", "radius_mean@blocks.0.hook_resid_post"],
             "rank": ["rankme@blocks.0.hook_resid_post"], "sharpness": ["top_eigenvalues", "trace"]}
 CHEAP = {"sharpness": {"top_k": 1, "trace_samples": 3}, "llc": {"chains": 2, "draws": 4, "burnin": 2, "minibatch": 8},

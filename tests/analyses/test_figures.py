@@ -268,7 +268,8 @@ def test_the_fve_figure_reads_each_seed_at_its_first_crossing(tmp_path):
     from groklens.trainers.train import train
 
     path = tmp_path / "r.h5"
-    train(tiny_config(**{**BASE, "checkpoint_every": 10}, norm="sphere", unembed="bounded", seed=1), path, progress=False)
+    train(tiny_config(**{**BASE, "checkpoint_every": 10}, norm="sphere", unembed="bounded", seed=1), path,
+          progress=False)
     compute(path, "fourier", every=1)
     run = load_run(path)
     series = stored_series(run, "fourier", _key_for(run, "fourier", "ls_fve_top_k"))

@@ -33,7 +33,8 @@ class Linear(HookedRootModule):
 
 
 def _closed_form_gradient(W, X):
-    """dP/dW for P = (1/n) sum_i (||x_i W|| - sqrt(d))^2 / d: (2/(n d)) sum_i (||h_i|| - sqrt(d)) x_i (h_i/||h_i||)^T."""
+    """dP/dW for P = (1/n) sum_i (||x_i W|| - sqrt(d))^2 / d:
+    (2/(n d)) sum_i (||h_i|| - sqrt(d)) x_i (h_i/||h_i||)^T."""
     H = X @ W
     n, d = H.shape
     r = np.linalg.norm(H, axis=1)

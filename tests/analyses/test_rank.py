@@ -76,8 +76,9 @@ def test_hook_sites_and_weights_of_a_model():
     X = seen["x"][:, 2].double().numpy()
     s_unc = np.linalg.svd(X, compute_uv=False)
     s_cen = np.linalg.svd(X - X.mean(0), compute_uv=False)
-    assert out["roy_vetterli_uncentred@blocks.0.mlp.hook_post"] == pytest.approx(_entropy_rank(s_unc / s_unc.sum()), rel=1e-9)
-    assert out["roy_vetterli_centred@blocks.0.mlp.hook_post"] == pytest.approx(_entropy_rank(s_cen / s_cen.sum()), rel=1e-9)
+    site = "blocks.0.mlp.hook_post"
+    assert out[f"roy_vetterli_uncentred@{site}"] == pytest.approx(_entropy_rank(s_unc / s_unc.sum()), rel=1e-9)
+    assert out[f"roy_vetterli_centred@{site}"] == pytest.approx(_entropy_rank(s_cen / s_cen.sum()), rel=1e-9)
     W_Q = model.blocks[0].attn.W_Q.detach().double().numpy()  # [h, d, e]
     s_q = np.linalg.svd(np.concatenate(list(W_Q), axis=1), compute_uv=False)  # [d, h*e]
     assert out["roy_vetterli_uncentred@blocks.0.attn.W_Q"] == pytest.approx(_entropy_rank(s_q / s_q.sum()), rel=1e-9)

@@ -11,32 +11,40 @@ from groklens.analyses.report_figures import FIGURE_NAMES, MISSING_NAMES
 
 
 def test_one_rule_gives_each_command_its_default_set():
-    # analyze (and the demo's every-checkpoint set): the default tier
-    assert R.default_names() == ["attention", "fourier", "grokking", "norms", "radial", "rank"]
-    # report --analyze: the default tier among what the comparison shows
-    assert R.default_names(ANALYSES_USED) == ["attention", "fourier", "radial", "rank"]
-    # compare --analyze: the extended tier among what the comparison shows (sharpness too)
-    assert R.default_names(ANALYSES_USED, tier="extended") == ["attention", "fourier", "radial", "rank", "sharpness"]
-    # named only: never in any default set
-    everything = set(R.default_names(tier="named"))
-    assert everything == set(R.names())
-    assert everything - set(R.default_names(tier="extended")) == {
-        "freq_ablation", "induced_reg", "llc", "probe", "gradient_symmetricity", "distance_irrelevance", "clock_pizza",
-        "hessian_density", "attention_gradient"}
+    """Each default set is every analysis at that tier or a cheaper one (TIERS), computed here from
+    each analysis's declared tier; `among` keeps only what the caller can use."""
+    tier_of = {name: R.TIERS.index(R.get(name).tier) for name in R.names()}
+    for upto, tier in enumerate(R.TIERS):
+        assert R.default_names(tier=tier) == sorted(n for n, t in tier_of.items() if t <= upto)
+        assert R.default_names(ANALYSES_USED, tier=tier) == sorted(
+            n for n, t in tier_of.items() if t <= upto and n in ANALYSES_USED)
+    assert set(R.default_names(tier="named")) == set(R.names())  # named: every analysis
+    # the commands' sets are not empty, and the cheap first look is among them
+    assert "fourier" in R.default_names() and "sharpness" in set(R.default_names(tier="extended")) - set(
+        R.default_names())
     with pytest.raises(ValueError):
         R.default_names(tier="sometimes")
 
 
 def test_the_measures_are_declared_by_their_analyses_in_column_order():
-    assert [m.key for m in MEASURES] == ["fve_neuron", "fve_ls", "fve_ls_top5", "n_key_freqs", "attn_mass",
-                                         "attn_min_mass", "attn_qk_grad", "attn_qk_share", "attn_struct_pull",
-                                         "hessian_top", "hessian_trace", "eff_rank", "radius", "rho", "rho_baseline",
-                                         "induced_anisotropy", "induced_data_dependence", "llc"]
-    assert ANALYSES_USED == ("fourier", "attention", "attention_gradient", "sharpness", "rank", "radial", "induced_reg",
-                             "llc")
+    """The comparison's columns are the measures each analysis declares, in the analyses' declared
+    order (then module, then registration), and ANALYSES_USED the analyses that have columns."""
+    ordered = R.in_order()
+    assert [(a.order, a.func.__module__) for a in ordered] == sorted((a.order, a.func.__module__) for a in ordered)
+    assert MEASURES == tuple(m for a in ordered for m in a.measures)
+    assert ANALYSES_USED == tuple(a.name for a in ordered if a.measures)
+    assert len({m.key for m in MEASURES}) == len(MEASURES)  # one column per key
     for m in MEASURES:
         assert m in R.get(m.analysis).measures
-    assert [a.name for a in R.in_order()][:4] == ["fourier", "attention", "attention_gradient", "sharpness"]
+
+
+def test_every_builtin_analysis_module_is_found_by_its_decorator_and_registers():
+    """The one rule for groklens' own analyses: the modules with a top-level @analysis(...) are
+    imported, and every analysis of groklens.analyses comes from one of them."""
+    found = set(R.BUILTIN_MODULES)
+    registered = {a.func.__module__.rpartition(".")[2] for a in R.in_order()
+                  if a.func.__module__.startswith("groklens.analyses.")}
+    assert found == registered and {"fourier", "attention"} <= found
 
 
 def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_duplicate():
@@ -50,10 +58,10 @@ def test_the_decorator_reads_the_parameters_from_the_signature_and_refuses_a_dup
 
 
 def test_the_figures_are_registered_by_their_families_in_page_order():
-    assert FIGURE_NAMES == ("curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters",
-                            "fve_top5", "progress_measures", "attention", "attention_patterns", "hessian", "llc",
-                            "effective_rank", "radial", "clock_pizza",
-                            "hessian_density", "parameter_pca")
+    """Each figure name once; each section a report may miss names only registered figures, and
+    every figure but the two always drawn (the curves, the grokking times) belongs to one."""
+    assert len(set(FIGURE_NAMES)) == len(FIGURE_NAMES)
+    assert FIGURE_NAMES[:2] == ("curves", "grokking_times")
     assert MISSING_NAMES["Attention at the readout position"] == ("attention", "attention_patterns")
     assert {n for names in MISSING_NAMES.values() for n in names} == set(FIGURE_NAMES[2:])
 

@@ -17,7 +17,8 @@ from groklens.errors import BadInput
 from tests.analyses.test_compare import make_runs
 from tests.helpers import groklens, tiny_config
 
-ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters", "fve_top5", "attention",
+ALL_FIGURES = {"curves", "grokking_times", "fourier_fve", "fourier_spectrum", "neuron_clusters",
+               "fve_top5", "attention",
                "attention_patterns", "hessian", "llc", "effective_rank", "radial", "progress_measures", "clock_pizza",
                "hessian_density", "parameter_pca"}
 
@@ -184,7 +185,8 @@ def probe_page(page: Path, profile: Path, script: str, first: bool = False):
     page's own scripts (to see their errors), else as its last."""
     copy = page.with_name("_probe.html")
     text = page.read_text()
-    copy.write_text(text.replace("<head>", "<head>" + script, 1) if first else text.replace("</head>", script + "</head>", 1))
+    copy.write_text(text.replace("<head>", "<head>" + script, 1) if first
+                    else text.replace("</head>", script + "</head>", 1))
     try:
         dom = dump_dom(copy, profile)
     finally:

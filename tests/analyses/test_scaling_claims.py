@@ -142,8 +142,8 @@ def test_figure_draws_the_phase_map_cells_and_the_boundary():
     phase = [ax for ax in fig.axes if ax.get_title().startswith("grokked within the cap")][0]
     labels = sorted(t.get_text() for t in phase.texts)
     # independently: per (weight decay, train_frac) cell, grokked / runs
-    want = sorted(f"{sum(r.grok_step is not None for r in recs if (r.values['weight_decay'], r.values['train_frac']) == c)}/3"
-                  for c in {(r.values["weight_decay"], r.values["train_frac"]) for r in recs})
+    cell = lambda r: (r.values["weight_decay"], r.values["train_frac"])  # noqa: E731
+    want = sorted(f"{sum(r.grok_step is not None for r in recs if cell(r) == c)}/3" for c in {cell(r) for r in recs})
     assert labels == want
     assert phase.get_xlabel() == "weight_decay" and phase.get_ylabel() == "train_frac"
     assert any(line.get_label().startswith("boundary") for line in phase.get_lines())

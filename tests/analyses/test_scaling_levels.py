@@ -13,7 +13,8 @@ def _records(levels, seeds=3):
     out = []
     for v in levels:
         for s in range(seeds):
-            out.append(GrokRecord(f"wd{v}_s{s}", {"weight_decay": v}, float(1000 * v ** -0.6 * np.exp(rng.normal(0, 0.1))),
+            out.append(GrokRecord(f"wd{v}_s{s}", {"weight_decay": v},
+                                  float(1000 * v ** -0.6 * np.exp(rng.normal(0, 0.1))),
                                   5000))
     out.append(GrokRecord("cens", {"weight_decay": levels[0]}, None, 5000))
     return out

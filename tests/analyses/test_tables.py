@@ -108,7 +108,8 @@ def test_comparison_frame_is_the_csv_table_and_the_json_table(runs):
 
 def test_without_pandas_one_line_says_how_to_get_it(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
-    with pytest.raises(ImportError, match=r"^to_pandas needs pandas, an optional extra: pip install 'groklens\[pandas\]'$"):
+    with pytest.raises(ImportError,
+                       match=r"^to_pandas needs pandas, an optional extra: pip install 'groklens\[pandas\]'$"):
         Trajectory(runs[0]).to_pandas()
 
 

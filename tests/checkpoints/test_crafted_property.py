@@ -161,7 +161,8 @@ def entry(good):
 WRONG = {"arm": st.one_of(st.integers(), st.none(), st.lists(st.text(max_size=2), max_size=2)),
          "seed": st.one_of(st.text(max_size=3), st.floats(), st.booleans(), st.none()),
          "config_hash": st.one_of(st.integers(), st.none()), "config": st.one_of(st.text(max_size=3), st.integers()),
-         "grokking_step": st.one_of(st.integers(), st.text(max_size=2)), "last_step": st.one_of(st.text(max_size=2), st.none()),
+         "grokking_step": st.one_of(st.integers(), st.text(max_size=2)),
+         "last_step": st.one_of(st.text(max_size=2), st.none()),
          "measures": st.one_of(st.lists(st.integers(), max_size=2), st.integers(), st.text(max_size=3))}
 
 

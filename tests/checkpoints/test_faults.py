@@ -27,7 +27,8 @@ def _limit_file_size(nbytes):
 
 
 def _train_limited(path, nbytes, preflight=True):
-    patch = "" if preflight else "from groklens.checkpoints.writer import TrajectoryWriter as W; W._check_room = lambda *a: None; "
+    patch = ("" if preflight
+             else "from groklens.checkpoints.writer import TrajectoryWriter as W; W._check_room = lambda *a: None; ")
     code = f"import sys; {patch}from groklens.cli import main; main(sys.argv[1:])"
     return subprocess.run([sys.executable, "-c", code, "train", "-q", "--out", str(path),
                            *config_flags(tiny_config(**FAULT_CFG))],

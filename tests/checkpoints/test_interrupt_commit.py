@@ -3,7 +3,7 @@
 Python raises KeyboardInterrupt between any two bytecodes. One that landed between a series'
 resize and its value left a row of fill values, which the interrupted run's close() flushed: the
 file then failed validation ("/metrics/step is not strictly increasing"). Seen once in
-tests/cli/test_first_hour.py's Ctrl-C test; here the signal is sent at exactly that moment."""
+tests/cli/test_train_guards.py's Ctrl-C test; here the signal is sent at exactly that moment."""
 
 import os
 import signal

@@ -73,7 +73,8 @@ def test_their_rate_and_the_softmax_share_are_inverse():
     for c in (0.0, 0.3, 0.55, 0.65, 0.75, 1.0):
         assert CP.their_coeff(CP.softmax_share(c)) == pytest.approx(c)
     # their transition band in shares; the published boundary is its midpoint's share
-    assert (CP.softmax_share(0.55), CP.softmax_share(0.75), CP.softmax_share(0.65)) == pytest.approx((0.3793, 0.6, 0.4815),
+    assert (CP.softmax_share(0.55),
+            CP.softmax_share(0.75), CP.softmax_share(0.65)) == pytest.approx((0.3793, 0.6, 0.4815),
                                                                                                       abs=1e-4)
 
 

@@ -44,7 +44,8 @@ def test_smoke_demo_end_to_end(smoke):
     head = next(i for i, ln in enumerate(lines) if ln.startswith("variant "))
     rows = lines[head + 2: head + 2 + len(VARIANTS)]
     # every row names the four fields the variants differ in, defaults included
-    assert rows[0].startswith("act_norm_lambda=0 attention=softmax norm=ln unembed=linear ") and "1 (baseline)" in rows[0]
+    assert rows[0].startswith("act_norm_lambda=0 attention=softmax norm=ln unembed=linear ")
+    assert "1 (baseline)" in rows[0]
     assert any(r.startswith("act_norm_lambda=0 attention=softmax norm=sphere unembed=bounded ") for r in rows)
     assert any(r.startswith("act_norm_lambda=0 attention=uniform norm=ln unembed=linear ") for r in rows)
     assert any(r.startswith("act_norm_lambda=1 attention=softmax norm=ln unembed=linear ") for r in rows)
@@ -67,7 +68,8 @@ def test_smoke_demo_end_to_end(smoke):
     assert all(progress_curves(out / "runs" / f"{name}.h5").key_set for name in names)
     figs = set(re.findall(r'src="(fig_[a-z_]+\.png)"', page))
     assert {"fig_curves.png", "fig_hessian.png", "fig_radial.png", "fig_attention.png"} <= figs
-    assert json.loads((out / "report" / "comparison.json").read_text())["baseline"] == "act_norm_lambda=0 attention=softmax norm=ln unembed=linear"
+    baseline = json.loads((out / "report" / "comparison.json").read_text())["baseline"]
+    assert baseline == "act_norm_lambda=0 attention=softmax norm=ln unembed=linear"
 
 
 @pytest.mark.slow

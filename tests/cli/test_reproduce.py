@@ -87,7 +87,8 @@ def test_s5_paper_scale_is_the_official_notebooks_setup():
         assert (c.split_rule, c.data_seed, tuple(c.betas), c.warmup_steps, c.causal) == (
             "python_shuffle", 2, (0.9, 0.999), 0, False)
         assert (c.d_model, c.n_heads, c.d_mlp, c.init_scheme) == (128, 4, 512, "torch")
-    assert (cfgs["sphere_wd1"].norm, cfgs["sphere_wd1"].unembed, cfgs["sphere_wd1"].weight_decay) == ("sphere", "linear", 1.0)
+    assert (cfgs["sphere_wd1"].norm, cfgs["sphere_wd1"].unembed,
+            cfgs["sphere_wd1"].weight_decay) == ("sphere", "linear", 1.0)
     assert (cfgs["sphere_wd0"].unembed, cfgs["sphere_wd0"].weight_decay) == ("bounded", 0.0)
     assert (cfgs["rms"].norm, cfgs["ln"].weight_decay) == ("rms", 1.0)
 
@@ -168,7 +169,8 @@ def test_list_prints_every_experiment_with_costs():
     planned = [v for v, _, _ in run_configs(get_experiment("bounded-sphere"), "paper", 10)]
     with_ledger = sum(v in recorded for v in planned)
     assert 60 <= with_ledger < len(planned)  # the 6 arms of 10 seeds, at least; some arms have none yet
-    assert sphere["stop_basis"]["ledger"] == with_ledger and sphere["stop_basis"]["expected"] == sphere["runs"] - with_ledger
+    assert sphere["stop_basis"]["ledger"] == with_ledger
+    assert sphere["stop_basis"]["expected"] == sphere["runs"] - with_ledger
     grokfast = next(i for i in items if i["name"] == "grokfast")["scales"]["paper"]
     assert grokfast["stop_basis"]["cap"] == 0  # its recorded arms' last steps, else the published iterations
 
@@ -305,7 +307,8 @@ def test_results_md_replaces_rows_of_the_same_experiment_and_scale(tmp_path):
 
 def test_cli_runs_one_experiment_and_writes_its_rows(tmp_path):
     md = tmp_path / "RESULTS.md"
-    proc = groklens("reproduce", "grokfast", "--scale", "smoke", "-o", str(tmp_path / "gf"), "--results-md", str(md), "-q")
+    proc = groklens("reproduce", "grokfast", "--scale", "smoke", "-o", str(tmp_path / "gf"),
+                    "--results-md", str(md), "-q")
     assert proc.returncode == 0, proc.stderr
     assert "published" in proc.stdout and "iterations to 95% validation accuracy" in proc.stdout
     assert "39890" in proc.stdout.replace(",", "")
@@ -424,7 +427,8 @@ def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):
     write(entries)
     items = json.loads(groklens(*args, "--json", check=True).stdout)
     q = next(i for i in items if i["name"] == "grokfast")["scales"]["smoke"]
-    assert q["measured"]["n"] == 2 and q["measured"]["wall"]["mean_s"] == pytest.approx(200.0) and q["measured"]["cpu"] is None
+    assert q["measured"]["n"] == 2 and q["measured"]["wall"]["mean_s"] == pytest.approx(200.0)
+    assert q["measured"]["cpu"] is None
     assert q["fits_basis"] == "measured wall" and q["fits_cpu"] is True
     assert q["stop_basis"] == {"ledger": 2, "expected": 0, "cap": 0}
     text = groklens(*args, check=True).stdout
@@ -549,7 +553,8 @@ def test_censored_speedups_get_a_one_sided_interval_and_decide_only_its_way():
     assert speedup_verdict(wide).startswith("undetermined (the 95% interval")
     assert speedup_verdict(speedup([_R(5000, 5100)] * 2, [_R(None, 1000)] * 2)).startswith("undetermined")
     # a censored side with one seed: no interval
-    assert speedup_verdict(speedup([_R(None, 3000)], [_R(100, 200), _R(110, 210)])).startswith("undetermined (no interval")
+    assert speedup_verdict(speedup([_R(None, 3000)],
+                                   [_R(100, 200), _R(110, 210)])).startswith("undetermined (no interval")
 
 
 def test_collapsed_runs_and_ungrokked_arms_decide_nothing():
@@ -557,7 +562,8 @@ def test_collapsed_runs_and_ungrokked_arms_decide_nothing():
     from groklens.experiments.verdicts import generalized_arms, speedup_verdict
 
     crossed = speedup([_R(800, 900), _R(1000, 1100), _R(900, 1000)], [_R(100, 200), _R(110, 210), _R(105, 205)])
-    assert speedup_verdict(crossed, collapsed=1).startswith("undetermined (1 run(s) behind it crossed and then collapsed")
+    assert speedup_verdict(crossed, collapsed=1).startswith(
+        "undetermined (1 run(s) behind it crossed and then collapsed")
     grokked, never = [_R(100, 200)] * 2, [_R(None, 200), _R(150, 200)]
     assert generalized_arms({"penalty": grokked, "baseline": grokked}) is None
     why = generalized_arms({"penalty": never, "baseline": grokked})
@@ -582,7 +588,8 @@ def test_phase_ratios_are_decided_by_a_paired_interval():
     mean2, ci2 = paired_interval([0.75, 1.14])
     assert ratio_verdict(mean2, ci2, below=False, missing="").startswith("undetermined (the 95% interval")
     one, none = paired_interval([0.9])
-    assert none is None and ratio_verdict(one, none, below=True, missing="", n=1).startswith("undetermined (no interval: n=1")
+    assert none is None and ratio_verdict(one, none,
+                                          below=True, missing="", n=1).startswith("undetermined (no interval: n=1")
     assert ratio_verdict(None, None, below=True, missing="no checkpoint").startswith("undetermined (missing")
 
 
@@ -598,7 +605,8 @@ def test_groks_verdict_needs_a_cap_far_beyond_the_reference():
     assert groks_verdict(never, should_grok=True, reference=far, reference_what="t").startswith("disagrees")
     assert groks_verdict(never, should_grok=False, reference=far, reference_what="t").startswith("agrees")
     mixed = [_R(500, 6000), _R(None, 6000)]
-    assert groks_verdict(mixed, should_grok=True, reference=far, reference_what="t") == "undetermined (1 of 2 seeds grokked)"
+    assert groks_verdict(mixed, should_grok=True,
+                         reference=far, reference_what="t") == "undetermined (1 of 2 seeds grokked)"
     assert groks_verdict([_R(500, 600)] * 2, should_grok=True, reference=None, reference_what="t") == "agrees"
 
 

@@ -42,7 +42,8 @@ def test_reproduce_trains_a_grid_as_ensembles_of_its_cells(tmp_path):
 
 
 def _cfg(**kw) -> RunConfig:
-    return RunConfig.from_dict({"model": "mlp", "n_layers": 2, "p": 11, "steps": 50, "eval_every": 10, "checkpoint_every": 10, "device": "cpu", **kw})
+    return RunConfig.from_dict({"model": "mlp", "n_layers": 2, "p": 11, "steps": 50, "eval_every": 10,
+                                "checkpoint_every": 10, "device": "cpu", **kw})
 
 
 def test_the_ensemble_rule_keeps_compute_bound_cpu_steps_alone(tmp_path):

@@ -109,7 +109,8 @@ def test_paired_error_ratios_decide_by_their_interval():
     low, base = _errs(0.20, 0.22, 0.19), _errs(0.30, 0.31, 0.29)
     near = _errs(0.19, 0.23, 0.19)  # within the seeds' spread of `low`, on both sides
     ctx = _ctx({"perceptron_a2_routed_w1": low, "perceptron_a2_independent": base, "perceptron_a2_elastic": near})
-    better = R._paired_row(ctx, "perceptron", "routed_w1", "independent", E.Published(None, R.CLAIM, R.SOURCE), "", True)
+    better = R._paired_row(ctx, "perceptron", "routed_w1", "independent",
+                           E.Published(None, R.CLAIM, R.SOURCE), "", True)
     assert better.ours == pytest.approx(np.mean([0.20 / 0.30, 0.22 / 0.31, 0.19 / 0.29])) and better.verdict == "agrees"
     worse = R._paired_row(ctx, "perceptron", "independent", "routed_w1", E.Published(None, R.CLAIM, R.SOURCE), "", True)
     assert worse.verdict == "disagrees"

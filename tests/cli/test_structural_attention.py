@@ -58,7 +58,8 @@ def _context(kl_time, width_time, ticket_time):
             else:
                 grok, cfg = int(ticket_time * noise), {**cfg, "attn_mask": "0 7"}
             censored = grok > sc.base["steps"]
-            e = _entry(variant, seed, cfg, mem, None if censored else grok, sc.base["steps"] if censored else grok + 200,
+            e = _entry(variant, seed, cfg, mem, None if censored else grok,
+                       sc.base["steps"] if censored else grok + 200,
                        _curves(mem, grok, seed) if variant == plan.baseline else None)
             runs.append(LedgerRun(e))
         arms[variant] = runs

@@ -24,7 +24,8 @@ def test_fourier_r2_matches_ordinary_least_squares_computed_independently():
     freqs = [1, 5]  # 5 = p // 2
     res = linear_probe(model, data, "blocks.0.hook_resid_post", "fourier", frequencies=freqs, alpha=1e-10, seed=3)
     # independent: OLS with intercept on the same held-out split, R^2 per target around the test mean
-    X = capture(model, data.inputs, ["blocks.0.hook_resid_post"], position=2)["blocks.0.hook_resid_post"].double().numpy()
+    X = capture(model, data.inputs,
+                ["blocks.0.hook_resid_post"], position=2)["blocks.0.hook_resid_post"].double().numpy()
     c = data.labels.numpy()
     Y = np.stack([f(2 * np.pi * k * c / 11) for k in freqs for f in (np.cos, np.sin)], axis=1)
     tr, te = probe_split(data, "random", 0.5, 3)

@@ -54,7 +54,8 @@ def their_weights(model, o_scale: float = 1.0) -> dict:
     """Our weights in their layout (theirs are [out, in] where ours are [in, out]); W_O times o_scale."""
     a, m = model.blocks[0].attn, model.blocks[0].mlp
     h, e, d = a.W_O.shape
-    t = {k: v.detach() for k, v in dict(W_E=model.embed.W_E, W_pos=model.pos_embed.W_pos, W_U=model.unembed.W_U).items()}
+    t = {k: v.detach() for k, v in dict(W_E=model.embed.W_E, W_pos=model.pos_embed.W_pos,
+                                         W_U=model.unembed.W_U).items()}
     return {"W_E": t["W_E"].T, "W_pos": t["W_pos"], "W_U": t["W_U"], "d_head": e,
             **{n: getattr(a, n).detach().transpose(1, 2) for n in ("W_K", "W_Q", "W_V")},
             "W_O": a.W_O.detach().reshape(h * e, d).T * o_scale,

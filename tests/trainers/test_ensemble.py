@@ -168,7 +168,8 @@ def test_only_routed_compiled_and_mask_reading_configs_train_alone():
     names = {f.name for f in fields(RunConfig)}
     per_member, shared = set(ens.PER_MEMBER_FIELDS), set(ens.shared_fields())
     assert per_member <= names and not per_member & shared
-    assert names - per_member - shared == set(ens.SOLO_FIELDS) == {"routing_copies", "routing_width", "routing_unit", "compile",
+    assert names - per_member - shared == set(ens.SOLO_FIELDS) == {"routing_copies", "routing_width",
+                                                                   "routing_unit", "compile",
                                                                   "attn_mask_from"}
     assert {"act_norm_lambda", "grokfast_alpha", "perp_grad", "stop_test_loss"} <= per_member
     assert {"act_norm_sites", "geomdr_end", "perp_grad_scale", "task", "betas"} <= shared

@@ -1,7 +1,8 @@
 """The training fast paths (no hook attached: fused projections and scaled_dot_product_attention,
 the CUDA default; or the lean path, the CPU default: few large matmuls, broadcast attention over
-the short sequence, fused norms and MLP biases; both with the readout-only last block) gives the loss and gradients of the explicit full forward pass (a hook
-attached: every HookPoint fires, all positions), for every variant."""
+the short sequence, fused norms and MLP biases; both with the readout-only last block) gives the
+loss and gradients of the explicit full forward pass (a hook attached: every HookPoint fires, all
+positions), for every variant."""
 
 import pytest
 import torch
@@ -88,7 +89,8 @@ def test_fast_path_equals_full_forward(variant, path, n_layers, monkeypatch):
         if full[name] is None:  # uniform attention: W_Q, W_K get no gradient on either path
             assert fast[name] is None, name
             continue
-        assert torch.allclose(fast[name], full[name], atol=ATOL, rtol=RTOL), (name, float((fast[name] - full[name]).abs().max()))
+        assert torch.allclose(fast[name], full[name], atol=ATOL, rtol=RTOL), (
+            name, float((fast[name] - full[name]).abs().max()))
 
 
 @pytest.mark.parametrize("n_layers", [1, 2])
@@ -209,4 +211,5 @@ def test_table_path_takes_a_readout_counted_from_the_end(causal, monkeypatch):
     from_end, explicit = model(x, readout=slice(-1, None)), model(x, readout=slice(n - 1, n))
     assert calls.n == 2
     model.embedding_table = False
-    assert torch.allclose(from_end, explicit) and torch.allclose(model(x, readout=slice(-1, None)), from_end, atol=ATOL, rtol=RTOL)
+    assert torch.allclose(from_end, explicit) and torch.allclose(model(x, readout=slice(-1, None)),
+                                                                 from_end, atol=ATOL, rtol=RTOL)

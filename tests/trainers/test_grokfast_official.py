@@ -69,7 +69,8 @@ def multiplication_mod_p_data(p, eq_token, op_token):
 
 def gradfilter_ma(m, grads=None, window_size=100, lamb=5.0, filter_type="mean", warmup=True, trigger=False):
     if grads is None:
-        grads = {n: deque(maxlen=window_size) for n, p in m.named_parameters() if p.requires_grad and p.grad is not None}
+        grads = {n: deque(maxlen=window_size) for n, p in m.named_parameters()
+                 if p.requires_grad and p.grad is not None}
     for n, p in m.named_parameters():
         if p.requires_grad and p.grad is not None:
             grads[n].append(p.grad.data.detach())

@@ -109,12 +109,10 @@ def test_a_single_run_step_is_the_task_loss_step_of_torch_adamw():
 
 def test_adamw_does_not_import_the_compiler_stack():
     code = (
-        "import sys, torch\n"
-        "from groklens.trainers.optim import AdamW\n"
-        "p = {'w': torch.ones(1, 3)}\n"
-        "opt = AdamW(p, (0.9, 0.98))\n"
-        "opt.step(p, {'w': torch.ones(1, 3)}, torch.tensor([0.1], dtype=torch.float64), torch.zeros(1, dtype=torch.float64))\n"
-        "opt.load(0, opt.state(0), step=1)\n"
+        "import sys, torch\nfrom groklens.trainers.optim import AdamW\n"
+        "p = {'w': torch.ones(1, 3)}\nopt = AdamW(p, (0.9, 0.98))\n"
+        "opt.step(p, {'w': torch.ones(1, 3)}, torch.tensor([0.1], dtype=torch.float64), torch.zeros(1, "
+        "dtype=torch.float64))\nopt.load(0, opt.state(0), step=1)\n"
         "assert float(p['w'][0, 0]) != 1.0\n"
         "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
     )

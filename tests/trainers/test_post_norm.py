@@ -83,7 +83,8 @@ def test_post_norm_names_and_eps():
     assert pre.ln_final.eps == 1e-5 and not hasattr(pre, "ln_embed")  # pre-norm unchanged
 
 
-@pytest.mark.parametrize("bad", [dict(norm="none"), dict(norm="sphere", unembed="bounded"), dict(model="mlp", norm="none")])
+@pytest.mark.parametrize("bad",
+                         [dict(norm="none"), dict(norm="sphere", unembed="bounded"), dict(model="mlp", norm="none")])
 def test_post_placement_needs_a_layernorm_or_rmsnorm(bad):
     with pytest.raises(BadInput, match="norm_placement"):
         tiny_config(norm_placement="post", **bad)

@@ -260,7 +260,8 @@ def test_mixing_kernel_makes_copies_differ_from_independent_runs(tmp_path):
 
 # ---------------------------------------------------------------------- resume, stop rule, format
 @pytest.mark.parametrize("overrides", [dict(routing_width=1.0), dict(routing_width=2.0, routing_unit="weight",
-                                                                     elastic_gamma=0.3)], ids=["layer", "weight-elastic"])
+                                                                     elastic_gamma=0.3)],
+                                                                     ids=["layer", "weight-elastic"])
 def test_interrupted_routed_run_resumes_bit_identically(tmp_path, overrides):
     cfg = tiny_config(routing_copies=3, batch_size=16, steps=60, eval_every=10, checkpoint_every=20, **overrides)
     whole = tmp_path / "whole.h5"

@@ -73,7 +73,8 @@ def test_reference_rebuilds_every_stream_from_its_components(variant):
     for target in targets:
         parts = [ref.carry(value[a], a, target) for a in adds if ref._order(a) < ref._order(target)]
         rebuilt = sum(parts) + ref.bias_to(target)
-        assert torch.allclose(rebuilt, ref.stream_at(target), atol=1e-10), (target, float((rebuilt - ref.stream_at(target)).abs().max()))
+        assert torch.allclose(rebuilt, ref.stream_at(target), atol=1e-10), (
+            target, float((rebuilt - ref.stream_at(target)).abs().max()))
 
 
 def outcome(snippet, variant: str) -> str:
@@ -118,4 +119,5 @@ if __name__ == "__main__":
     for line in _table_rows(lambda s, v: results.get((s.__name__, v), "n/a")):
         print(line)
     counts = Counter(results.values())
-    print(f"\n{len(SNIPPETS)} snippets, {len(results)} runs: " + ", ".join(f"{k} {counts[k]}" for k in ("works", "refuses", "WRONG", "BREAKS")))
+    tally = ", ".join(f"{k} {counts[k]}" for k in ("works", "refuses", "WRONG", "BREAKS"))
+    print(f"\n{len(SNIPPETS)} snippets, {len(results)} runs: {tally}")

@@ -27,7 +27,8 @@ def test_default_config_is_nandas_canonical_model():
     cfg = RunConfig()
     assert (cfg.task, cfg.p, cfg.train_frac, cfg.batch_size) == ("add", 113, 0.3, 0)
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp) == (1, 128, 4, 32, 512)
-    assert (cfg.act_fn, cfg.norm, cfg.lr, cfg.weight_decay, tuple(cfg.betas)) == ("relu", "none", 1e-3, 1.0, (0.9, 0.98))
+    assert (cfg.act_fn, cfg.norm, cfg.lr, cfg.weight_decay, tuple(cfg.betas)) == ("relu",
+                                                                                  "none", 1e-3, 1.0, (0.9, 0.98))
     model = build_model(cfg, TASKS.get("add").build(cfg))
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     assert shapes == {

@@ -10,7 +10,7 @@ from groklens.checkpoints import Trajectory
 from groklens.config import PRESETS, RunConfig, preset
 from groklens.errors import BadInput
 from groklens.trainers.train import train
-from groklens.trainers.models import build_model
+from groklens.trainers.models import MODELS, build_model
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
@@ -93,7 +93,8 @@ def test_sphere_preset_matches_the_papers_equations():
         weights = weights / weights.sum(-1, keepdim=True)
         attn = attn + (weights @ v) @ P["blocks.0.attn.W_O"][head]
     h1 = N(h0 + attn)
-    mlp = torch.relu(h1 @ P["blocks.0.mlp.W_in"] + P["blocks.0.mlp.b_in"]) @ P["blocks.0.mlp.W_out"] + P["blocks.0.mlp.b_out"]
+    hidden = torch.relu(h1 @ P["blocks.0.mlp.W_in"] + P["blocks.0.mlp.b_in"])
+    mlp = hidden @ P["blocks.0.mlp.W_out"] + P["blocks.0.mlp.b_out"]
     h2 = N(h1 + mlp)
     W_rows = P["unembed.W_U"].T  # the paper's W_U: one row per class
     W_rows = W_rows / torch.sqrt((W_rows**2).sum(-1, keepdim=True))
@@ -110,7 +111,8 @@ def test_uniform_pattern_is_one_over_the_allowed_positions(causal, norm):
                                      seq_len=4, n_informative=2))
     fired = []
     _, cache = model.run_with_cache(data.inputs[:9])
-    model.run_with_hooks(data.inputs[:2], fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: fired.append(t.shape))])
+    model.run_with_hooks(data.inputs[:2],
+                         fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: fired.append(t.shape))])
     assert fired == [(2, 2, 5, 5)]
     pattern = cache["blocks.0.attn.hook_pattern"]  # [b, h, q, k]
     n = pattern.shape[-1]
@@ -327,3 +329,32 @@ def test_mlp_without_unembed_bias_is_devinterps_grokking_mlp():
     torch.testing.assert_close(model(x)[:, -1], by_hand)
     with pytest.raises(BadInput, match="mlp_unembed_bias=false"):
         RunConfig.from_dict({"mlp_unembed_bias": False})  # the transformer has no such bias to drop
+
+
+# ---------------------------------------------------------------------- the memory estimate's width
+# small settings of every model's knobs; a model is checked on those it accepts
+MODEL_SETTINGS = [{}, {"mlp_embed": "onehot", "p": 23, "d_model": 8},
+                  {"mlp_embed": "onehot_residues", "p": 23, "d_model": 8},
+                  {"n_layers": 2, "d_model": 24, "d_mlp": 64},
+                  {"task": "teacher", "teacher_dim": 12, "teacher_alpha": 2.0, "teacher_test": 20, "d_mlp": 3}]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS.names()))
+def test_every_model_declares_a_width_the_memory_estimate_counts_enough_parameters_with(name):
+    """The estimate made before a run starts (checkpoints/validate.estimate_memory, with each
+    model's declared width) counts at least the parameters the built model really has."""
+    from groklens.checkpoints.validate import estimate_memory
+
+    checked = 0
+    for extra in MODEL_SETTINGS:
+        try:
+            cfg = tiny_config(model=name, **{**SMALL, **extra})
+        except BadInput:
+            continue
+        model, _ = _build(cfg)
+        real = sum(p.numel() for p in model.parameters())
+        # the estimate holds 8 float32 numbers per parameter it counts (weights, gradient, Adam's
+        # moments, with room to spare)
+        assert estimate_memory(cfg)["parameters and optimizer state"] / (8 * 4) >= real, (name, extra)
+        checked += 1
+    assert checked, f"model {name} accepts none of the small settings: give it one in MODEL_SETTINGS"

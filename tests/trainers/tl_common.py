@@ -88,7 +88,8 @@ def heads_of(c: Ctx, ref: Reference, layers: range, target: tuple, pos=None, vie
         res = ref.acts[f"blocks.{l}.attn.hook_result"]
         for h in range(c.cfg.n_heads):
             x = res[:, :, h] if pos is None else res[:, pos, h]
-            rows.append(ref.reader_view(x, ("attn", l), target, pos) if view else ref.carry(x, ("attn", l), target, pos))
+            rows.append(ref.reader_view(x, ("attn", l), target, pos) if view else ref.carry(x,
+                                                                                            ("attn", l), target, pos))
     return torch.stack(rows)
 
 

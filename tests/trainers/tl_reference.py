@@ -70,7 +70,8 @@ class Reference:
     def _transformer(self, tokens: torch.Tensor) -> torch.Tensor:
         cfg, sd = self.cfg, self.sd
         b, n = tokens.shape
-        x = self._at("hook_embed", sd["embed.W_E"][tokens]) + self._at("hook_pos_embed", sd["pos_embed.W_pos"][:n].expand(b, n, -1))
+        x = self._at("hook_embed", sd["embed.W_E"][tokens]) + self._at("hook_pos_embed",
+                                                                       sd["pos_embed.W_pos"][:n].expand(b, n, -1))
         x = self._stream_norm(x, "ln_embed", ("embed",))
         for l in range(cfg.n_layers):
             x = self._at(f"blocks.{l}.hook_resid_pre", x)
@@ -112,11 +113,14 @@ class Reference:
     def W_U(self) -> torch.Tensor:
         """[d, v]: what the unembedding multiplies (tau times unit columns for unembed=bounded)."""
         W = self.sd["unembed.W_U"]
-        return self.cfg.tau * W / torch.linalg.vector_norm(W, dim=0, keepdim=True) if self.cfg.unembed == "bounded" else W
+        if self.cfg.unembed != "bounded":
+            return W
+        return self.cfg.tau * W / torch.linalg.vector_norm(W, dim=0, keepdim=True)
 
     def _mlp(self, tokens: torch.Tensor) -> torch.Tensor:
         sd = self.sd
-        e = self._at("hook_embed", (sd["embed.W_E"] if "embed.W_E" in sd else torch.eye(self.cfg.d_vocab).double())[tokens[:, :-1]])
+        e = self._at("hook_embed",
+                     (sd["embed.W_E"] if "embed.W_E" in sd else torch.eye(self.cfg.d_vocab).double())[tokens[:, :-1]])
         x = self._at("hook_input", e.reshape(e.shape[0], -1))
         for i in range(self.cfg.n_layers):
             pre = self._at(f"layers.{i}.hook_pre", x @ sd[f"layers.{i}.W_in"] + sd.get(f"layers.{i}.b_in", 0.0))
@@ -128,7 +132,9 @@ class Reference:
     def stream_at(self, point: tuple) -> torch.Tensor:
         """The stream a reader reads: resid_pre l, resid_mid l, or the last resid_post."""
         name = {"attn_in": "hook_resid_pre", "mlp_in": "hook_resid_mid"}.get(point[0])
-        return self.acts[f"blocks.{self.cfg.n_layers - 1}.hook_resid_post"] if name is None else self.acts[f"blocks.{point[1]}.{name}"]
+        if name is None:
+            return self.acts[f"blocks.{self.cfg.n_layers - 1}.hook_resid_post"]
+        return self.acts[f"blocks.{point[1]}.{name}"]
 
     def _order(self, point: tuple) -> float:
         """Where a point lies along the stream (adds and reads interleaved)."""
@@ -158,7 +164,8 @@ class Reference:
             if self._order(after) < self._order(target) and prefix + ".b" in self.sd:
                 next_add = self._next_add(after)
                 b = self.sd[prefix + ".b"]
-                total = total + (self.carry(b, next_add, target, pos) if self._order(next_add) < self._order(target) else b)
+                carried = self._order(next_add) < self._order(target)
+                total = total + (self.carry(b, next_add, target, pos) if carried else b)
         return total
 
     def _next_add(self, after: tuple) -> tuple:
@@ -186,7 +193,8 @@ class Reference:
             x = self.carry(x, entry, target, pos)
         if self.post or self.kind == "none":
             return x
-        prefix = {"attn_in": f"blocks.{target[-1]}.ln1", "mlp_in": f"blocks.{target[-1]}.ln2"}.get(target[0], "ln_final")
+        prefix = {"attn_in": f"blocks.{target[-1]}.ln1",
+                  "mlp_in": f"blocks.{target[-1]}.ln2"}.get(target[0], "ln_final")
         s = self.acts[prefix + ".hook_scale"]
         s = s if pos is None else s[:, pos]
         return (x - x.mean(-1, keepdim=True) if self.kind == "ln" else x) / s

@@ -76,7 +76,8 @@ def cache_attn_out(c: Ctx):
 
 def cache_mlp_acts(c: Ctx):
     """cache['pre' / 'post', l] (MLP neurons; the MLP model's layers.i.hook_pre / hook_post)"""
-    _same(c, _hooks_of(c, ("hook_pre", "hook_post")) if c.variant == "mlp" else _hooks_of(c, ("mlp.hook_pre", "mlp.hook_post")))
+    names = ("hook_pre", "hook_post") if c.variant == "mlp" else ("mlp.hook_pre", "mlp.hook_post")
+    _same(c, _hooks_of(c, names))
 
 
 def cache_mlp_out(c: Ctx):
@@ -159,7 +160,8 @@ def cache_container(c: Ctx):
 def stack_activation(c: Ctx):
     """cache.stack_activation('resid_pre')"""
     _, cache = c.run()
-    close(cache.stack_activation("resid_pre"), torch.stack([c.ref.acts[f"blocks.{l}.hook_resid_pre"] for l in range(c.L)]))
+    close(cache.stack_activation("resid_pre"),
+          torch.stack([c.ref.acts[f"blocks.{l}.hook_resid_pre"] for l in range(c.L)]))
 
 
 def compute_head_results(c: Ctx):
@@ -245,7 +247,8 @@ def run_with_hooks_fwd_bwd(c: Ctx):
     leaf = c.ref.acts[name].clone().requires_grad_(True)
     ref = c.reference(patch={name: lambda t: leaf})
     (want,) = torch.autograd.grad(ref.logits[:, -1].pow(2).sum(), leaf)
-    out = c.model.run_with_hooks(c.tokens, bwd_hooks=[(name, lambda g, hook: seen.__setitem__("g", g.detach().clone()))],
+    out = c.model.run_with_hooks(c.tokens,
+                                 bwd_hooks=[(name, lambda g, hook: seen.__setitem__("g", g.detach().clone()))],
                                  reset_hooks_end=False)
     out[:, -1].pow(2).sum().backward()
     c.model.reset_hooks()
@@ -308,7 +311,8 @@ def pattern_gradient(c: Ctx):
     """a backward hook on hook_pattern: d(logit of the label)/d(pattern)"""
     name = "blocks.0.attn.hook_pattern"
     seen = {}
-    out = c.model.run_with_hooks(c.tokens, bwd_hooks=[(name, lambda g, hook: seen.__setitem__("g", g.detach().clone()))],
+    out = c.model.run_with_hooks(c.tokens,
+                                 bwd_hooks=[(name, lambda g, hook: seen.__setitem__("g", g.detach().clone()))],
                                  reset_hooks_end=False)
     out[:, -1].gather(1, c.labels[:, None]).sum().backward()
     c.model.reset_hooks()

@@ -133,7 +133,8 @@ def stack_head_results_remainder(c: Ctx):
 def stack_head_results_apply_ln(c: Ctx):
     """cache.stack_head_results(pos_slice=-1, apply_ln=True)"""
     _, cache = c.run()
-    close(cache.stack_head_results(pos_slice=-1, apply_ln=True), heads_of(c, c.ref, range(c.L), FINAL, pos=-1, view=True))
+    close(cache.stack_head_results(pos_slice=-1, apply_ln=True),
+          heads_of(c, c.ref, range(c.L), FINAL, pos=-1, view=True))
 
 
 def head_dla(c: Ctx):
@@ -202,7 +203,8 @@ def neuron_projected_apply_ln(c: Ctx):
 def neuron_slice(c: Ctx):
     """stack_neuron_results(layer=-1, neuron_slice=[0, 3])"""
     _, cache = c.run()
-    close(cache.stack_neuron_results(layer=-1, neuron_slice=[0, 3]), neurons_of(c, c.ref, range(c.L), FINAL, neurons=[0, 3]))
+    close(cache.stack_neuron_results(layer=-1, neuron_slice=[0, 3]),
+          neurons_of(c, c.ref, range(c.L), FINAL, neurons=[0, 3]))
 
 
 def get_neuron_results(c: Ctx):
@@ -272,7 +274,8 @@ def full_resid_decomposition_projected(c: Ctx):
 def logit_attrs_decomposed(c: Ctx):
     """logit_attrs(decompose_resid(pos_slice=-1)) sums to the logit difference"""
     _, cache = c.run()
-    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=c.labels, incorrect_tokens=c.wrong, pos_slice=-1)
+    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=c.labels,
+                              incorrect_tokens=c.wrong, pos_slice=-1)
     close(attrs, _dla(_decomposition(c, c.L, pos=-1, view=True), _direction(c)))
     close(attrs.sum(0) + _offset(c), c.logit_diff())
 
@@ -280,7 +283,8 @@ def logit_attrs_decomposed(c: Ctx):
 def logit_attrs_accumulated(c: Ctx):
     """logit_attrs(accumulated_resid(pos_slice=-1)): the last state gives the logit difference"""
     _, cache = c.run()
-    attrs = cache.logit_attrs(cache.accumulated_resid(pos_slice=-1), tokens=c.labels, incorrect_tokens=c.wrong, pos_slice=-1)
+    attrs = cache.logit_attrs(cache.accumulated_resid(pos_slice=-1), tokens=c.labels,
+                              incorrect_tokens=c.wrong, pos_slice=-1)
     close(attrs[-1] + _offset(c), c.logit_diff())
 
 
@@ -333,6 +337,7 @@ SNIPPETS = [decompose_resid, decompose_resid_layer, decompose_resid_mlp_input, d
             apply_ln_to_stack_mid, dla_of_a_slice, hand_made_stack]
 MLP_APPLIES = {"decompose_resid", "accumulated_resid"}
 EXPECT_REFUSE = {"decompose_resid": {"mlp"}, "accumulated_resid": {"mlp"},
-                 # after a norm on every sum a row's carry depends on where it entered, which a hand-made stack does not say
+                 # after a norm on every sum a row's carry depends on where it entered, which a hand-made stack does not
+                 # say
                  "hand_made_stack": set(NON_ADDITIVE)}
 NOT_APPLICABLE: dict[str, set[str]] = {}

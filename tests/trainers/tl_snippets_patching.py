@@ -118,7 +118,8 @@ def patch_head_all_pos_every(c: Ctx):
     corrupted = c.data.inputs[6:12]
     _, clean_cache = c.run()
     got = patching.get_act_patch_attn_head_all_pos_every(c.model, corrupted, clean_cache, _metric)
-    for i, (act, kind) in enumerate((("z", "head"), ("q", "head"), ("k", "head"), ("v", "head"), ("pattern", "pattern_head"))):
+    acts = (("z", "head"), ("q", "head"), ("k", "head"), ("v", "head"), ("pattern", "pattern_head"))
+    for i, (act, kind) in enumerate(acts):
         close(got[i], _expected(c, corrupted, act, kind, tuple(got.shape[1:])))
 
 
@@ -141,7 +142,8 @@ def _direct_path(c: Ctx, component: str) -> None:
                 t = t.clone()
                 t[:, :, head] += delta
                 return t
-            want[layer, head] = _metric(c.reference(corrupted, patch={f"blocks.{layer}.attn.hook_{component}_input": add}).logits)
+            patch = {f"blocks.{layer}.attn.hook_{component}_input": add}
+            want[layer, head] = _metric(c.reference(corrupted, patch=patch).logits)
     close(got, want)
 
 

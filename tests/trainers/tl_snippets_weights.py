@@ -151,7 +151,8 @@ def fold_dla(c: Ctx):
     """after fold_layer_norm: logit_attrs(decompose_resid) sums to the logit difference less b_U's"""
     m = _folded(c)
     _, cache = m.run_with_cache(c.tokens)
-    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=c.labels, incorrect_tokens=c.wrong, pos_slice=-1)
+    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=c.labels,
+                              incorrect_tokens=c.wrong, pos_slice=-1)
     close(attrs.sum(0) + m.b_U[c.labels] - m.b_U[c.wrong], c.logit_diff())
 
 

@@ -23,6 +23,25 @@ if TYPE_CHECKING:  # pragma: no cover
 MODELS: Registry[Callable[["RunConfig", "TaskData"], "nn.Module"]] = Registry("model", entry_points=MODEL_ENTRY_POINTS)
 
 
+def memory_width(width: Callable[["RunConfig", int], int]):
+    """Decorator on a builder: `width(cfg, vocab)`, the residual width per position a model of
+    `cfg` keeps (vocab: an upper bound on the task's vocabulary), for the memory estimate made
+    before a run starts (checkpoints/validate.py `estimate_memory`). A builder without one is
+    counted d_model wide."""
+
+    def mark(builder):
+        builder.memory_width = width
+        return builder
+
+    return mark
+
+
+def model_width(cfg: "RunConfig", vocab: int) -> int:
+    """The residual width the memory estimate counts for cfg's model (memory_width)."""
+    width = getattr(MODELS.get(cfg.model), "memory_width", None)
+    return cfg.d_model if width is None else width(cfg, vocab)
+
+
 def _attach_task(model, cfg: "RunConfig", data: "TaskData"):
     """What return_type='loss' and to_tokens need: the run's labels, its loss, the token names
     (digits_add: the characters 0-9 + =; every other task: the ids, and '=' for the last)."""
@@ -64,6 +83,8 @@ def _build_transformer(cfg: "RunConfig", data: "TaskData"):
 
 
 @MODELS.register("mlp")
+# a one-hot embedding is as wide as what it encodes (the builder's `width` below)
+@memory_width(lambda cfg, vocab: max(cfg.d_model, {"onehot": vocab, "onehot_residues": cfg.p}.get(cfg.mlp_embed, 0)))
 def _build_mlp(cfg: "RunConfig", data: "TaskData"):
     from groklens.trainers.models.mlp import MLP, MLPConfig
 
@@ -94,6 +115,7 @@ def _build_teacher_student(cfg: "RunConfig", data: "TaskData"):
         ), teacher_student(cfg)[0]), cfg, data)
 
 
+memory_width(lambda cfg, vocab: cfg.teacher_dim)(_build_teacher_student)  # one weight vector per input dimension
 MODELS.register("perceptron")(_build_teacher_student)
 MODELS.register("committee")(_build_teacher_student)
 

@@ -92,7 +92,8 @@ class GroklensCache(ActivationCache):
                              apply_ln=False, project_output_onto=None, mlp_input=False):
         if not self._stream("stack_neuron_results"):
             return super().stack_neuron_results(layer, pos_slice, neuron_slice, return_labels, incl_remainder,
-                                                apply_ln and not self._no_norm(apply_ln), project_output_onto, mlp_input)
+                                                apply_ln and not self._no_norm(apply_ln),
+                                                project_output_onto, mlp_input)
 
         return stack_neuron_results(self, layer, pos_slice, neuron_slice, return_labels, incl_remainder,
                                     project_output_onto, mlp_input)

@@ -33,7 +33,8 @@ class ModelConfig:
     n_ctx: int
     act_fn: str = "relu"
     norm: str = "none"
-    norm_placement: str = "pre"  # ln/rms: pre (TransformerLens) | post (after every residual sum) | in_stream (Grokfast)
+    # ln/rms: pre (TransformerLens) | post (after every residual sum) | in_stream (Grokfast)
+    norm_placement: str = "pre"
     attention: str = "softmax"
     unembed: str = "linear"
     init: str = "default"
@@ -63,20 +64,23 @@ class ModelConfig:
     @property
     def additive_stream(self) -> bool:
         """True when the residual stream is the sum of its component outputs (no norm after a sum)."""
-        return self.norm != "sphere" and not (self.norm in ("ln", "rms") and self.norm_placement in ("post", "in_stream"))
+        after_sums = self.norm in ("ln", "rms") and self.norm_placement in ("post", "in_stream")
+        return self.norm != "sphere" and not after_sums
 
     @property
     def model_name(self) -> str:
         """TL's cfg.model_name (TL prints it in messages): the model and its variant switches."""
         if hasattr(self, "embed"):
             return "groklens-mlp"
-        parts = ["transformer", self.norm] + ([self.norm_placement] if self.norm_placement != "pre" and self.norm in ("ln", "rms") else [])
+        placed = self.norm_placement != "pre" and self.norm in ("ln", "rms")
+        parts = ["transformer", self.norm] + ([self.norm_placement] if placed else [])
         parts += [s for s, default in ((self.attention, "softmax"), (self.unembed, "linear")) if s != default]
         return "groklens-" + "-".join(parts)
 
     def to_dict(self) -> dict:
         """TL's cfg.to_dict(): every field, and the names TL reads (normalization_type, model_name, dtype, ...)."""
-        return {**dataclasses.asdict(self), "normalization_type": self.normalization_type, "model_name": self.model_name,
+        return {**dataclasses.asdict(self), "normalization_type": self.normalization_type,
+                "model_name": self.model_name,
                 "initializer_range": self.initializer_range, "dtype": self.dtype,
                 "n_key_value_heads": self.n_key_value_heads, "default_prepend_bos": self.default_prepend_bos}
 

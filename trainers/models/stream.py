@@ -54,7 +54,8 @@ class Stream:
         layer = self.L if layer is None or layer == -1 else layer
         if not 0 <= layer <= self.L or (mlp_input and layer == self.L):
             raise TLUnsupported(f"layer {layer}{' with mlp_input' if mlp_input else ''}: this model's readers are "
-                                f"layers 0..{self.L - 1} (attention or MLP input) and the unembedding (layer {self.L} or -1)")
+                                f"layers 0..{self.L - 1} (attention or MLP input) and the unembedding (layer {self.L} "
+                                "or -1)")
         return 2 * layer + int(mlp_input)
 
     def norm(self, j: int):

@@ -113,7 +113,8 @@ class TransformerLensWeights:
         """TransformerLens-named parameters (what SVDInterpreter reads)."""
         if self.cfg.d_vocab != self.cfg.d_vocab_out:
             raise TLUnsupported(f"SVDInterpreter assumes d_vocab == d_vocab_out, but this task has {self.cfg.d_vocab} "
-                                f"input tokens and {self.cfg.d_vocab_out} classes; use model.OV[l, h].svd() with model.W_U")
+                                f"input tokens and {self.cfg.d_vocab_out} classes; use model.OV[l, h].svd() with "
+                                "model.W_U")
         return {**dict(self.named_parameters()), "unembed.W_U": self.W_U}
 
     def _fold_refusal(self) -> str | None:
@@ -121,9 +122,11 @@ class TransformerLensWeights:
         if cfg.norm == "sphere":
             return "the sphere projection has no weight or bias, and it follows every residual sum"
         if cfg.norm_placement == "post":
-            return "a norm after the residual sums has no matrix of its own to fold into (the stream itself carries its weight)"
+            return ("a norm after the residual sums has no matrix of its own to fold into (the stream itself carries "
+                    "its weight)")
         if cfg.norm_placement == "in_stream":
-            return "ln1's output is the residual stream itself (norm_placement=in_stream), not only the attention's input"
+            return ("ln1's output is the residual stream itself (norm_placement=in_stream), not only the attention's "
+                    "input")
         if self.unembed.bounded:
             return "unembed=bounded normalizes W_U's columns, so ln_final's weight cannot move into it"
         return None

@@ -272,7 +272,8 @@ class Attention(nn.Module):
             v = self._project(flat, self.W_V).view(b, n, h, e)
             pattern = self._uniform_pattern(n, query, x)
         else:
-            # K and V apart: contiguous, the broadcast products below run ~1.4x faster than on views of one [d, 2he] product
+            # K and V apart: contiguous, the broadcast products below run ~1.4x faster than on views of one [d, 2he]
+            # product
             k, v = (self._project(flat, w).view(b, n, h, e) for w in (self.W_K, self.W_V))
             q = self._project(xq.reshape(b * nq, d), self.W_Q).view(b, nq, h, e)
             if n <= 8:
@@ -304,7 +305,8 @@ class Attention(nn.Module):
         return pattern * r + uniform * (1 - r)
 
     def _mask_scores(self, scores: torch.Tensor, n: int, query: slice | None) -> torch.Tensor:
-        """The mask on scores [b, q, k, h] (none needed when the only query is the last position and it sees every key)."""
+        """The mask on scores [b, q, k, h] (none needed when the only query is the last position and it
+        sees every key)."""
         if self.masked and not (self.last_sees_all and query is not None and query.start == n - 1):
             mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
             scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
@@ -334,7 +336,8 @@ class Attention(nn.Module):
         v = F.embedding(ids, self._project(flat, self.W_V)).view(*ids.shape, h, e)
         if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
             return self._mix(self._uniform_pattern(n, query, x_tab), v)
-        start = 0 if query is None else range(n)[query].start  # the first query position (a slice may count from the end)
+        # the first query position (a slice may count from the end)
+        start = 0 if query is None else range(n)[query].start
         q_rows = flat if query is None else x_tab[query].reshape(-1, d)  # [nq V, d]
         q_tab = self._project(q_rows, self.W_Q).view(-1, h, e).transpose(0, 1)  # [h, nq V, e]
         k_tab = self._project(flat, self.W_K).view(-1, h, e).permute(1, 2, 0)  # [h, e, n V]
@@ -545,7 +548,8 @@ class Transformer(TransformerLensWeights, HookedModel):
         self.hook_pos_embed = HookPoint()  # [b, p, d]
         if cfg.norm == "sphere":  # registered first: its hooks are ln_embed.*, as on post-norm
             self.ln_embed = make_norm(cfg)  # resid_pre(0) = N(embed + pos_embed)
-        self.norm_embed = self.ln_embed if cfg.norm == "sphere" else nn.Identity()  # what the forward calls on the sphere
+        # what the forward calls on the sphere
+        self.norm_embed = self.ln_embed if cfg.norm == "sphere" else nn.Identity()
         if is_post_ln(cfg):
             self.ln_embed = make_norm(cfg)  # post: resid_pre(0) = ln_embed(embed + pos_embed)
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
@@ -639,7 +643,8 @@ class Transformer(TransformerLensWeights, HookedModel):
             table = norm_of(embed_norm, self.embed.W_E[None] + self.pos_embed.W_pos[:n, None], True)  # [n, V, d]
             x, first = self.blocks[0].from_table(table, tokens, query if last == 0 else None), 1
         else:
-            embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)  # its backward: ~0.7x indexing's
+            # its backward: ~0.7x indexing's
+            embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)
             x = self.hook_embed(embed) + self.hook_pos_embed(self.pos_embed(tokens))
             x = norm_of(embed_norm, x, lean)
         if capture is not None and first == 1 and "blocks.0.hook_resid_post" in capture:

@@ -160,7 +160,7 @@ def test_panel_labels_name_the_events_own_step():
 def test_cli_md_lists_every_figure_the_report_makes():
     text = (ROOT_DIR / "docs" / "CLI.md").read_text()
     table = text.split("## report", 1)[1].split("## demo", 1)[0]
-    listed = set(re.findall(r"^\| `fig_([a-z_]+)` \|", table, flags=re.M))
+    listed = set(re.findall(r"^\| `fig_([a-z0-9_]+)` \|", table, flags=re.M))
     assert listed == set(FIGURE_NAMES)
 
 

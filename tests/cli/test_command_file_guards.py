@@ -1,4 +1,4 @@
-"""Hardening, round 3 (issue 29), commands: every writer writes whole and never through a link or
+"""Commands' files guarded (issue 29): every writer writes whole and never through a link or
 over a file it did not create; ledgers, sweep manifests, error records, sidecars and parameters
 go through one validator each; read-only places, odd names and bombs are one line, exit 2.
 
