@@ -22,6 +22,7 @@ caller (`groklens.analyses.report`). They never touch pyplot's global state: fig
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from collections.abc import Sequence
@@ -37,6 +38,17 @@ THIN = dict(lw=0.8, alpha=0.45)
 BOLD = dict(lw=2.2, alpha=1.0)
 MEAN_END = dict(ls=(0, (1, 1.5)), lw=1.6)  # where a mean over seeds stops because a seed stopped
 LEGEND_CHARS = 34  # a legend entry wraps at this width (variant labels name every differing field)
+
+
+def run_title(name: str, chars: int = 40) -> str:
+    """A run name as a panel title that stays over its panel: broken after its `__` separators
+    (a sweep's names, `field=value__...__seed=S`, have no spaces for textwrap to break at)."""
+    lines = [""]
+    for part in re.split(r"(?<=__)", name):
+        if lines[-1] and len(lines[-1]) + len(part) > chars:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
 
 
 def colour(i: int) -> str:
@@ -535,7 +547,7 @@ def parameter_paths(paths: Sequence[PcaPath], *, ax=None) -> Figure:
             a.annotate(f"step {p.steps[i]:,}", p.pc[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
         a.set_xlabel(f"PC1 ({100 * p.explained[0]:.0f} % of variance)")
         a.set_ylabel(f"PC2 ({100 * p.explained[1]:.0f} %)" if len(p.explained) > 1 else "PC2")
-        a.set_title(p.label, fontsize=9)
+        a.set_title(run_title(p.label), fontsize=9)
         a.grid(alpha=0.25, lw=0.4)
         a.legend(fontsize=7, frameon=False)
     return fig
@@ -565,7 +577,7 @@ def eigenvalue_densities(panels: Sequence[tuple[str, Sequence[DensityCurve]]], *
             a.semilogy(c.grid, c.density + 1e-7, color=c.colour or colour(i), lw=1.2, label=c.label)
         a.set_xlabel("eigenvalue")
         a.set_ylabel("density (log)")
-        a.set_title(title, fontsize=9)
+        a.set_title(run_title(title), fontsize=9)
         a.grid(alpha=0.25, lw=0.4)
         a.legend(fontsize=7, frameon=False)
     return fig

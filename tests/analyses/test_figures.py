@@ -200,6 +200,38 @@ def test_long_row_labels_stay_inside_the_figure_and_off_each_other(tmp_path, kin
             assert not any(b.overlaps(a.get_tightbbox(renderer)) for a in fig.axes if a.axison)
 
 
+SWEEP_NAMES = ["act_norm_lambda=0.0__norm=none__unembed=linear__seed=0",
+               "act_norm_lambda=0.0__norm=sphere__unembed=bounded__seed=0",
+               "act_norm_lambda=1.0__norm=none__unembed=linear__seed=0"]
+
+
+@pytest.mark.parametrize("kind", ["parameter_pca", "hessian_density"])
+def test_per_run_panel_titles_stay_over_their_panels(tmp_path, kind):
+    """A sweep's run names (no spaces) as the titles of panels side by side: each title whole (the
+    name's text, broken only after a `__`), inside the figure and off its neighbours (the study of
+    issue 43 drew them across one another)."""
+    rng = np.random.default_rng(0)
+    if kind == "parameter_pca":
+        fig = F.parameter_paths([F.PcaPath(n, np.arange(0, 500, 100), rng.normal(size=(5, 2)),
+                                           np.array([0.6, 0.3]), ["memorization"] + ["circuit formation"] * 4)
+                                 for n in SWEEP_NAMES])
+    else:
+        grid = np.linspace(-1, 5, 50)
+        fig = F.eigenvalue_densities([(n, [F.DensityCurve("step 0", grid, np.exp(-grid ** 2))]) for n in SWEEP_NAMES])
+    render(fig, tmp_path, kind)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    titles = [a.title for a in fig.axes]
+    assert [t.get_text().replace("\n", "") for t in titles] == SWEEP_NAMES
+    assert all(line.endswith("__") for t in titles for line in t.get_text().split("\n")[:-1])
+    boxes = [t.get_window_extent(renderer) for t in titles]
+    page = fig.bbox
+    for i, b in enumerate(boxes):
+        assert page.x0 <= b.x0 and b.x1 <= page.x1 and b.y1 <= page.y1
+        assert not any(b.overlaps(o) for o in boxes[i + 1:])
+
+
 def test_attention_pattern_grid(runs, tmp_path):
     from groklens.analyses.store import Sidecar
 
