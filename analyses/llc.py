@@ -336,8 +336,13 @@ def llc(
     rows = eval_rows(data, eval_set)
     out = sgld_llc(model, task_row_loss(model, data, rows, check_loss(loss)), len(rows), **params,
                    save_metrics=save_metrics)
-    out["n_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    out["n_params"] = sampled_params(model)
     return with_flags(out, localization)
+
+
+def sampled_params(model) -> int:
+    """d, the number of parameters the chains move (those that train)."""
+    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def with_flags(out: dict, localization: float) -> dict:
@@ -381,7 +386,7 @@ def llc_many(models: list, data: TaskData, **params) -> list[dict]:
         for k, m in enumerate(part):
             r = summarise(res["trace"][k, 0], float(res["init_loss"][k]), nb, hp["burnin"],
                           {"distance": res["distance"][k, 0], "grad_noise": res["grad_noise"][k, 0]})
-            r["n_params"] = int(sum(p.numel() for p in m.parameters() if p.requires_grad))
+            r["n_params"] = sampled_params(m)
             out.append(with_flags(r, float(hp["localization"])))
     return out
 

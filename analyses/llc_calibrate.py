@@ -18,6 +18,9 @@ Per setting and checkpoint (devinterp's heuristics, made numbers):
   positive   every chain's estimate > 0 ("the graph should not have negative dips")
   local      the loss excursion E[L] - L(w*) <= LOCAL_FRACTION x (chance loss - L(w*)) ("loss traces
              should not diverge away from the initial loss"; chance: log of the output classes)
+  unpinned   the chains are not pinned by the localization: their mean distance from w* is not within
+             PINNED_BAND of sqrt(d / gamma): the `pinned` flag of the llc analysis (analyses/llc.py), the
+             same rule, so the recommendation is not one that `analyze --metric llc` flags pinned there
 Across the grid:
   lr-stable  the estimate is within LR_STABLE of the next larger lr's (same nbeta and localization),
              which is healthy too ("look for a range ... which shows little change in LLC when we
@@ -28,8 +31,12 @@ Rule: among the settings that pass every check at every checkpoint, the nbeta ne
 (the WBIC temperature: nbeta defines the posterior whose LLC is estimated, lr and the localization
 only how it is sampled), then the smallest lr (the low end of the plateau: the least step-size bias
 among estimates that converged and agree with a 10x larger step), then the smallest localization
-(the least pull toward w*). When none passes everything: the setting that passes the most checks,
-by the same order, and the report says so.
+(the least pull toward w*). When none passes everything: among the settings pinned at no checkpoint,
+the one that passes the most checks among the settings that are finite, converged and local at every
+checkpoint and pinned at none, by the same order, and the report says so. A pinned setting is never
+recommended: when every setting that converged and stayed local is pinned somewhere, there is no
+recommendation, and the note says what to try (PINNED_ADVICE); nor when no setting converged and
+stayed local.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from groklens.errors import BadInput
-from groklens.analyses.llc import LIMITS, _blocks, summarise, check_hyperparameters, default_nbeta, task_row_loss
+from groklens.analyses.llc import (LIMITS, PINNED_BAND, _blocks, check_hyperparameters, default_nbeta,
+                                    sampled_params, summarise, task_row_loss, with_flags)
 from groklens.analyses.common import check_loss, eval_rows
 from groklens.analyses.phases import run_phases
 from groklens.fileio import check_output_file, check_writable_dir, staged_outputs
@@ -57,7 +65,10 @@ DRIFT_MAX = 0.2
 SPREAD_MAX = 0.2
 LOCAL_FRACTION = 0.1
 LR_STABLE = 0.2
-CHECKS = ("finite", "converged", "agree", "positive", "local", "lr_stable", "ordered")
+CHECKS = ("finite", "converged", "agree", "positive", "local", "unpinned", "lr_stable", "ordered")
+HEALTH = CHECKS[:6]  # the checks of one setting at one checkpoint; lr_stable and ordered compare them
+PINNED_ADVICE = ("try a smaller localization (--localization, e.g. 10x to 1000x smaller) with a larger lr (--lr) so "
+                 "the chains still settle within the burn-in, and keep the settings that stay local")
 FIGURE_BINS = 50
 MAX_LANES = 256  # lanes (settings x chains) per vectorized pass
 # settings (lr x nbeta x localization) of one calibration: 3x the default grid (7 x 4 x 6 = 168),
@@ -152,6 +163,7 @@ def _health(r: dict[str, Any], chance: float | None) -> dict[str, bool]:
         "agree": finite and (len(per) < 2 or r["llc_std"] <= SPREAD_MAX * scale),
         "positive": finite and bool((per > 0).all()),
         "local": finite and (chance is None or r["excursion"] <= LOCAL_FRACTION * (chance - r["init_loss"])),
+        "unpinned": not r["pinned"],
     }
 
 
@@ -160,15 +172,18 @@ def _sample_target(target: Target, settings, *, chains, burnin, draws, minibatch
 
     out: list[dict] = []
     per = max(1, max_lanes // chains)
+    d = sampled_params(target.model)
     for start in range(0, len(settings), per):
         part = settings[start : start + per]
         res = sample(target.model, target.row_loss, target.n_rows, part, chains=chains, burnin=burnin, draws=draws,
                      minibatch=minibatch, seed=seed)
         init = float(res["init_loss"][0])
-        for i, (_lr, nb, _gamma) in enumerate(part):
+        for i, (_lr, nb, gamma) in enumerate(part):
             trace = res["trace"][0, i]
             r = summarise(trace, init, nb, burnin, {"distance": res["distance"][0, i],
                                                     "grad_noise": res["grad_noise"][0, i]})
+            r["n_params"] = d
+            r = with_flags(r, gamma)  # the llc analysis' own pinned flag and distance ratio
             r["excursion"] = r["llc_mean"] / nb
             r["trace_blocks"] = _blocks(nb * (trace - init), FIGURE_BINS)
             r.update(_health(r, target.chance_loss))
@@ -210,14 +225,14 @@ def _cross_checks(cal: Calibration) -> None:
     """lr-stable and ordered, which compare settings and checkpoints."""
     index = {s: i for i, s in enumerate(cal.settings)}
     lrs = sorted({s[0] for s in cal.settings})
-    healthy = [all(all(r[c] for c in CHECKS[:5]) for r in (res[s] for res in cal.results))
+    healthy = [all(all(r[c] for c in HEALTH) for r in (res[s] for res in cal.results))
                for s in range(len(cal.settings))]
     for res in cal.results:
         for s, (lr, nb, g) in enumerate(cal.settings):
             k = lrs.index(lr)
             nxt = index.get((lrs[k + 1], nb, g)) if k + 1 < len(lrs) else None
             r, ok = res[s], False
-            if nxt is not None and all(r[c] for c in CHECKS[:5]) and all(res[nxt][c] for c in CHECKS[:5]):
+            if nxt is not None and all(r[c] for c in HEALTH) and all(res[nxt][c] for c in HEALTH):
                 ok = abs(r["llc_mean"] - res[nxt]["llc_mean"]) <= LR_STABLE * abs(r["llc_mean"])
             r["lr_stable"] = ok
     orders = [tuple(np.argsort([-res[s]["llc_mean"] for res in cal.results])) for s in range(len(cal.settings))]
@@ -233,27 +248,44 @@ def _recommend(cal: Calibration) -> None:
         lr, nb, g = cal.settings[s]
         return (round(abs(math.log(nb / cal.default_nbeta)), 9), lr, g)
 
-    passed = [sum(r[c] for r in (res[s] for res in cal.results) for c in CHECKS) for s in range(len(cal.settings))]
+    settings = range(len(cal.settings))
+    passed = [sum(r[c] for r in (res[s] for res in cal.results) for c in CHECKS) for s in settings]
     full = len(CHECKS) * len(cal.results)
-    cal.passing = sorted((s for s in range(len(cal.settings)) if passed[s] == full), key=key)
+    cal.passing = sorted((s for s in settings if passed[s] == full), key=key)
+    # a chain that settled (converged) near w* (local): the least an estimate needs to mean anything
+    settled = [s for s in settings if all(res[s][c] for res in cal.results for c in ("finite", "converged", "local"))]
+    candidates = [s for s in settled if not any(res[s]["pinned"] for res in cal.results)]
     if cal.passing:
         cal.recommended = cal.passing[0]
         cal.rule_note = (f"{len(cal.passing)} of {len(cal.settings)} settings pass every check at every checkpoint; "
                          "the nbeta nearest n / log n among them, then the smallest lr, then the smallest localization")
-    else:
-        best = max(passed)
-        cal.recommended = min((s for s in range(len(cal.settings)) if passed[s] == best), key=key)
+    elif candidates:
+        best = max(passed[s] for s in candidates)
+        cal.recommended = min((s for s in candidates if passed[s] == best), key=key)
         cal.rule_note = (f"no setting passes every check at every checkpoint; the recommendation passes {best} of "
-                         f"{full} (the most), chosen by the same order")
+                         f"{full}, the most of the {len(candidates)} settings that converged and stayed local at "
+                         "every checkpoint, pinned at none, chosen by the same order")
+    elif settled:
+        cal.recommended = None
+        cal.rule_note = (f"no recommendation: every setting that converged and stayed local at every checkpoint "
+                         f"({len(settled)} of {len(cal.settings)}) is pinned by the localization at some checkpoint "
+                         f"(the chains' distance from w* within {PINNED_BAND:.0%} of sqrt(d / gamma): the estimate "
+                         f"measures gamma, not the loss); {PINNED_ADVICE}")
+    else:
+        cal.recommended = None
+        cal.rule_note = ("no recommendation: no setting's chains converged and stayed local at every checkpoint; "
+                         "try more --burnin and --draws, a smaller lr (to stay local) or a larger localization")
 
 
 def format_table(cal: Calibration, target: int, *, only_nbeta: float | None = None) -> str:
     """One checkpoint's table: a line per setting with its estimate and checks."""
     lines = [f"checkpoint {cal.targets[target]}: LLC mean +- std over {cal.params.get('chains')} chains; drift and "
              f"spread as a fraction of |LLC|; excursion E[L] - L(w*) in nats; checks "
-             "f=finite c=converged a=agree p=positive l=local s=lr-stable o=ordered ('.' = fails)",
+             "f=finite c=converged a=agree p=positive l=local u=unpinned s=lr-stable o=ordered ('.' = fails); "
+             "distance from w* and its ratio to sqrt(d/gamma), where the localization alone holds a chain "
+             f"(PINNED: within {PINNED_BAND:.0%} of it)",
              f"{'lr':>8} {'nbeta':>9} {'gamma':>8} {'LLC':>18} {'drift':>7} {'spread':>7} {'excursion':>10} "
-             f"{'distance':>9}  checks   "]
+             f"{'distance':>9} {'/sqrt(d/g)':>10}  checks"]
     for s, (lr, nb, g) in enumerate(cal.settings):
         if only_nbeta is not None and not math.isclose(nb, only_nbeta):
             continue
@@ -262,13 +294,13 @@ def format_table(cal: Calibration, target: int, *, only_nbeta: float | None = No
         flag = " <- recommended" if s == cal.recommended else (" pass" if s in cal.passing else "")
         est = f"{llc:9.3g} +- {r['llc_std']:<6.2g}" if math.isfinite(llc) else f"{'failed':>18}"
         lines.append(f"{lr:8.0e} {nb:9.4g} {g:8.0e} {est:>18} {_rel(float(np.mean(r['trace_drift'])), llc):>7} "
-                     f"{_rel(r['llc_std'], llc):>7} {r['excursion']:10.3g} {_nanmean(r['distance']):9.3g}  "
-                     f"{marks(r)}{flag}")
+                     f"{_rel(r['llc_std'], llc):>7} {r['excursion']:10.3g} {_nanmean(r['distance']):9.3g} "
+                     f"{r['distance_ratio']:10.3g}  {marks(r)}{' PINNED' if r['pinned'] else ''}{flag}")
     return "\n".join(lines)
 
 
 def marks(r: dict[str, Any]) -> str:
-    """The checks of one setting at one checkpoint as letters, '.' where one fails: fcaplso."""
+    """The checks of one setting at one checkpoint as letters, '.' where one fails: fcapluso."""
     return "".join((c[0] if c != "lr_stable" else "s") if r[c] else "." for c in CHECKS)
 
 
@@ -308,7 +340,8 @@ def figure(cal: Calibration, target: int, nbeta: float | None = None):
                 row.append(None)
                 continue
             r = cal.results[target][s]
-            row.append(TracePanel(r["trace_blocks"], r["llc_mean"], s in cal.passing, marks(r), s == cal.recommended))
+            row.append(TracePanel(r["trace_blocks"], r["llc_mean"], s in cal.passing, marks(r), s == cal.recommended,
+                                  pinned=bool(r["pinned"])))
         panels.append(row)
     p = cal.params
     return trace_grid(panels, [f"lr {lr:g}" for lr in lrs], [f"localization {g:g}" for g in gammas],

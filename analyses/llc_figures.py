@@ -26,13 +26,15 @@ class TracePanel:
     passes: bool  # every check passed
     marks: str  # the checks, e.g. "fcapl.o"
     recommended: bool = False
+    pinned: bool = False  # the chains sit at sqrt(d / gamma): the localization alone holds them
 
 
 def trace_grid(panels: Sequence[Sequence[TracePanel | None]], row_labels: Sequence[str], col_labels: Sequence[str], *,
                steps: int, burnin: int, title: str = "") -> Figure:
     """panels[row][col] (None: not run): each chain's trace over the SGLD steps, the burn-in
-    shaded, the LLC dashed; a passing setting's frame green, the recommended one's thick. The
-    title ends with what the frames mean, as this grid draws them; it wraps at the figure's width."""
+    shaded, the LLC dashed; a passing setting's frame green, the recommended one's thick, a pinned
+    one's title red with PINNED and its background hatched. The title ends with what the frames
+    and marks mean, as this grid draws them; it wraps at the figure's width."""
     n_rows, n_cols = len(panels), len(panels[0]) if panels else 0
     fig = Figure(figsize=(2.3 * n_cols + 0.8, 1.7 * n_rows + 0.9), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False, sharex=True)
@@ -54,8 +56,11 @@ def trace_grid(panels: Sequence[Sequence[TracePanel | None]], row_labels: Sequen
             if finite.size:
                 lo, hi = float(min(0.0, finite.min())), float(max(finite.max(), 1e-9))
                 a.set_ylim(lo - 0.05 * (hi - lo), hi + 0.1 * (hi - lo))
-            a.set_title(f"LLC {p.llc:.3g}  [{p.marks}]" if math.isfinite(p.llc) else f"failed [{p.marks}]",
-                        fontsize=7)
+            a.set_title((f"LLC {p.llc:.3g}  [{p.marks}]" if math.isfinite(p.llc) else f"failed [{p.marks}]")
+                        + ("  PINNED" if p.pinned else ""), fontsize=7, color=PINNED_RED if p.pinned else "black")
+            if p.pinned:
+                a.patch.set_hatch("////")
+                a.patch.set_edgecolor("#f2c4c4")
             for side in a.spines.values():
                 side.set_color("#2ca02c" if p.passes else "#bbbbbb")
                 side.set_linewidth(2.5 if p.recommended else (1.3 if p.passes else 0.8))
@@ -70,9 +75,12 @@ def trace_grid(panels: Sequence[Sequence[TracePanel | None]], row_labels: Sequen
     passing = [p for row in panels for p in row if p is not None and p.passes]
     frames = ("green frame: passes every check" if passing else "no setting passes every check (grey frames)") \
         + ("; thick frame: recommended" if any(p.recommended for row in panels for p in row if p is not None) else "")
+    if any(p.pinned for row in panels for p in row if p is not None):
+        frames += "; red PINNED, hatched: chains held at sqrt(d/gamma) by the localization alone (never recommended)"
     title = f"{title}; {frames}" if title else frames
     fig.suptitle(textwrap.fill(title, max(30, int(fig.get_figwidth() * 72 / (0.55 * 9)))), fontsize=9)
     return fig
 
 
+PINNED_RED = "#c0392b"
 PLAIN = FuncFormatter(lambda v, _pos: f"{v:.3g}")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from groklens.analyses.llc import sgld_llc
-from groklens.analyses.llc_calibrate import CHECKS, Target, sweep
+from groklens.analyses.llc_calibrate import CHECKS, HEALTH, Target, figure, format_calibration, sweep
 from groklens.analyses.sgld import minibatch_stream, sample
 from tests.analyses.test_llc import N, Redundant, Regular, _hessian, _problem, expected
 from tests.helpers import groklens, train_tiny
@@ -124,7 +124,9 @@ def test_command_writes_the_table_json_and_figures(run, tmp_path):
     assert "checkpoint step 20" in proc.stdout and "recommended:" in proc.stdout
     doc = json.loads((out / "calibration.json").read_text())
     assert doc["checkpoints"] == ["step 20", "step 60"] and len(doc["rows"]) == 2 * 4
-    assert doc["recommended"] is not None
+    # 8 SGLD steps mix nothing (drift 2-4 x |LLC|): no recommendation, and the line says why
+    assert doc["recommended"] is None and "no setting's chains converged" in doc["rule_note"]
+    assert "recommended: none (no recommendation" in proc.stdout
     assert (out / "traces-step20.png").stat().st_size > 0 and (out / "traces-step60.png").exists()
 
 
@@ -236,3 +238,64 @@ def test_the_trace_figure_says_green_only_with_a_green_frame_and_has_no_axis_off
     assert ("no setting passes every check" in title) != passes
     box = fig._suptitle.get_window_extent(canvas.get_renderer())
     assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
+
+
+# ---------------------------------------------------------------------- pinned by the localization
+def _closed_form_ratio(h: np.ndarray, lr: float, nb: float, gamma: float, steps: int) -> float | None:
+    """E ||w - w*||^2 of full-batch SGLD on the quadratic loss (test_llc's Gaussian autoregression:
+    variance 1 / (a (1 - lr a / 4)) along each eigenvector, a = nb l + gamma), over d / gamma, rooted;
+    None when the slowest direction (decay lr a / 2 a step) has not relaxed within `steps`."""
+    a = nb * np.clip(np.linalg.eigvalsh(h), 0, None) + gamma
+    if lr * a.min() / 2 * steps < 6:
+        return None
+    return float(np.sqrt(np.sum(1 / (a * (1 - lr * a / 4))) / (len(a) / gamma)))
+
+
+def _wide_target():
+    # 256 parameters: one chain's distance spreads by ~1/sqrt(2 d) = 4%, well inside the 10% band
+    x, y, w = _problem(256)
+    model = Regular(w).double()
+    return Target("wide", model, _row_loss(x, y), N, float(0.5 * ((y - y.mean()) ** 2).mean())), _hessian(model, x)
+
+
+def test_pinned_settings_fail_unpinned_as_the_closed_form_says_and_are_never_recommended():
+    """At the defaults the calibration recommended lr 3e-7 / localization 1e5 on a p=53 transformer
+    whose chains sat at sqrt(d/gamma), and `analyze --metric llc` then flagged exactly that setting
+    pinned at every checkpoint (issue 43). The same rule now is a check of the calibration."""
+    from groklens.analyses.llc import default_nbeta
+    from groklens.analyses.llc_calibrate import format_table
+
+    target, h = _wide_target()
+    nb0 = default_nbeta(N)
+    cal = sweep([target], lrs=(1e-4, 1e-3, 1e-2), nbetas=(0.1 * nb0, nb0), localizations=(1.0, 100.0), chains=4,
+                burnin=200, draws=200, minibatch=N)
+    seen = set()
+    for s, (lr, nb, gamma) in enumerate(cal.settings):
+        r = cal.results[0][s]
+        want = _closed_form_ratio(h, lr, nb, gamma, 400)
+        if want is None:
+            continue
+        assert r["finite"] and abs(r["distance_ratio"] - want) < 0.05  # measured against the closed form
+        if abs(abs(want - 1) - 0.1) > 0.03:  # clear of the band's edge: the flag is the closed form's
+            assert r["pinned"] == (abs(want - 1) <= 0.1) and r["unpinned"] != r["pinned"]
+            seen.add(bool(r["pinned"]))
+    assert seen == {True, False}  # the grid has both
+    assert cal.recommended is not None and not cal.results[0][cal.recommended]["pinned"]
+    table = format_table(cal, 0).splitlines()
+    assert all(("PINNED" in ln) == bool(cal.results[0][s]["pinned"]) for s, ln in enumerate(table[2:]))
+
+    # a grid whose every setting is pinned (0.1 n/log n at localization 100: closed-form ratios 0.97-1.0)
+    # passes the other checks of a setting (finite, converged, agree, positive, local): one was recommended;
+    # now nothing is, and the note says what to try
+    only = sweep([target], lrs=(1e-4, 3e-4, 1e-3), nbetas=(0.1 * nb0,), localizations=(100.0,), chains=4,
+                 burnin=200, draws=200, minibatch=N)
+    assert all(r["pinned"] and all(r[c] for c in HEALTH if c != "unpinned") for r in only.results[0])
+    assert only.recommended is None and only.recommended_setting() is None
+    assert "pinned by the localization" in only.rule_note and "smaller localization" in only.rule_note
+    assert "recommended: none (no recommendation: every setting that converged and stayed local" \
+        in format_calibration(only)
+    # its trace figure marks every panel pinned, and says what the mark means
+    fig = figure(only, 0)
+    titles = [a.get_title() for a in fig.axes if a.get_title()]
+    assert titles and all(t.endswith("PINNED") for t in titles)
+    assert "PINNED" in fig.get_suptitle() and "never recommended" in fig.get_suptitle()
