@@ -286,7 +286,9 @@ class RunConfig:
              "ledgers from before this field recorded)")
     stop_after_grok: int = setting(
         0, per_member=True, costed=False,
-        help=">0: stop this many evaluations after grokking (grok_evals above)")
+        help=">0: stop at the first evaluation this many or more evaluations after grokking (grok_evals above) whose "
+             "own test accuracy is >= grok_threshold (or test loss <= stop_test_loss), so a run that dips after "
+             "grokking trains on until it is back (or to the cap); docs/CLI.md, 'The stop rule'")
     stop_test_loss: float = setting(
         0.0, legacy=0.0, per_member=True, costed=False,
         help=">0: the stop rule counts evaluations after test loss <= this instead")

@@ -16,11 +16,16 @@ evaluation where test accuracy crosses a threshold again from below is a phase c
 any crossing may start the grok_evals evaluations in a row that make grokking.
 
 Step s means "after s optimizer updates": step 0 is the initialisation. A member stops when
-its loss or gradient is not finite (its last good checkpoint stays), or `stop_after_grok`
-evaluations after it grokked: the first of `grok_evals` consecutive evaluations with test
-accuracy >= `grok_threshold` (groklens.config.first_sustained), never before grokking is
-confirmed (or, with `stop_test_loss`, after its test loss first fell to that value: Nanda's
-cleanup, a loss event that grok_evals does not touch), never before step `stop_min_steps`.
+its loss or gradient is not finite (its last good checkpoint stays), or by the stop rule: at the
+first evaluation that is at least `stop_after_grok` evaluations after it grokked (the first of
+`grok_evals` consecutive evaluations with test accuracy >= `grok_threshold`,
+groklens.config.first_sustained; with `stop_test_loss`, the first evaluation with test loss <=
+that value: Nanda's cleanup, a loss event that grok_evals does not touch), is itself at the event
+(test accuracy >= grok_threshold, or test loss <= stop_test_loss), and is at or past step
+`stop_min_steps`. So a run whose test accuracy dips after grokking trains on through the dip
+until an evaluation is back at the threshold (or the cap), and its "at end" is never read in a
+collapse. The rule reads only the counters and the current row, which a resume rebuilds from
+the committed rows (`restore_counters`), so a resumed run stops where the run in one go does.
 """
 
 from __future__ import annotations
@@ -251,12 +256,21 @@ def _evaluate(strategy: Strategy, step: int, bar, on_eval=None) -> tuple[list[in
             member.phases |= new
             phase.append(i)
         member.last_row = row
-        _count_stop_event(member, bool(stop_event(row, cfg)))
-        if cfg.stop_after_grok and member.evals_after_grok is not None \
-                and member.evals_after_grok >= cfg.stop_after_grok and step >= cfg.stop_min_steps:
+        event = bool(stop_event(row, cfg))
+        _count_stop_event(member, event)
+        if stop_rule_ends(member, event, step):
             stopping.append(i)
     bar.set_postfix_str(_postfix(rows[0]), refresh=False)
     return stopping, phase
+
+
+def stop_rule_ends(member: Member, event: bool, step: int) -> bool:
+    """Whether the stop rule ends a member at this evaluation (module docstring): stop_after_grok
+    evaluations or more after grokking, the event holding at this very evaluation (not in a dip
+    after grokking), and not before stop_min_steps."""
+    cfg = member.cfg
+    return bool(cfg.stop_after_grok and member.evals_after_grok is not None
+                and member.evals_after_grok >= cfg.stop_after_grok and event and step >= cfg.stop_min_steps)
 
 
 def _count_stop_event(member: Member, event: bool) -> None:
@@ -281,8 +295,14 @@ def _commit(strategy: Strategy, indices: list[int], step: int, on_commit) -> Non
 def _finish(strategy: Strategy, stopping: list[int], step: int) -> None:
     for i in stopping:
         member = strategy.members[i]
-        event = f"test loss <= {member.cfg.stop_test_loss:g}" if member.cfg.stop_test_loss > 0 else "grokking"
-        status = f"completed: stopped {member.cfg.stop_after_grok} evaluations after {event}"
+        cfg = member.cfg
+        event = f"test loss <= {cfg.stop_test_loss:g}" if cfg.stop_test_loss > 0 else "grokking"
+        status = f"completed: stopped {cfg.stop_after_grok} evaluations after {event}"
+        if member.evals_after_grok > cfg.stop_after_grok:  # it waited for the event to hold again, or for the step
+            holds = f"test loss <= {cfg.stop_test_loss:g}" if cfg.stop_test_loss > 0 else \
+                f"test accuracy >= {cfg.grok_threshold:g}"
+            status += (f" ({member.evals_after_grok} evaluations after it: the first then with {holds}"
+                       + (f" at or past step {cfg.stop_min_steps}" if cfg.stop_min_steps else "") + ")")
         member.writer.close(status)
         member.result = TrainResult(member.writer.path, step, status)
     strategy.keep([i for i in range(len(strategy.members)) if i not in stopping])

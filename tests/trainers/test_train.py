@@ -113,15 +113,18 @@ def test_stop_on_test_loss_not_before_a_minimum_step_and_resumed_alike(tmp_path)
     back from the rows, on the loss event, not on accuracy)."""
     from tests.helpers import train_interrupted
 
-    cfg = dict(steps=3000, eval_every=10, checkpoint_every=50, lr=1e-2, stop_after_grok=2, stop_test_loss=3.0,
+    # this run's test loss: 2.5 at step 0, up to 33 at step 80, 20-21 at steps 150-250 (it overfits):
+    # the event holds at step 0 and again at step 200, where stop_min_steps lets the rule stop
+    cfg = dict(steps=3000, eval_every=10, checkpoint_every=50, lr=1e-2, stop_after_grok=2, stop_test_loss=30.0,
                stop_min_steps=200)
     full = tmp_path / "full.h5"
     train_tiny(full, **cfg)
     m = Trajectory(full).metrics
-    first = int(np.nonzero(m["test_loss"] <= 3.0)[0][0])
-    want = max(first + 2, int(np.nonzero(m["step"] >= 200)[0][0]))
+    first = int(np.nonzero(m["test_loss"] <= 30.0)[0][0])
+    assert m["test_loss"].max() > 30  # the event did not hold throughout
+    want = max(first + 2, int(np.nonzero((m["step"] >= 200) & (m["test_loss"] <= 30))[0][0]))
     assert len(m["step"]) == want + 1 and m["step"][-1] < 3000
-    assert Trajectory(full).status.startswith("completed: stopped 2 evaluations after test loss <= 3")
+    assert Trajectory(full).status.startswith("completed: stopped 2 evaluations after test loss <= 30")
     # interrupted after the event (the accuracy threshold 0.95 is never reached here)
     assert not np.any(m["test_acc"] >= 0.95)
     part = tmp_path / "part.h5"
@@ -140,3 +143,52 @@ def test_existing_output_is_refused_and_kept(tmp_path):
     assert path.read_bytes() == b"precious"
     with pytest.raises(BadInput, match="does not exist"):
         train(tiny_config(), tmp_path / "missing-dir" / "r.h5", progress=False)
+
+
+# test accuracy planted at each evaluation (every 10 steps): grokked at step 20 (3 evaluations in a
+# row >= 0.95), then a collapse at 60-70 (4 evaluations after grokking, where the rule used to stop)
+DIP = {0: 0.1, 10: 0.5, 20: 0.96, 30: 0.97, 40: 0.98, 50: 0.99, 60: 0.70, 70: 0.45, 80: 0.97, 90: 0.99}
+NO_DIP = {**DIP, 60: 0.99, 70: 0.99}
+
+
+def _planted(accuracy: dict[int, float]):
+    """SingleRun.evaluate with the real row's test accuracy replaced by accuracy[step]."""
+    from groklens.trainers.single import SingleRun
+
+    real = SingleRun.evaluate
+
+    def evaluate(self, step):
+        return [{**row, "test_acc": accuracy.get(step, 0.99)} for row in real(self, step)]
+
+    return SingleRun, "evaluate", evaluate
+
+
+@pytest.mark.parametrize("accuracy, stop", [(DIP, 80), (NO_DIP, 60)])
+def test_the_stop_rule_stops_only_at_an_evaluation_at_the_threshold(tmp_path, monkeypatch, accuracy, stop):
+    """A run that grokked and then collapsed was stopped in the collapse (issue 43: test accuracy
+    0.768 at its last step), so its every "at end" reading was of the collapse. After the wait the
+    rule stops at the first evaluation back at the threshold; a run that never dips stops as before."""
+    from tests.helpers import train_interrupted
+
+    cfg = dict(steps=300, eval_every=10, checkpoint_every=35, stop_after_grok=4)
+    monkeypatch.setattr(*_planted(accuracy))
+    full = tmp_path / "full.h5"
+    train_tiny(full, **cfg)
+    run = Trajectory(full)
+    assert run.metrics["step"][-1] == run.steps[-1] == stop
+    assert run.metrics["test_acc"][-1] >= 0.95
+    assert run.status.startswith("completed: stopped 4 evaluations after grokking")
+    assert ("(6 evaluations after it: the first then with test accuracy >= 0.95)" in run.status) == (stop == 80)
+    # interrupted 5 steps before the stop (with the dip: after the checkpoint at 70, in the collapse,
+    # so the counters come back from rows that end below the threshold), resumed: the same rows,
+    # weights and stop
+    part = tmp_path / "part.h5"
+    train_interrupted(tiny_config(**cfg), part, at_step=stop - 5)
+    resume(part, progress=False)
+    again = Trajectory(part)
+    assert again.metrics["step"].tolist() == run.metrics["step"].tolist() and again.status == run.status
+    for key in ("test_acc", "train_loss", "test_loss"):
+        assert np.array_equal(again.metrics[key], run.metrics[key])
+    assert list(again.steps) == list(run.steps)
+    for name, value in run.params(stop).items():
+        assert torch.equal(value, again.params(stop)[name])
