@@ -171,8 +171,14 @@
         el(svg, "text", {x: box.x0 + (i + 0.5) * w, y: box.y0 + 14, "text-anchor": "middle", "class": "tick"}, i + 1);
       }
     });
-    el(svg, "text", {x: box.x0 - 4, y: box.y1 + 4, "text-anchor": "end", "class": "tick"}, integers ? max : fmt(max, 2));
+    // the top tick is the scale's top: 1 where nothing is counted (a count's axis never reads 0 to 0)
+    var top = max > 0 ? max : 1;
+    el(svg, "text", {x: box.x0 - 4, y: box.y1 + 4, "text-anchor": "end", "class": "tick"}, integers ? top : fmt(top, 2));
     el(svg, "text", {x: box.x0 - 4, y: box.y0 + 4, "text-anchor": "end", "class": "tick"}, "0");
+    if (integers && !values.some(function (v) { return v > 0; })) {
+      el(svg, "text", {x: (box.x0 + box.x1) / 2, y: (box.y0 + box.y1) / 2, "text-anchor": "middle", "class": "axis",
+                       fill: "#555"}, "no clustered neurons");
+    }
   }
 
   function drawFourier(run, k) {

@@ -168,10 +168,10 @@ def render_explorer(data: dict[str, Any]) -> str:
         '<svg id="clock-plane" viewBox="0 0 400 275" width="460" role="img" aria-label="clock and pizza regions"></svg>'
         f'<p class="note">Our rule: {e(ALGORITHM_RULE)}; grey: the stored checkpoints.</p></section>',
         '<section id="panel-spectrum"><h2>Fourier spectrum of the embedding (W_E without the = row)</h2>'
-        '<p class="why" id="fourier-note"></p><svg id="spectrum" viewBox="0 0 560 200" width="560" role="img" '
+        '<p class="why" id="fourier-note"></p><svg id="spectrum" viewBox="0 0 560 212" width="560" role="img" '
         'aria-label="Fourier spectrum"></svg><p class="note" id="spectrum-keys"></p></section>',
         '<section id="panel-clusters"><h2>Neuron-frequency clusters (last MLP layer)</h2>'
-        '<p class="why" id="clusters-note"></p><svg id="clusters" viewBox="0 0 560 200" width="560" role="img" '
+        '<p class="why" id="clusters-note"></p><svg id="clusters" viewBox="0 0 560 212" width="560" role="img" '
         'aria-label="neuron-frequency clusters"></svg><p class="note" id="clusters-unclustered"></p></section>',
         "</div>",
         f'<script type="application/json" id="explorer-data">{script_json(data)}</script>',

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -38,6 +38,8 @@ THIN = dict(lw=0.8, alpha=0.45)
 BOLD = dict(lw=2.2, alpha=1.0)
 MEAN_END = dict(ls=(0, (1, 1.5)), lw=1.6)  # where a mean over seeds stops because a seed stopped
 LEGEND_CHARS = 34  # a legend entry wraps at this width (variant labels name every differing field)
+TICK_PT = 7
+TICK_CHAR_IN = 0.6 * TICK_PT / 72  # the width of a character of a TICK_PT label, in inches (about)
 
 
 def run_title(name: str, chars: int = 40) -> str:
@@ -208,6 +210,7 @@ class Line:
     ends_early: bool = False  # a mean over seeds that ends where a seed stopped: its end is marked
     ms: float = 3.0  # marker size
     own_label: bool = False  # in a lower panel of aligned_panels: keep the label (a mark's meaning, not a group)
+    edge: str | None = None  # the markers' edge colour: marks of one colour stay visible over another's
 
 
 @dataclass
@@ -223,7 +226,9 @@ def _draw_line(a, ln: Line, i: int) -> None:
     c = ln.colour or colour(i)
     style = BOLD if ln.bold else THIN
     label = textwrap.fill(ln.label, LEGEND_CHARS) if ln.label else ln.label
-    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=label, marker=ln.marker, ms=ln.ms if ln.marker else None, **style)
+    edge = dict(mec=ln.edge, mew=0.8) if ln.edge and ln.marker else {}
+    a.plot(ln.x, ln.y, ls=ln.style, color=c, label=label, marker=ln.marker, ms=ln.ms if ln.marker else None,
+           **style, **edge)
     if ln.band is not None:
         a.fill_between(ln.x, ln.band[0], ln.band[1], color=c, alpha=0.12, lw=0)
     if ln.ends_early and len(ln.x):
@@ -292,11 +297,15 @@ def spread_over_seeds(groups: Sequence[SeedSpread], *, ylabel: str, mark_label: 
     """Left: the measure against step, every seed thin, each group's median bold with its min-max
     band, each seed's marked checkpoint a dot. Right: the values at the marked checkpoints, one row
     per group, a dot per seed and the group's median as a bar (the distribution, not only a mean)."""
+    # the right panel: per group a column as wide as its label's longest field (at least 14 characters),
+    # the label horizontal and wrapped at its spaces to that width
+    chars = max([14] + [len(word) for g in groups for word in g.label.split()])
+    right_in = max(1.8, len(groups) * (chars * TICK_CHAR_IN + 0.2))
     if ax is not None:
         fig, (left, right) = ax[0].figure, ax
     else:
-        fig = Figure(figsize=(9.0, 4.0), layout="constrained")
-        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 1]})
+        fig = Figure(figsize=(7.0 + right_in, 4.0), layout="constrained")
+        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [5.5, right_in]})
     for i, g in enumerate(groups):
         for steps, values in g.series:
             left.plot(steps, values, color=g.colour, **THIN)
@@ -322,9 +331,9 @@ def spread_over_seeds(groups: Sequence[SeedSpread], *, ylabel: str, mark_label: 
     left.grid(alpha=0.25, which="both", lw=0.4)
     left.legend(fontsize=7, loc="best", framealpha=0.8)
     right.set_xticks(range(len(groups)))
-    # one field a line, turned upright: whole labels that stay apart (shortened, rows that differ
-    # only after the first field read the same)
-    right.set_xticklabels([g.label.replace(" ", "\n") for g in groups], rotation=90, fontsize=6)
+    # whole labels (shortened, rows that differ only after the first field read the same), readable
+    right.set_xticklabels([textwrap.fill(g.label, chars, break_long_words=False, break_on_hyphens=False)
+                           for g in groups], rotation=0, fontsize=TICK_PT)
     right.set_xlim(-0.6, len(groups) - 0.4)
     right.set_title(f"at {mark_label}\n(bar: median)", fontsize=8)
     right.grid(alpha=0.25, axis="y", lw=0.4)
@@ -419,8 +428,12 @@ def cluster_grid(frequencies: np.ndarray, counts: np.ndarray, unclustered: np.nd
                 continue
             a.bar(frequencies, counts[r, k], width=width, color=c)
             a.set_ylim(0, top)
+            a.yaxis.set_major_locator(MaxNLocator(integer=True))  # neurons are counted: no 0.5 of one
             a.text(0.98, 0.95, f"unclustered: {int(unclustered[r, k])}", transform=a.transAxes, ha="right",
                    va="top", fontsize=6)
+            if not np.nansum(counts[r, k]):
+                a.text(0.5, 0.45, "no clustered neurons", transform=a.transAxes, ha="center", va="center",
+                       fontsize=7, color="#555555")
             a.tick_params(labelsize=6)
         if ax is None:
             axes[r, 0].set_ylabel("neurons", fontsize=7)
@@ -508,7 +521,15 @@ def progress_measures(panels: Sequence[ProgressPanel], *, ax=None) -> Figure:
         # a long key-set note wrapped to its column, so neighbouring titles never run into each other
         top.set_title(p.label + "\n" + textwrap.fill(p.key_text, 60), fontsize=8)
         bottom.set_xlabel("step")
-        top.legend(fontsize=7, loc="upper right", frameon=False)
+        if ax is not None:  # axes of the caller's figure: each column's own legend where it covers least
+            top.legend(fontsize=7, loc="best", framealpha=0.8)
+    if ax is None:  # one legend for every column, below the panels: it covers no curve
+        entries: dict[str, object] = {}
+        for a in axes[0]:
+            for handle, label in zip(*a.get_legend_handles_labels()):
+                entries.setdefault(label, handle)
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize=7, frameon=False,
+                   ncol=min(4, len(entries)))
     return fig
 
 

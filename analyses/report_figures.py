@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -580,13 +580,42 @@ def _llc_figures(f: _Figs) -> None:
     f.over_time(
         "llc", "Local learning coefficient over time",
         "LLC estimate n*beta (E[L] - L(w*)) by devinterp's SGLD at each analyzed checkpoint, mean over chains, "
-        "on a symmetric-log axis (a negative estimate stays on it), and the standard deviation across chains; "
-        "an X marks an estimate flagged negative or with its chains pinned by the localization (distance from "
-        "w* ~ sqrt(d/gamma)): not a learning coefficient. The sampler's hyperparameters and how to calibrate "
-        "them: docs/ANALYSES.md, \"llc\".",
-        [F.Panel("LLC (mean over chains)", mean + llc_flag_lines(f.groups, f.colours), yscale="symlog"),
+        "on a log axis (small positive estimates stay apart from each other and from zero); an estimate <= 0 "
+        "(flagged negative: not a learning coefficient) leaves its line and is marked with a triangle on the "
+        "dotted line below the smallest positive one; below, the standard deviation across chains. An X marks a "
+        "positive estimate flagged with its chains pinned by the localization (distance from w* ~ sqrt(d/gamma)): "
+        "not a learning coefficient either. The "
+        "sampler's hyperparameters and how to calibrate them: docs/ANALYSES.md, \"llc\".",
+        [positive_log_panel("LLC (mean over chains)", mean, llc_flag_lines(f.groups, f.colours)),
          F.Panel("LLC spread\n(std across chains)", spread, yscale=_yscale(spread))],
         "Local learning coefficient")
+
+
+NOT_POSITIVE = "estimate <= 0 (flagged negative),\non the dotted line"
+
+
+def positive_log_panel(ylabel: str, lines: list[F.Line], marks: list[F.Line]) -> F.Panel:
+    """`lines` and their `marks` on a log axis. A symmetric-log axis drew every estimate below its
+    linear threshold (1) at about 0, on top of each other; here a value <= 0 leaves its line (a gap)
+    and is drawn, in its line's colour, as a triangle on a dotted floor line below the smallest
+    positive value, named in the panel's legend (a mark at such a value, its negative flag, is that
+    triangle)."""
+    values = np.concatenate([np.asarray(ln.y, dtype=float) for ln in lines]) if lines else np.zeros(0)
+    positive = values[np.isfinite(values) & (values > 0)]
+    if not (np.isfinite(values) & (values <= 0)).any():
+        return F.Panel(ylabel, lines + marks, yscale="log" if len(positive) else "linear")
+    floor = float(positive.min()) / 4 if len(positive) else 1.0
+    out, low = [], []
+    for ln in lines + marks:  # a mark at a value <= 0 (flagged negative) is the triangle itself
+        y = np.asarray(ln.y, dtype=float)
+        below = np.isfinite(y) & (y <= 0)
+        out.append(replace(ln, y=np.where(below, np.nan, y)))
+        if below.any() and not any(ln is m for m in marks):
+            low.append(F.Line(np.asarray(ln.x)[below], np.full(int(below.sum()), floor), ln.colour, bold=True,
+                              style="none", marker="v", ms=7, edge="black"))
+    low.append(F.Line(np.zeros(0), np.zeros(0), "white", NOT_POSITIVE, style="none", marker="v", ms=7, edge="black",
+                      own_label=True))
+    return F.Panel(ylabel, out + low, hlines=[(floor, "grey", None)], yscale="log")
 
 
 def llc_flag_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Line]:
@@ -600,8 +629,8 @@ def llc_flag_lines(groups: Sequence[Group], colours: Sequence[str]) -> list[F.Li
                 continue
             (x, y), (_, negative), (_, pinned) = series
             bad = (negative == 1) | (pinned == 1)
-            if bad.any():
-                lines.append(F.Line(x[bad], y[bad], c, bold=True, style="none", marker="X", ms=9))
+            if bad.any():  # edged: one group's marks stay visible where they overlap another's
+                lines.append(F.Line(x[bad], y[bad], c, bold=True, style="none", marker="X", ms=9, edge="black"))
     if lines:
         lines.append(F.Line(np.zeros(0), np.zeros(0), "black", "flagged: negative or pinned", bold=True,
                             style="none", marker="X", ms=9, own_label=True))

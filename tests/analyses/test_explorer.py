@@ -104,6 +104,16 @@ window.addEventListener('load', function () {
     s.cursor = cursor ? Number(cursor.getAttribute('x1')) : null;
     s.cells = Array.prototype.map.call(document.querySelectorAll('#attention rect.cell title'),
                                        function (t) { return t.textContent; });
+    ['spectrum', 'clusters'].forEach(function (id) {  // how far down its text reaches, against its viewBox
+      var svg = document.getElementById(id), bottom = 0;
+      Array.prototype.forEach.call(svg.querySelectorAll('text'), function (t) {
+        var b = t.getBBox();
+        bottom = Math.max(bottom, b.y + b.height);
+      });
+      s[id + '_bottom'] = bottom;
+      s[id + '_height'] = svg.viewBox.baseVal.height;
+      s[id + '_texts'] = Array.prototype.map.call(svg.querySelectorAll('text'), function (t) { return t.textContent; });
+    });
     return s;
   }
   try {
@@ -172,6 +182,15 @@ def test_explorer_in_headless_chromium(runs, tmp_path):
                                                     fo["keys"][fo["at"][k - 1]] != fo["keys"][fo["at"][k]])
         assert a["clock-plane"] != b["clock-plane"]  # the current point moves along the path
     assert len({s["attention"] for s in states}) > 1 and len({s["spectrum"] for s in states}) > 1
+    # the bar panels' text (the "frequency k" label was cut at its descenders) inside their boxes; a
+    # checkpoint without a clustered neuron says so, and its count axis never reads 0 to 0
+    for k, s in enumerate(states):
+        for panel in ("spectrum", "clusters"):
+            assert 0 < s[panel + "_bottom"] <= s[panel + "_height"], (panel, s[panel + "_bottom"])
+        empty = not any(fo["counts"][fo["at"][k]])
+        assert ("no clustered neurons" in s["clusters_texts"]) == empty
+        assert s["clusters_texts"].count("0") == 1  # the axis' bottom only: its top is the largest count or 1
+    assert any(not any(c) for c in fo["counts"])  # the run has such a checkpoint (its initialisation)
     # the run without stored analyses: every panel says how to compute its analysis
     bare, young = out["others"]
     assert "groklens analyze bare.h5 --metric attention" in bare["attention_note"]

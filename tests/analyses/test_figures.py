@@ -279,12 +279,105 @@ def test_spread_over_seeds_draws_every_seed_the_median_and_the_marked_values(tmp
     bars = [ln for ln in right.get_lines() if ln.get_marker() in ("None", None, "")]
     assert len(bars) == 1 and list(bars[0].get_ydata()) == [0.5, 0.5]
     assert [t.get_text() for t in right.get_xticklabels()] == ["sphere", "ln"]
-    # whole labels, one field a line: rows that differ only after their first field stay apart
+
+    # whole labels: rows that differ only after their first field stay apart
     twins = [F.SeedSpread(f"act_norm_lambda=0 norm={n} unembed={u}", c, [(steps, seeds[0])], None, [])
              for n, u, c in (("none", "linear", "#1f77b4"), ("sphere", "bounded", "#d62728"))]
     right = F.spread_over_seeds(twins, ylabel="FVE", mark_label="test accuracy >= 0.99").axes[1]
     assert [t.get_text() for t in right.get_xticklabels()] == ["act_norm_lambda=0\nnorm=none\nunembed=linear",
                                                                "act_norm_lambda=0\nnorm=sphere\nunembed=bounded"]
+
+
+@pytest.mark.parametrize("n_groups", [2, 3, 6])
+def test_the_spread_figures_group_labels_read_horizontally_apart_and_inside(tmp_path, n_groups):
+    """The group labels under the right panel were turned upright at 6 pt (issue 43's study): now
+    horizontal at 7 pt, wrapped at their spaces, whole, off each other and inside the figure."""
+    steps = np.array([10, 20, 30])
+    labels = [f"act_norm_lambda={i % 2} norm={('none', 'sphere', 'ln')[i % 3]} unembed=linear seed_group={i}"
+              for i in range(n_groups)]
+    groups = [F.SeedSpread(lbl, F.colour(i), [(steps, np.array([0.1, 0.4, 0.6]))], None, [(20, 0.4)])
+              for i, lbl in enumerate(labels)]
+    fig = F.spread_over_seeds(groups, ylabel="FVE", mark_label="test accuracy >= 0.99")
+    render(fig, tmp_path, f"spread{n_groups}")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ticks = fig.axes[1].get_xticklabels()
+    assert [t.get_text().replace("\n", " ") for t in ticks] == labels
+    assert all(t.get_rotation() == 0 and t.get_fontsize() >= 7 for t in ticks)
+    boxes = [t.get_window_extent(renderer) for t in ticks]
+    for i, b in enumerate(boxes):
+        assert fig.bbox.x0 <= b.x0 and b.x1 <= fig.bbox.x1 and fig.bbox.y0 <= b.y0
+        assert not any(b.overlaps(o) for o in boxes[i + 1:])
+
+
+def test_an_empty_cluster_panel_says_so_and_counts_in_whole_neurons(tmp_path):
+    """Panels with no clustered neuron drew an empty box with ticks 0, 0.5, 1.0, ... (a count of
+    half a neuron); every neuron-count axis now ticks at integers and an empty panel says so."""
+    freqs = np.arange(1, 12)
+    counts = np.zeros((2, 2, len(freqs)))
+    counts[0, 1, 3] = 2  # row 0: an empty panel beside one with 2 neurons (its axis up to 2.3)
+    fig = F.cluster_grid(freqs, counts, np.full((2, 2), 30.0), ["a", "b"], [["start", "end"]] * 2)
+    render(fig, tmp_path, "empty_clusters")
+    FigureCanvasAgg(fig).draw()
+    for a in fig.axes:
+        ticks = [t for t in a.get_yticks() if a.get_ylim()[0] <= t <= a.get_ylim()[1]]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+    says = ["no clustered neurons" in [t.get_text() for t in a.texts] for a in fig.axes]
+    assert says == [True, False, True, True]
+
+
+def test_the_progress_measures_legend_covers_no_curve(tmp_path):
+    """The legend sat over the test-loss curve inside the panels (issue 43's study): one legend
+    for every column, outside every panel."""
+    steps = np.arange(0, 1000, 50)
+    loss = np.exp(-steps / 300)
+    panel = F.ProgressPanel("run", steps, loss, 3 * loss + 0.1, 100 + steps / 10, steps[::4], 0.5 * loss[::4],
+                            np.full(5, 3.0), [(0, 200, "memorization"), (200, 600, "circuit formation"),
+                                              (600, 950, "cleanup")], "fixed key set")
+    fig = F.progress_measures([panel, panel])
+    render(fig, tmp_path, "progress")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    assert all(a.get_legend() is None for a in fig.axes)
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert [t.get_text() for t in legend.get_texts()] == ["train loss", "test loss", "restricted loss",
+                                                          "excluded loss", "memorization", "circuit formation",
+                                                          "cleanup"]
+    assert not any(box.overlaps(a.get_window_extent(renderer)) for a in fig.axes)
+    assert fig.bbox.y0 <= box.y0 and box.x1 <= fig.bbox.x1
+
+
+def test_the_llc_panel_keeps_small_positive_estimates_apart_and_marks_the_rest():
+    """On the symmetric-log axis every estimate below 1 sat at about 0, one group's on top of
+    another's (issue 43's study); on a log axis 0.01 and 0.02 lie a factor 2 apart, and an estimate
+    <= 0 leaves the line for a triangle on a floor below the smallest positive one."""
+    from groklens.analyses.report_figures import NOT_POSITIVE, positive_log_panel
+
+    x = np.array([100, 200, 300, 400])
+    a = F.Line(x, np.array([0.01, 0.012, 0.011, 0.01]), "#1f77b4", "a", bold=True)
+    b = F.Line(x, np.array([0.02, -3.0, 0.025, 8.0]), "#d62728", "b", bold=True)
+    flag = F.Line(x[1:2], np.array([-3.0]), "#d62728", bold=True, style="none", marker="X", ms=9, edge="black")
+    panel = positive_log_panel("LLC", [a, b], [flag])
+    assert panel.yscale == "log"
+    (floor, _, _), = panel.hlines
+    assert 0 < floor < 0.01
+    drawn_b = next(ln for ln in panel.lines if ln.label == "b")
+    assert np.isnan(drawn_b.y[1]) and list(drawn_b.y[[0, 2, 3]]) == [0.02, 0.025, 8.0]
+    low = [ln for ln in panel.lines if ln.marker == "v" and len(ln.x)]
+    assert len(low) == 1 and list(low[0].x) == [200] and list(low[0].y) == [floor] and low[0].edge == "black"
+    assert [ln.label for ln in panel.lines if ln.own_label] == [NOT_POSITIVE]
+    assert not any(ln.marker == "X" and len(ln.x) and np.isfinite(ln.y).any() for ln in panel.lines)
+    fig = F.aligned_panels([F.Line(x, np.array([0.5, 0.9, 1.0, 1.0]))], [panel], log_x=False)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[1]
+    to_px = ax.transData.transform
+    gap = to_px((100, 0.02))[1] - to_px((100, 0.01))[1]
+    assert ax.get_yscale() == "log" and gap > 0.05 * ax.bbox.height  # apart, not both at 0
+    # all positive: a plain log axis, nothing moved
+    assert positive_log_panel("LLC", [a], []).yscale == "log" and len(positive_log_panel("LLC", [a], []).lines) == 1
 
 
 def test_the_fve_figure_reads_each_seed_at_its_first_crossing(tmp_path):

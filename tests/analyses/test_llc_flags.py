@@ -48,7 +48,7 @@ def test_chains_pinned_by_the_localization_are_flagged_warned_once_and_marked(ru
     text = groklens("compare", str(run), check=True).stdout
     assert any("‡" in ln for ln in text.splitlines() if "learning coefficient" in ln.lower() or "llc" in ln.lower())
     assert "pinned by the localization" in text
-    # fig_llc: an X at each flagged estimate, drawn on a symlog axis
+    # fig_llc: an X at each flagged estimate (a triangle on the floor line where it is <= 0), on a log axis
     from groklens.analyses.compare import compare
     from groklens.analyses.report_figures import llc_flag_lines
 
@@ -56,15 +56,17 @@ def test_chains_pinned_by_the_localization_are_flagged_warned_once_and_marked(ru
     lines = llc_flag_lines(comp.groups, ["C0"])
     assert list(lines[0].x) == [200] and lines[0].marker == "X"  # step 0 is not drawn (log x)
     assert lines[-1].label == "flagged: negative or pinned" and not len(lines[-1].x)  # the legend's entry
-    # drawn large enough to see beside the line's own dots, named in the LLC panel's legend; the
-    # spread (never negative) on a log axis, the estimate on a symmetric-log one
+    # drawn large enough to see beside the line's own dots, edged, named in the LLC panel's legend;
+    # the estimate and its spread on log axes
     from groklens.analyses.report_figures import make_figures
 
     (fig,) = [f.figure for f in make_figures(comp)[0] if f.name == "llc"]
     _acc, llc_panel, spread_panel = fig.axes
-    assert llc_panel.get_yscale() == "symlog" and spread_panel.get_yscale() in ("log", "linear")
-    marks = [ln for ln in llc_panel.get_lines() if ln.get_marker() == "X" and len(ln.get_xdata())]
-    assert [list(m.get_xdata()) for m in marks] == [[200]] and marks[0].get_markersize() >= 8
+    assert llc_panel.get_yscale() == "log" and spread_panel.get_yscale() in ("log", "linear")
+    shape = "X" if llc["llc_mean"][1] > 0 else "v"  # (its sign is noise here)
+    marks = [ln for ln in llc_panel.get_lines() if ln.get_marker() == shape and len(ln.get_xdata())]
+    assert [list(m.get_xdata()) for m in marks] == [[200]] and marks[0].get_markersize() >= 7
+    assert marks[0].get_markeredgecolor() == "black"
     assert "flagged: negative or pinned" in [t.get_text() for t in llc_panel.get_legend().get_texts()]
     rep = tmp_path / "rep"
     groklens("report", str(run), "-o", str(rep), "--figures", "llc", check=True)
