@@ -711,7 +711,8 @@ def main(argv: list[str] | None = None) -> None:
     except (click.ClickException, GroklensError) as exc:  # usage errors (unknown option, ...) and ours
         if debug:
             raise
-        text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        text = _unknown_option(exc) if isinstance(exc, click.NoSuchOption) else \
+            exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
         click.echo(f"groklens: error: {_one_line(text)}", err=True)
         code = exc.exit_code
     except OSError as exc:  # the file system refused (read-only, full, immutable): one line, a failed run
@@ -731,6 +732,21 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()  # leave it as a killed writer would, which readers handle
         os._exit(code)
     sys.exit(code)
+
+
+def _unknown_option(exc: click.NoSuchOption) -> str:
+    """An unknown option with the suggestion of the config keys' rule (config.closest_name: a near
+    spelling, or the option its words' initials spell, --learning-rate -> --lr), not click's own
+    near spellings (it offered --attention-rate and --n-informative for --learning-rate)."""
+    from groklens.config import closest_name
+
+    name = exc.option_name
+    command = exc.ctx.command if exc.ctx is not None else None
+    longs = [o for p in (command.params if command is not None else []) for o in (*p.opts, *p.secondary_opts)
+             if o.startswith("--")]
+    known = {o[2:].replace("-", "_"): o for o in longs}
+    guess = closest_name(name.lstrip("-").replace("-", "_"), known) if name.startswith("--") else None
+    return f"No such option: {name}" + (f" (did you mean {known[guess]}?)" if guess else "")
 
 
 def _one_line(text: str) -> str:

@@ -545,14 +545,20 @@ def parse_positions(text: str) -> tuple[int, ...]:
     return _distinct_ints(text, "attn_mask", lowest=0, empty=True)
 
 
-def did_you_mean(key: str, known) -> str:
-    """`key`, with the closest known name when there is one: a near spelling (difflib), or the
-    name its words' initials spell (learning_rate -> lr)."""
+def closest_name(key: str, known) -> str | None:
+    """The known name a mistyped `key` (snake_case) most likely meant, None when none is close: a
+    near spelling (difflib), or the name its words' initials spell (learning_rate -> lr). The one
+    rule for unknown config keys and unknown command-line options."""
     import difflib
 
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
     initials = "".join(w[0] for w in key.split("_") if w)
-    guess = close[0] if close else initials if "_" in key and initials in known else None
+    return close[0] if close else initials if "_" in key and initials in known else None
+
+
+def did_you_mean(key: str, known) -> str:
+    """`key`, with the closest known name when there is one (closest_name)."""
+    guess = closest_name(key, known)
     return f"{key} (did you mean {guess}?)" if guess else key
 
 

@@ -121,6 +121,21 @@ def test_an_unknown_key_names_the_closest_field():
         RunConfig.from_dict({"n_head": 2})
 
 
+@pytest.mark.parametrize("args, suggestion", [
+    (["train", "--out", "R", "--learning-rate", "0.01"], " (did you mean --lr?)"),  # click: --attention-rate
+    (["train", "--out", "R", "--weight-decya", "1"], " (did you mean --weight-decay?)"),
+    (["train", "--out", "R", "--banana", "1"], ""),
+    (["analyze", "R", "--metrc", "x"], " (did you mean --metric?)"),
+])
+def test_an_unknown_option_names_the_option_the_config_keys_rule_finds(tmp_path, args, suggestion):
+    """The flag path suggests by the YAML key path's rule (a near spelling, or the initials)."""
+    flag = [a for a in args if a.startswith("--")][-1]
+    out = groklens(*[str(tmp_path / "r.h5") if a == "R" else a for a in args])
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"groklens: error: No such option: {flag}{suggestion}"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_overwrite_needs_force(cli_run, tmp_path):
     path = tmp_path / "o.h5"
     path.write_bytes(b"mine")
