@@ -216,7 +216,8 @@ def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | Non
                        progress: bool = False, params: Sequence[str] = ()) -> list[str]:
     """Run the report's analyses along each run's checkpoints (every `every`-th, and always the
     phase checkpoints, so the table's memorization and grokking cells are filled), keeping results;
-    `params`: METRIC.KEY=VALUE as `groklens analyze --param`."""
+    `params`: METRIC.KEY=VALUE as `groklens analyze --param`. fourier runs twice unless its
+    key_frequencies is given: each checkpoint's own key set, and the last checkpoint's."""
     from groklens.analyses.runner import analyze_runs, parse_params
 
     # unless told: the default set, of what the figures draw (the comparison's analyses)
@@ -224,8 +225,12 @@ def analyze_for_report(paths: Sequence[str | Path], metrics: Sequence[str] | Non
     for n in names:
         get(n)
     parsed = parse_params(params, names)
-    return analyze_runs(paths, [(n, parsed.get(n, {})) for n in names],
-                        checkpoints=f"every:{every}+phases" if every else "all",
+    requests = [(n, parsed.get(n, {})) for n in names]
+    if "fourier" in names and "key_frequencies" not in parsed.get("fourier", {}):
+        # and the fourier curves on the last checkpoint's key set, which the progress-measures figure
+        # reads (Nanda's fixed key set; without it the figure says it should not be read), as the demo does
+        requests.append(("fourier", {**parsed.get("fourier", {}), "key_frequencies": "last"}))
+    return analyze_runs(paths, requests, checkpoints=f"every:{every}+phases" if every else "all",
                         skip_inapplicable=not metrics, progress=progress)
 
 

@@ -547,7 +547,8 @@ def compare_cmd(runs, baseline, group_by, threshold, analyze, metrics, fmt, quie
 @_threshold_option("Train / test accuracy that counts as memorized / grokked.")
 @click.option("--analyze", is_flag=True,
               help="First compute fourier, attention, rank and radial along each run's checkpoints (kept in the "
-                   "sidecars).")
+                   "sidecars); fourier also on the last checkpoint's key set, which the progress-measures figure "
+                   "reads (unless --param fourier.key_frequencies=... says otherwise).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="With --analyze: the analyses to compute instead (repeatable; e.g. sharpness).")
 @click.option("--every", type=int, default=None,

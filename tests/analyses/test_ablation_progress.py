@@ -144,6 +144,25 @@ def test_a_peak_where_the_run_stopped_is_no_phase_boundary():
     assert phase_boundaries(c)["memorization_end"] is None
 
 
+def test_report_analyze_stores_the_fixed_key_set_the_figure_reads(run, tmp_path):
+    """A plain `report --analyze` stored only each checkpoint's own key set, so its progress-measures
+    figure said it should not be read (issue 43's study); it now stores the last checkpoint's set too."""
+    import shutil
+
+    from groklens.analyses import compute
+    from groklens.analyses.progress import progress_curves
+    from tests.helpers import groklens
+
+    shutil.copy(run, tmp_path / "r.h5")
+    res = groklens("report", str(tmp_path / "r.h5"), "-o", str(tmp_path / "rep"), "--analyze", "--metric", "fourier",
+                   "--figures", "progress_measures", "-q")
+    assert res.returncode == 0, res.stderr
+    c = progress_curves(tmp_path / "r.h5")
+    own = compute(tmp_path / "r.h5", "fourier", steps=[int(c.ck_steps[-1])], store=False)
+    assert c.key_source.startswith("fixed key set")
+    assert c.key_set == [int(k) for k in np.asarray(own.values["key_frequencies"][0]).reshape(-1)]
+
+
 def test_the_progress_measures_figure_on_a_tiny_run(run, tmp_path):
     """`report --analyze --param fourier.key_frequencies=last` draws Nanda's figure with a fixed key set."""
     import shutil
