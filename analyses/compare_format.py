@@ -221,7 +221,9 @@ def _step(x: float | None) -> str:
 
 
 def fmt_steps(g: Group, which: str) -> str:
-    """'1250', '> 8000' (censored), '1250 ± 120', or '>= 1800 ± 400 (1/3 censored)'."""
+    """'1250', '> 8000' (censored), '1250 ± 120', '>= 1800 ± 400 (1/3 censored)' or, every seed
+    censored, '>= 1000 ± 0 (all 3 censored)': the mean over the censoring steps, a lower bound (as
+    the JSON's mean), not the lowest censoring step."""
     runs = g.runs
     if which == "memorization":
         vals = [r.memorization for r in runs]
@@ -233,13 +235,12 @@ def fmt_steps(g: Group, which: str) -> str:
     if len(runs) == 1:
         return _step(vals[0]) if not cens[0] else (f"> {bounds[0]}" if bounds[0] is not None else "—")
     k = sum(cens)
-    if k == len(runs):
-        lo = min(b for b in bounds if b is not None) if any(b is not None for b in bounds) else None
-        return f"> {lo} (all {k} censored)" if lo is not None else "—"
     times = [v if not c else b for v, c, b in zip(vals, cens, bounds)]
     mean, std = mean_std(times)
+    if mean is None:
+        return "—"
     text = f"{mean:.0f} ± {std:.0f}"
-    return f">= {text} ({k}/{len(runs)} censored)" if k else text
+    return f">= {text} ({'all ' + str(k) if k == len(runs) else f'{k}/{len(runs)}'} censored)" if k else text
 
 
 def fmt_gap(gap: dict, g: Group) -> str:

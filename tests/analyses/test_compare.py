@@ -171,6 +171,14 @@ def test_censored_runs_are_shown_never_dropped(runs, tmp_path):
     assert data["rows"][0]["grokking_step"]["values"] == [first_step(a, "test_acc", t), None]
     every = compare([b], threshold=t, group_by="variant")
     assert every.core_cells()[1][0][3] == "> 40"
+    # every seed censored, at different steps: the mean of the censoring steps, a lower bound, as the
+    # JSON's mean (it showed '> 40 (all 2 censored)', the lowest, where the docs say '>= mean ± std')
+    (tmp_path / "c").mkdir()
+    c = short_twin(a, tmp_path / "c", 60, norm="ln", seed=1)
+    both = compare([b, c], group_by="norm", threshold=max(t, late_threshold(a, 60)))
+    row = both.rows()[0]["grokking_step"]
+    assert row["censored"] == 2 and row["censored_at"] == [40, 60] and row["mean"] == 50
+    assert both.core_cells()[1][0][3] == f">= 50 ± {np.std([40, 60], ddof=1):.0f} (all 2 censored)"
 
 
 # ---------------------------------------------------------------------- speed-up
