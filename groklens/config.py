@@ -289,6 +289,11 @@ class RunConfig:
         help=">0: stop at the first evaluation this many or more evaluations after grokking (grok_evals above) whose "
              "own test accuracy is >= grok_threshold (or test loss <= stop_test_loss), so a run that dips after "
              "grokking trains on until it is back (or to the cap); docs/CLI.md, 'The stop rule'")
+    stop_at_event: bool = setting(
+        True, legacy=False, per_member=True, costed=False,
+        help="the stop rule ends a run only at an evaluation where its event holds (stop_after_grok above); false: at "
+             "the stop_after_grok-th evaluation after grokking whatever it reads (the rule before this field, which "
+             "the experiments' ledgers keep)")
     stop_test_loss: float = setting(
         0.0, legacy=0.0, per_member=True, costed=False,
         help=">0: the stop rule counts evaluations after test loss <= this instead")

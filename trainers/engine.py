@@ -270,7 +270,8 @@ def stop_rule_ends(member: Member, event: bool, step: int) -> bool:
     after grokking), and not before stop_min_steps."""
     cfg = member.cfg
     return bool(cfg.stop_after_grok and member.evals_after_grok is not None
-                and member.evals_after_grok >= cfg.stop_after_grok and event and step >= cfg.stop_min_steps)
+                and member.evals_after_grok >= cfg.stop_after_grok and (event or not cfg.stop_at_event)
+                and step >= cfg.stop_min_steps)
 
 
 def _count_stop_event(member: Member, event: bool) -> None:

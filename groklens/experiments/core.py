@@ -297,7 +297,9 @@ QUICK = dict(task="add", p=23, train_frac=0.5, d_model=64, n_heads=2, d_head=32,
 # The experiments read grokking as their committed ledger entries were recorded, at the first
 # crossing (grok_evals 1, its legacy value, so their config hashes stay those entries'); a scale
 # that sets grok_evals reads it its way, and its entries, hashed anew, are trained afresh.
-EXPERIMENT_DEFAULTS = {"grok_evals": 1}
+# the rules the experiments' ledgers were recorded under (grokked at the first crossing; the stop
+# rule counting evaluations, not waiting for the event to hold again): their config hashes and runs stay
+EXPERIMENT_DEFAULTS = {"grok_evals": 1, "stop_at_event": False}
 QUICK_GROK = 2_000  # its baseline's grokking step (above): the cost model's expectation where a ledger has none
 # Nanda et al. 2023's canonical p=113 model (the default preset): test loss 0.86 at ~13.8k steps
 # (REFERENCES.md), the expected grokking step of experiments that train it

@@ -5,6 +5,8 @@ import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput, RunFailure
+from groklens.experiments.core import EXPERIMENT_DEFAULTS
+from groklens.experiments.ledger import config_hash
 from groklens.trainers.losses import cross_entropy
 from groklens.trainers.engine import checkpoint_schedule
 from groklens.trainers.train import resume, train
@@ -192,3 +194,19 @@ def test_the_stop_rule_stops_only_at_an_evaluation_at_the_threshold(tmp_path, mo
     assert list(again.steps) == list(run.steps)
     for name, value in run.params(stop).items():
         assert torch.equal(value, again.params(stop)[name])
+
+
+def test_stop_at_event_false_is_the_rule_the_ledgers_were_recorded_under(tmp_path, monkeypatch):
+    """stop_at_event=false (the experiments' setting, EXPERIMENT_DEFAULTS): the run stops
+    stop_after_grok evaluations after grokking whatever that evaluation reads, in the dip at 60,
+    as before the field; the field at its legacy value leaves the config hash unchanged."""
+    assert EXPERIMENT_DEFAULTS["stop_at_event"] is False
+    monkeypatch.setattr(*_planted(DIP))
+    path = tmp_path / "old_rule.h5"
+    train_tiny(path, steps=300, eval_every=10, checkpoint_every=35, stop_after_grok=4, stop_at_event=False)
+    run = Trajectory(path)
+    assert run.metrics["step"][-1] == 60 and run.metrics["test_acc"][-1] == pytest.approx(0.70)
+    new = tiny_config().to_dict()
+    old = {k: v for k, v in new.items() if k != "stop_at_event"}  # a config from before the field
+    assert config_hash({**new, "stop_at_event": False}) == config_hash(old)
+    assert config_hash({**new, "stop_at_event": True}) != config_hash(old)
