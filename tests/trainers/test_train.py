@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput, RunFailure
-from groklens.trainers.losses import cross_entropy
+from groklens.models.losses import cross_entropy
 from groklens.trainers.engine import checkpoint_schedule
 from groklens.trainers.train import resume, train
 from tests.helpers import tiny_config, train_tiny
