@@ -1,5 +1,5 @@
 """groklens.models: the model registry, a model name (RunConfig.model) -> a builder of a HookedRootModule,
-and the models (transformer.py, mlp.py, teacher.py; hooked.py their
+and the models (transformer.py with its fast paths in fast_paths.py, mlp.py, teacher.py; hooked.py their
 TransformerLens surface), with the task losses their outputs are scored by (losses.py: return_type='loss',
 the trainers' objective, the analyses' losses). The trainers train them and the checkpoints rebuild them
 from a stored config, so both rooms import this one. (Before issue 44: groklens.trainers.models and

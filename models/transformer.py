@@ -21,7 +21,8 @@ With norm_placement=in_stream (Grokfast's code) the pre-norm's output replaces t
     logits     = unembed(ln_final(resid_post))
 Shapes: b batch, p position, d d_model, h head, e d_head, m d_mlp, v vocab.
 The HookedTransformer-style surface (stacked W_Q ... W_U, QK/OV, return_type, ...) and the fast
-path taken when no hook is attached are described in docs/TRANSFORMERLENS.md.
+paths taken when no hook is attached are described in docs/TRANSFORMERLENS.md; the attention's fast
+paths are in fast_paths.py, so that this file reads as the hooked reference.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
+from groklens.models.fast_paths import AttentionFastPaths
 from groklens.models.hooked import HookedModel, ModelConfig
 from groklens.models.tl_errors import TLUnsupported, TLUnsupportedAttribute
 from groklens.models.tl_weights import TransformerLensWeights
@@ -160,7 +162,7 @@ class NoFinalNormalization(nn.Identity):
             raise TLUnsupportedAttribute(f"ln_final.{name}: {self.__dict__.get('why', 'no final norm')}") from None
 
 
-class Attention(nn.Module):
+class Attention(AttentionFastPaths, nn.Module):
     """Multi-head attention without biases (the sphere paper; Nanda's biases were frozen at 0).
 
     attention=uniform sets the scores of allowed positions to 0 before the softmax (masked ones
@@ -176,10 +178,10 @@ class Attention(nn.Module):
     distribution, so r = 0 is attention=uniform: their rate c equals our r = c / (c + n (1 - c))
     with W_O scaled by c + n (1 - c) (tests/models/test_attention_rate.py).
 
-    Two paths with the same result: the explicit one (every hook fires; always taken when a hook
-    is attached anywhere in the model, bit-identical to earlier versions), and the fast one when
-    no hook can see the inside (fused projections and torch's scaled_dot_product_attention; for
-    uniform attention the fixed pattern times v, without q and k, which get no gradient anyway).
+    `forward` below is the reference: every hook fires, and it is always taken when a hook is
+    attached anywhere in the model (bit-identical to earlier versions). Where no hook can see the
+    inside, Transformer.forward asks for a fast path with the same result (`fast`: sdpa | lean, and
+    the first block's table path), all in models/fast_paths.py (AttentionFastPaths).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -216,7 +218,7 @@ class Attention(nn.Module):
         Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in).
         `xq`: the lean path's q_in[:, query] when the caller has it (one slice, one backward)."""
         if fast == "sdpa" and not self.folded:
-            return self._fast(q_in, query)
+            return self._sdpa(q_in, query)
         if fast == "lean" and not self.folded:
             return self._lean(q_in, query, xq)
         xq = q_in if query is None else q_in[:, query]
@@ -251,47 +253,10 @@ class Attention(nn.Module):
         b = self._buffers.get("folded_b_" + which)
         return b if b is not None else self.W_Q.new_zeros(self.cfg.n_heads, self.cfg.d_head)
 
-    @staticmethod
-    def _project(flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """[r, d] @ W [h, d, e] -> [r, h e], one matmul."""
-        return flat @ w.permute(1, 0, 2).reshape(w.shape[1], -1)
-
-    def _lean(self, x: torch.Tensor, query: slice | None, xq: torch.Tensor | None = None) -> torch.Tensor:
-        """The same output from [b, p, d] inputs, with no hook inside, as few large products: K and
-        V each in one matmul [b*p, d] @ [d, h e], Q in one (at the query positions only), the output
-        projection in one [b*q, h e] @ [h e, d]; a short sequence's scores and mixing (p <= 8 keys)
-        as broadcast products instead of many tiny batched matmuls. Device-agnostic."""
-        cfg = self.cfg
-        b, n, d = x.shape
-        h, e = cfg.n_heads, cfg.d_head
-        if xq is None:
-            xq = x if query is None else x[:, query]
-        nq = xq.shape[1]
-        flat = x.reshape(b * n, d)
-        if cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
-            v = self._project(flat, self.W_V).view(b, n, h, e)
-            pattern = self._uniform_pattern(n, query, x)
-        else:
-            # K and V apart: contiguous, the broadcast products below run ~1.4x faster than on views of one [d, 2he]
-            # product
-            k, v = (self._project(flat, w).view(b, n, h, e) for w in (self.W_K, self.W_V))
-            q = self._project(xq.reshape(b * nq, d), self.W_Q).view(b, nq, h, e)
-            if n <= 8:
-                scores = (q[:, :, None] * k[:, None]).sum(-1)  # [b, q, k, h]
-            else:
-                scores = torch.einsum("bqhe,bkhe->bqkh", q, k)
-            scores = self._mask_scores(scores / math.sqrt(e), n, query)
-            pattern = self._with_rate(scores.softmax(dim=2), n, query, x, per_head_last=True)
-        return self._mix(pattern, v)
-
     def _uniform(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
         """The uniform pattern, 1 / (allowed keys) for every query: [q, k]."""
         allowed = (self.allowed[:n, :n] if query is None else self.allowed[query, :n]).to(like.dtype)
         return allowed / allowed.sum(-1, keepdim=True)
-
-    def _uniform_pattern(self, n: int, query: slice | None, like: torch.Tensor) -> torch.Tensor:
-        """attention=uniform on the lean paths' layout: [1, q, k, 1]."""
-        return self._uniform(n, query, like)[None, :, :, None]
 
     def _with_rate(self, pattern: torch.Tensor, n: int, query: slice | None, like: torch.Tensor,
                    per_head_last: bool = False) -> torch.Tensor:
@@ -303,75 +268,6 @@ class Attention(nn.Module):
             return pattern
         uniform = self._uniform_pattern(n, query, like) if per_head_last else self._uniform(n, query, like)
         return pattern * r + uniform * (1 - r)
-
-    def _mask_scores(self, scores: torch.Tensor, n: int, query: slice | None) -> torch.Tensor:
-        """The mask on scores [b, q, k, h] (none needed when the only query is the last position and it
-        sees every key)."""
-        if self.masked and not (self.last_sees_all and query is not None and query.start == n - 1):
-            mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
-            scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
-        return scores
-
-    def _mix(self, pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """pattern [b|1, q, k, h|1] times v [b, k, h, e], then the output projection: [b, q, d]."""
-        b, n, h, e = v.shape
-        nq = pattern.shape[1]
-        if n <= 8:
-            z = (pattern[..., None] * v[:, None]).sum(2)  # [b, q, h, e]
-        else:
-            z = torch.einsum("bqkh,bkhe->bqhe", pattern.expand(b, -1, -1, h), v)
-        return (z.reshape(b * nq, h * e) @ self.W_O.reshape(h * e, -1)).view(b, nq, -1)
-
-    def table(self, x_tab: torch.Tensor, ids: torch.Tensor, query: slice | None) -> torch.Tensor:
-        """The lean output where the input is a function of (position, token), as in the first
-        block: x_tab [n, V, d] is the attention input of every position and token, ids [b, n]
-        each input's row in x_tab.view(n V, d). K, V and Q are projected on the table's n V rows
-        instead of the batch's b n, and the scores of every query row against every key row are
-        one [h, nq V, n V] product, from which each input gathers its own; only the mixing with
-        the pattern and the output projection run per input. The same numbers as `_lean` to float32
-        rounding (the sums of the gathered gradients run in another order)."""
-        n, V, d = x_tab.shape
-        h, e = self.cfg.n_heads, self.cfg.d_head
-        flat = x_tab.reshape(n * V, d)
-        v = F.embedding(ids, self._project(flat, self.W_V)).view(*ids.shape, h, e)
-        if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
-            return self._mix(self._uniform_pattern(n, query, x_tab), v)
-        # the first query position (a slice may count from the end)
-        start = 0 if query is None else range(n)[query].start
-        q_rows = flat if query is None else x_tab[query].reshape(-1, d)  # [nq V, d]
-        q_tab = self._project(q_rows, self.W_Q).view(-1, h, e).transpose(0, 1)  # [h, nq V, e]
-        k_tab = self._project(flat, self.W_K).view(-1, h, e).permute(1, 2, 0)  # [h, e, n V]
-        s_tab = ((q_tab @ k_tab) / math.sqrt(e)).permute(1, 2, 0).reshape(-1, h)  # [(nq V) (n V), h]
-        q_ids = ids if query is None else ids[:, query]
-        pairs = (q_ids - start * V)[:, :, None] * (n * V) + ids[:, None, :]  # [b, q, k]: each score's row
-        scores = self._mask_scores(F.embedding(pairs, s_tab), n, query)  # [b, q, k, h]
-        return self._mix(self._with_rate(scores.softmax(dim=2), n, query, x_tab, per_head_last=True), v)
-
-    def own_value(self, x: torch.Tensor) -> torch.Tensor:
-        """The output [r, d] of a query that sees only its own key (softmax or uniform pattern 1
-        on it): its value vector through the output projection, for inputs x [r, d]."""
-        h, e = self.cfg.n_heads, self.cfg.d_head
-        return self._project(x, self.W_V) @ self.W_O.reshape(h * e, -1)
-
-    def _fast(self, x: torch.Tensor, query: slice | None) -> torch.Tensor:
-        """The same output from [b, p, d] inputs, with no hook inside. The projections are the
-        explicit path's einsums (one matmul each; under torch.func.vmap, as in the ensemble, they
-        give the single run's numbers bit for bit); the softmax attention is torch's fused kernel."""
-        n = x.shape[1]
-        mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
-        v = torch.einsum("bpd,hde->bhpe", x, self.W_V)
-        if self.cfg.attention == "uniform":  # pattern = 1 / (allowed keys), whatever q and k are
-            z = self._uniform(n, query, x) @ v  # [b, h, q, e]
-        else:
-            xq = x if query is None else x[:, query]
-            q = torch.einsum("bpd,hde->bhpe", xq, self.W_Q)
-            k = torch.einsum("bpd,hde->bhpe", x, self.W_K)
-            if not self.masked or (self.last_sees_all and query is not None and query.start == n - 1):
-                mask = None  # every query sees every key (bidirectional, or the last position only)
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
-            if (r := self.cfg.attention_rate) != 1:  # the mixture's pattern times v, as two products
-                z = z * r + (self._uniform(n, query, x) @ v) * (1 - r)
-        return torch.einsum("bhqe,hed->bqd", z, self.W_O)
 
 
 class MLP(nn.Module):
@@ -583,14 +479,14 @@ class Transformer(TransformerLensWeights, HookedModel):
                 self.embed.W_E[:p, 2 * i + 1] = torch.sin(angle).to(self.embed.W_E.dtype)
 
     supports_readout = True  # forward(tokens, readout=slice): see below
-    # The fused attention path (Attention._fast) when no hook is attached: None = on CUDA only.
+    # The fused attention path (Attention._sdpa, models/fast_paths.py) when no hook is attached: None = on CUDA only.
     # On CPU it measured no gain for 3-token sequences (benchmarks/train_throughput.py, 0.502 vs
     # 0.503 of the SDPA plain loop), while costing the bit-identity of CPU trajectories with the
     # explicit path, a per-member loop under vmap (no batching rule for CPU SDPA) and double
     # backward (CPU flash attention has none). True / False force it either way.
     fused_attention: bool | None = None
     # Where the fused attention is off (CPU by default) and no hook is attached: the lean path
-    # (Attention._lean, fused norms, MLP.lean): the explicit path's numbers to float32 rounding
+    # (Attention._lean, models/fast_paths.py; fused norms, MLP.lean): the explicit path's numbers to float32 rounding
     # (tests/models/test_fast_path.py), at 0.4-0.6x its step time at paper scale with the
     # table below (benchmarks/flop_bound.py). False: the explicit path, bit-identical to earlier versions.
     lean_path: bool = True
