@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from groklens.tasks import TaskData
 
 EVAL_SETS = ("train", "test", "all")
-LOSS_NAMES = CHOICES["loss"]  # the config's list; trainers.losses.LOSSES registers these (a test checks)
+LOSS_NAMES = CHOICES["loss"]  # the config's list; groklens.models.losses.LOSSES registers these (a test checks)
 
 
 def eval_rows(data: TaskData, eval_set: str) -> torch.Tensor:
@@ -39,10 +39,10 @@ def check_loss(loss) -> str:
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, data: TaskData, loss: str = "ce",
               reduction: str = "mean") -> torch.Tensor:
-    """The training objective's task loss (trainers/losses.py, the one the trainer uses), read at
+    """The training objective's task loss (models/losses.py, the one the trainer uses), read at
     the run's readout position(s); `loss` checked as an analysis argument. logits [b, n_ctx, v],
     labels [b] or [b, K]."""
-    from groklens.trainers.losses import task_loss_at_readout  # imports torch
+    from groklens.models.losses import task_loss_at_readout  # imports torch
 
     return task_loss_at_readout(logits, labels, data, check_loss(loss), reduction=reduction)
 

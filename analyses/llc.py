@@ -288,7 +288,7 @@ def check(model, data: TaskData, params: dict) -> None:
 def task_row_loss(model, data: TaskData, rows: torch.Tensor, kind: str) -> Callable:
     """row_loss(m, idx) -> [b]: the run's task loss of each of the inputs `rows[idx]`, from the
     readout-only forward pass where the model has one (the trainer's)."""
-    from groklens.trainers.losses import task_loss
+    from groklens.models.losses import task_loss
 
     device = next(model.parameters()).device
     inputs, labels = data.inputs[rows].to(device), data.labels[rows].to(device)

@@ -24,7 +24,7 @@ PHASES = ("memorization", "grokking", "end")
 
 class PhaseTimes:
     """Censoring of a run's phase steps; the class has `memorization`, `grokking`, `last_step`
-    (a run's summary in compare, a ledger entry in groklens/experiments/ledger.py)."""
+    (a run's summary in compare, a ledger entry in experiments/ledger.py)."""
 
     memorization: int | None
     grokking: int | None

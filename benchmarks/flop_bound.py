@@ -187,7 +187,7 @@ def measure(name: str, threads: int, args) -> dict:
 def _paths(lean: bool, table: bool) -> None:
     """Which CPU forward path the next steps take: the lean one (else the explicit one, the step
     before issue 31), and on it the first block from its table (else on the batch's rows)."""
-    from groklens.trainers.models.transformer import Transformer
+    from groklens.models.transformer import Transformer
 
     Transformer.lean_path, Transformer.embedding_table = lean, table
 

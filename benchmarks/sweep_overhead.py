@@ -3,7 +3,7 @@ checkpoint writes, against everything else (process start, imports, model and da
 run-state checks, file opening and closing, the manifest, the pool).
 
 Run by hand: `python benchmarks/sweep_overhead.py [--runs 64] [--steps 100] [--workers 1]`.
-It runs `groklens.trainers.sweeps.run_sweep` with the local executor (the process pool of
+It runs `groklens.sweeps.run_sweep` with the local executor (the process pool of
 `groklens sweep`) on a grid of tiny runs. Inside each worker the training steps
 (`Trainer.train_step`), evaluations (`Trainer.evaluate` and the writing of its row,
 `TrajectoryWriter.write_eval`) and checkpoint writes (`TrajectoryWriter.write_checkpoint`) are
@@ -30,15 +30,15 @@ TIMINGS_ENV = "GROKLENS_BENCH_TIMINGS"
 
 
 def timed_execute_task(task: dict) -> list[dict]:
-    """sweep_tasks.execute_task, with the productive parts timed; appends one JSON line per task."""
+    """groklens.sweeps.tasks.execute_task, with the productive parts timed; appends one JSON line per task."""
     from groklens.checkpoints import TrajectoryWriter
-    from groklens.trainers import sweep_tasks
+    from groklens.sweeps.tasks import execute_task
     from groklens.trainers.single import SingleRun
 
     t0, started = time.perf_counter(), time.time()
     with Timed(SingleRun, "train_step") as st, Timed(SingleRun, "evaluate") as ev, \
             Timed(TrajectoryWriter, "write_eval") as ew, Timed(TrajectoryWriter, "write_checkpoint") as ck:
-        out = sweep_tasks.execute_task(task)
+        out = execute_task(task)
     record = {"pid": os.getpid(), "start": started, "end": time.time(), "task_s": time.perf_counter() - t0,
               "step_s": st.total, "steps": st.calls,
               "eval_s": ev.total + ew.total, "checkpoint_s": ck.total}
@@ -63,13 +63,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="worker processes of the local executor")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from groklens.trainers import sweep_executors, sweeps
+    from groklens import sweeps
+    from groklens.sweeps import executors
 
     spec = sweeps.parse_sweep(grid(args.runs, args.steps))
     with tempfile.TemporaryDirectory() as tmp:
         timings = Path(tmp) / "timings.jsonl"
         os.environ[TIMINGS_ENV] = str(timings)  # inherited by the pool's server and workers
-        sweep_executors.execute_task = timed_execute_task  # what LocalExecutor submits (pickled by name)
+        executors.execute_task = timed_execute_task  # what LocalExecutor submits (pickled by name)
         t0, started = time.perf_counter(), time.time()
         report = sweeps.run_sweep(spec, Path(tmp) / "sweep", executor="local", workers=args.workers,
                                   progress=False)

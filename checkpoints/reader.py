@@ -476,7 +476,7 @@ class Trajectory:
 
     def model(self, step: int, device: str = "cpu"):
         """The model at `step`, ready: a HookedRootModule in eval mode on `device`."""
-        from groklens.trainers.models import build_model
+        from groklens.models import build_model
 
         params = self.params(step)
         model = build_model(self.config, self.dataset())

@@ -492,7 +492,7 @@ def model_problems(cfg: "RunConfig", data, stored: dict[str, tuple[int, ...]], w
     `stored`: name -> shape of one checkpoint's row."""
     import torch
 
-    from groklens.trainers.models import build_model
+    from groklens.models import build_model
 
     with torch.device("meta"):
         try:
@@ -527,7 +527,7 @@ def task_size(cfg: "RunConfig") -> tuple[int, int]:
 
 def estimate_memory(cfg: "RunConfig") -> dict[str, int]:
     """Bytes a run of `cfg` holds at its peak, by part (an estimate with generous factors)."""
-    from groklens.trainers.models import model_width
+    from groklens.models import model_width
 
     n, n_ctx = task_size(cfg)
     vocab = cfg.p + cfg.distractor_vocab + 16

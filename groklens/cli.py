@@ -399,7 +399,7 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
           time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json, log_to) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
     from groklens.experiments.cost import cap_cost
-    from groklens.trainers import sweeps
+    from groklens import sweeps
 
     if status_dir is not None:
         if grid is not None or out_dir is not None:

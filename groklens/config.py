@@ -43,7 +43,7 @@ MODEL_ENTRY_POINTS = "groklens.models"  # the entry-point group of models added 
 
 def plugin_models() -> tuple[str, ...]:
     """The model names installed packages add (entry-point group groklens.models, read from
-    their metadata without importing them; trainers/models registers them when built)."""
+    their metadata without importing them; groklens.models registers them when built)."""
     from importlib.metadata import entry_points
 
     return tuple(sorted(ep.name for ep in entry_points(group=MODEL_ENTRY_POINTS)))
@@ -93,7 +93,7 @@ def setting(default: Any, help: str, **facts: Any) -> Any:
     return dataclasses.field(default=default, metadata={"facts": FieldFacts(help=help, **facts)})
 
 
-TEACHER_MODELS = ("perceptron", "committee")  # the models of task=teacher (trainers/models/teacher.py)
+TEACHER_MODELS = ("perceptron", "committee")  # the models of task=teacher (models/teacher.py)
 
 
 @dataclass

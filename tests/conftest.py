@@ -7,7 +7,7 @@ import pytest
 
 # Tests share 2 cores with everything else: keep torch on one thread, deterministically.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# the measured step costs of `reproduce` (groklens/experiments/cost.py) go to a cache of the test
+# the measured step costs of `reproduce` (experiments/cost.py) go to a cache of the test
 # session's own (the CLI's subprocesses inherit it), never the user's
 os.environ["GROKLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="groklens-test-cache-")
 

@@ -1,4 +1,4 @@
-"""The cost model of `reproduce --list` (groklens/experiments/cost.py) without timing anything:
+"""The cost model of `reproduce --list` (experiments/cost.py) without timing anything:
 the expected stop, what shares a measurement, the rate cache and the FLOP-model fallback."""
 
 from __future__ import annotations

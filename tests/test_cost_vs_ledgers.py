@@ -1,4 +1,4 @@
-"""The cost estimate (groklens/experiments/cost.py) against the committed paper ledgers.
+"""The cost estimate (experiments/cost.py) against the committed paper ledgers.
 
 Like with like: each ledger entry's wall time is compared with the estimate of the code path,
 thread layout and steps that run had, and only where those are known:

@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_the_model_variant_trains_with_three_times_the_standard_init(plugin, run
 import torch
 from groklens.checkpoints import Trajectory
 from groklens.tasks import TASKS
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 traj = Trajectory({str(run)!r})
 cfg = traj.config
 assert cfg.model == "transformer_x3" and traj.steps[-1] == 20, (cfg.model, traj.steps)
@@ -146,8 +147,9 @@ def test_without_the_package_the_names_are_unknown(run):
 
 # ---------------------------------------------------------------------- the field and regularizer recipes
 REPO = DOC.parents[1]
-ROOMS = {"groklens": "groklens", "trainers": "groklens/trainers", "checkpoints": "groklens/checkpoints",
-         "probes": "groklens/probes", "analyses": "groklens/analyses"}  # pyproject's package-dir
+# folder -> where it installs, from pyproject's package-dir (groklens first: the rooms go inside it)
+ROOMS = {folder: package.replace(".", "/") for package, folder in
+         tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
 
 
 def titled_blocks(text: str) -> dict[str, str]:

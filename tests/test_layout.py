@@ -1,4 +1,4 @@
-"""`reproduce`'s training layout (groklens/experiments/layout.py): one run per core or one run on
+"""`reproduce`'s training layout (experiments/layout.py): one run per core or one run on
 all cores, chosen from step times. The choice is checked on given step times against makespans
 worked out by hand; the measurement only for what it returns, never for how long it took."""
 

@@ -28,7 +28,7 @@ def test_the_quick_scale_keeps_its_committed_runs_and_adds_a_3_digit_model():
 
 def test_the_paper_scale_is_3_digit_addition_at_about_10m_parameters():
     from groklens.tasks import TASKS
-    from groklens.trainers.models import build_model
+    from groklens.models import build_model
 
     cfgs = [cfg for _, _, cfg in run_configs(E.get_experiment(NAME), "paper", 1)]
     assert {c.n_digits for c in cfgs} == {3} and {c.digits_pairs for c in cfgs} == {0}

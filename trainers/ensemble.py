@@ -35,7 +35,7 @@ from groklens.errors import BadInput
 from groklens.tasks import TASKS, TaskData
 from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device, restore_counters, run
 from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.optim import Update, grad_norms
 from groklens.trainers.regularizers import Batch, build_regularizers
 from groklens.trainers.train import create_trajectory

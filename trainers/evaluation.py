@@ -14,7 +14,7 @@ import torch
 
 from groklens.config import RunConfig
 from groklens.trainers.engine import warmup_factor
-from groklens.trainers.losses import task_loss
+from groklens.models.losses import task_loss
 
 
 def score(logits: torch.Tensor, labels: torch.Tensor, loss: str, multi_target: bool) -> dict[str, torch.Tensor]:

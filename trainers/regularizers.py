@@ -1,5 +1,5 @@
 """Regularizers and gradient transforms that the trainer composes with the task loss
-(trainers/losses.py; docs/VARIANTS.md).
+(models/losses.py; docs/VARIANTS.md).
 
 A regularizer is either
 - a *term* added to the task loss: it names the hook points it reads, and the trainer runs the

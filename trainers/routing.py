@@ -52,7 +52,7 @@ import torch
 
 from groklens.config import TEACHER_MODELS, RunConfig
 from groklens.trainers.engine import Member, Strategy, nonfinite_reason, resolve_device, warmup_factor
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.regularizers import Batch
 from groklens.trainers.evaluation import split_columns
 from groklens.trainers.optim import grad_norms

@@ -23,9 +23,9 @@ from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TaskData
 from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device
-from groklens.trainers.losses import task_loss
+from groklens.models.losses import task_loss
 from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.optim import Update, grad_norms, stack_of_one
 from groklens.trainers.regularizers import Batch, active_regularizers, build_regularizers
 from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits, resid_capturable

@@ -23,7 +23,7 @@ import torch
 from groklens.config import RunConfig
 from groklens.tasks import TaskData
 from groklens.trainers.engine import EVAL_CHUNK, nonfinite_reason
-from groklens.trainers.losses import task_loss
+from groklens.models.losses import task_loss
 from groklens.trainers.regularizers import Batch, Regularizer
 
 REG_EVAL_MAX = EVAL_CHUNK  # training inputs on which regularizer terms are evaluated (a fixed subset if more)

@@ -6,7 +6,7 @@ the donor's structure is the smallest set of key positions that holds MASS_COVER
 query's attention, averaged over every input, head and layer, at its grokking checkpoint (the
 first stored checkpoint at or after its grokking step), or at its last checkpoint when it never
 grokked. The new run keeps its own initialization (its seed) and learns every weight; only its
-readout query is confined to those keys (`attn_mask`, trainers/models/transformer.py). The mask is
+readout query is confined to those keys (`attn_mask`, models/transformer.py). The mask is
 written into the run's stored config, so its checkpoints rebuild the masked model on their own.
 """
 

@@ -1,5 +1,5 @@
 """Record runs of the sphere paper's own code (the JSONs of benchmarks/peer/sphere_official.py) in
-the peer ledger that bounded-sphere's paper rows read (groklens/experiments/sphere_official.py):
+the peer ledger that bounded-sphere's paper rows read (experiments/sphere_official.py):
 
   python benchmarks/peer/record_sphere_official.py /work/runs/peer/*.json \
       --ledger docs/results/peer/sphere-official.json

@@ -210,7 +210,7 @@ def on_their_training(repo: Path, kind: str, seed: int, cell: int = 1, p: int | 
 
     from groklens.config import RunConfig
     from groklens.tasks import TASKS
-    from groklens.trainers.models import build_model
+    from groklens.models import build_model
 
     ns, commit = their_code(repo, cell, P=p, MAX_EPOCHS=epochs, LR=lr, **(sizes or {}))
     P, wd = ns["P"], MODELS[kind][1]

@@ -8,8 +8,8 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from groklens.config import RunConfig
-from groklens.trainers.models import build_model
-from groklens.trainers.models.hooked import HookedModel, ModelConfig
+from groklens.models import build_model
+from groklens.models.hooked import HookedModel, ModelConfig
 from groklens.tasks import TASKS, TaskData
 
 TINY_MODEL = dict(d_model=16, n_heads=2, d_head=8, d_mlp=32)

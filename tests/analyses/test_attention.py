@@ -67,7 +67,7 @@ def test_informative_positions_may_differ_per_input():
     mask[np.arange(n), np.arange(n) % 3] = True
     data = task_data(inputs, np.zeros(n), mask, d_vocab=4, d_vocab_out=2, readout_pos=3)
     from groklens.config import RunConfig
-    from groklens.trainers.models import build_model
+    from groklens.models import build_model
 
     model = build_model(RunConfig(d_model=8, n_heads=1, d_head=4, d_mlp=8), data).eval()
     q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)

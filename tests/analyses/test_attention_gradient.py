@@ -10,7 +10,7 @@ from groklens.analyses.attention import attention_gradient, readout_gradients
 from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TASKS
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from tests.analyses.builders import NoAttention, all_hooks_clear, modular_data
 
 EPS = 1e-5

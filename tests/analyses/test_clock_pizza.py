@@ -26,7 +26,7 @@ from groklens.analyses.clock_pizza import (
 from groklens.analyses.runner import compute
 from groklens.checkpoints.reader import Trajectory
 from groklens.errors import BadInput
-from groklens.trainers.models.hooked import HookedModel, ModelConfig
+from groklens.models.hooked import HookedModel, ModelConfig
 from tests.analyses.builders import all_hooks_clear, modular_data, tiny_transformer
 from tests.helpers import train_tiny
 

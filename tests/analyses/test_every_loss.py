@@ -8,7 +8,7 @@ from groklens.analyses import compute
 from groklens.analyses.common import LOSS_NAMES
 from groklens.analyses.registry import names
 from groklens.checkpoints import Trajectory
-from groklens.trainers.losses import stablemax_cross_entropy
+from groklens.models.losses import stablemax_cross_entropy
 from tests.helpers import train_tiny
 
 HEADLINE = {"attention": ["mass"], "fourier": ["neuron_fve", "restricted_loss_all", "excluded_loss_train"],

@@ -69,7 +69,7 @@ def test_mean_rows_read_the_run_values():
 
 def test_their_rate_and_the_softmax_share_are_inverse():
     """share = c / (c + n (1 - c)): the rescaling that makes their all-ones mixture ours
-    (tests/trainers/test_attention_rate.py checks it on the logits with n = 3)."""
+    (tests/models/test_attention_rate.py checks it on the logits with n = 3)."""
     for c in (0.0, 0.3, 0.55, 0.65, 0.75, 1.0):
         assert CP.their_coeff(CP.softmax_share(c)) == pytest.approx(c)
     # their transition band in shares; the published boundary is its midpoint's share

@@ -43,7 +43,7 @@ def test_unknown_key_in_the_file_is_bad_input(tmp_path):
 
 def test_the_loss_registry_registers_exactly_the_configs_losses():
     from groklens.analyses.common import LOSS_NAMES
-    from groklens.trainers.losses import LOSSES
+    from groklens.models.losses import LOSSES
 
     assert sorted(CHOICES["loss"]) == LOSSES.names()
     assert LOSS_NAMES is CHOICES["loss"]
@@ -207,7 +207,7 @@ def test_the_fields_that_switch_a_regularizer_on_may_differ_between_members():
 
 def test_a_field_that_is_not_costed_changes_no_steps_work():
     """The step-time cache shares one measurement among configs that differ only in uncosted fields:
-    such a field leaves the FLOP count of a step (groklens/experiments/layout.py) as it is."""
+    such a field leaves the FLOP count of a step (experiments/layout.py) as it is."""
     from groklens.experiments.cost import NOT_COSTED, cost_key
     from groklens.experiments.layout import step_flops
 

@@ -22,7 +22,7 @@ from tests.helpers import groklens, train_interrupted
 
 NAMES = list(E.EXPERIMENTS)
 PUBLISHED = [n for n in NAMES if E.EXPERIMENTS.get(n).published]  # all but the demo
-# the modules of groklens/experiments that hold no experiment; every other module registers one
+# the modules of experiments/ that hold no experiment; every other module registers one
 # or more (a new experiment is one file: nothing here names it)
 SUPPORT_MODULES = {"core", "pipeline", "ledger", "verdicts", "layout", "cost", "sphere_official"}
 
@@ -392,7 +392,7 @@ def test_every_config_field_is_known_to_the_ledger_hash():
     from groklens.experiments.ledger import FIELDS_V1, LEGACY_DEFAULTS
 
     new = set(field_names()) - FIELDS_V1 - set(LEGACY_DEFAULTS)
-    assert not new, f"add the legacy value of {sorted(new)} to groklens/experiments/ledger.py LEGACY_DEFAULTS"
+    assert not new, f"add the legacy value of {sorted(new)} to experiments/ledger.py LEGACY_DEFAULTS"
 
 
 def test_list_states_fit_and_measured_time_from_a_ledger(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from groklens import experiments as E
 from groklens.config import RunConfig
 from groklens.experiments.layout import ENSEMBLE_CPU_MAX_STEP_S, ensemble_rule
-from groklens.trainers.sweeps import RunSpec
-from groklens.trainers.sweep_tasks import plan_tasks
+from groklens.sweeps import RunSpec
+from groklens.sweeps.tasks import plan_tasks
 
 
 @pytest.mark.slow

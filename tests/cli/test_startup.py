@@ -36,7 +36,7 @@ def test_run_with_cache_gives_a_real_activation_cache_whose_helpers_work():
     code = (
         "import json, sys, torch\n"
         "from groklens.config import RunConfig\n"
-        "from groklens.trainers.models import build_model\n"
+        "from groklens.models import build_model\n"
         "from groklens.tasks import TASKS\n"
         f"cfg = RunConfig.from_dict({dict(TINY, n_layers=2, norm='ln')!r})\n"
         "data = TASKS.get(cfg.task).build(cfg)\n"
@@ -70,7 +70,7 @@ def test_transformer_lens_imported_first_is_left_alone():
     code = (
         "import json, sys, transformer_lens\n"
         "from groklens._tl import defer_package_inits\n"
-        "from groklens.trainers.models import build_model\n"
+        "from groklens.models import build_model\n"
         "print(json.dumps({'deferred': defer_package_inits(),\n"
         "                  'same': sys.modules['transformer_lens'] is transformer_lens}))\n"
     )
@@ -85,7 +85,7 @@ def test_a_moved_leaf_falls_back_to_the_full_import():
         "import groklens._tl as tl\n"
         "tl._LEAVES['transformer_lens']['HookedRootModule'] = 'no_such_module'\n"
         "from groklens.config import RunConfig\n"
-        "from groklens.trainers.models import build_model\n"
+        "from groklens.models import build_model\n"
         "from groklens.tasks import TASKS\n"
         f"cfg = RunConfig.from_dict({TINY!r})\n"
         "model = build_model(cfg, TASKS.get(cfg.task).build(cfg))\n"

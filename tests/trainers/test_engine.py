@@ -10,7 +10,7 @@ from groklens.checkpoints import Trajectory
 from groklens.trainers.ensemble import ensemble_key, train_ensemble
 from groklens.trainers.train import resume, train
 from groklens.trainers.routing import RoutedRun
-from groklens.trainers.sweeps import InlineExecutor, parse_sweep, run_sweep
+from groklens.sweeps import InlineExecutor, parse_sweep, run_sweep
 from tests.helpers import TINY, tiny_config, train_interrupted
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from groklens.config import RunConfig
 from groklens.tasks import TASKS
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.step import draw_batch
 
 
@@ -185,7 +185,7 @@ def test_ma_filter_equals_their_gradfilter_ma():
 def test_training_equals_their_loop_with_ma():
     """Full-batch training (so the batch order plays no part) with Adam's coupled L2 decay, the
     LambdaLR warm-up and Grokfast-MA, against their loop driving torch.optim.Adam on our model."""
-    from groklens.trainers.losses import task_loss
+    from groklens.models.losses import task_loss
     from groklens.trainers.single import SingleRun
 
     cfg = official_cfg(grokfast_filter="ma", grokfast_window=4, grokfast_lambda=5.0, weight_decay=0.01, steps=30)

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from groklens.tasks import TASKS
 from groklens.trainers.engine import warmup_factor
-from groklens.trainers.losses import task_loss
-from groklens.trainers.models import build_model
+from groklens.models.losses import task_loss
+from groklens.models import build_model
 from groklens.trainers.optim import AdamW, stack_of_one
 from groklens.trainers.single import SingleRun
 from tests.helpers import tiny_config

@@ -1,4 +1,4 @@
-"""Prieto et al.'s figure-1 setup as their code runs it (groklens/experiments/stablemax.py, paper
+"""Prieto et al.'s figure-1 setup as their code runs it (experiments/stablemax.py, paper
 scale): the one-hot MLP without biases, AdamW with eps 1e-25, the float32 cross-entropy and
 ⊥AdamW, each against an independent loop written here after their code (plain nn.Linear layers
 on concatenated one-hot inputs, torch.optim.AdamW, their loss and projection formulas)."""
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from groklens.errors import BadInput
 from groklens.experiments.stablemax import PAPER, PAPER_ARMS
 from groklens.tasks import TASKS
-from groklens.trainers.losses import cross_entropy, cross_entropy_float32
+from groklens.models.losses import cross_entropy, cross_entropy_float32
 from groklens.trainers.single import SingleRun
 from tests.helpers import tiny_config
 

@@ -11,9 +11,9 @@ from groklens.checkpoints import Trajectory
 from groklens.trainers.engine import METRIC_NAMES
 from groklens.trainers.single import SingleRun
 from groklens.trainers.train import metric_names, resume, train
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.optim import stack_of_one
-from groklens.trainers.losses import stablemax, stablemax_cross_entropy
+from groklens.models.losses import stablemax, stablemax_cross_entropy
 from groklens.trainers.regularizers import REGULARIZERS, Batch, effective_rank
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config, train_interrupted

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from groklens.tasks import TASKS
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from tests.helpers import tiny_config, train_tiny
 
-ATOL, RTOL = 1e-6, 1e-4  # as tests/trainers/test_fast_path.py: float32 sums in another order
+ATOL, RTOL = 1e-6, 1e-4  # as tests/models/test_fast_path.py: float32 sums in another order
 
 
 @pytest.mark.parametrize("variant", [dict(norm="none", n_layers=2), dict(norm="ln", mlp_bias=True),

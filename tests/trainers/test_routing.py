@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput
 from groklens.trainers.train import resume, train
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.routing import RoutedRun, RouteSampler, ring_kernel, routing_units
 from groklens.tasks import TASKS
 from tests.helpers import assert_train_refused, tiny_config, train_interrupted

@@ -1,4 +1,4 @@
-"""The teacher-student task and its models (groklens/tasks.py, trainers/models/teacher.py): the
+"""The teacher-student task and its models (groklens/tasks.py, models/teacher.py): the
 perceptron's generalization error against its closed form arccos(R)/pi, the committee machine
 against a re-typing of its forward and backward and against students whose error is known
 exactly, and the perceptron criterion against a re-typing of the perceptron rule."""
@@ -14,8 +14,8 @@ import torch
 from groklens.checkpoints import Trajectory
 from groklens.config import RunConfig
 from groklens.tasks import TASKS, teacher_student
-from groklens.trainers.losses import LOSSES
-from groklens.trainers.models import build_model
+from groklens.models.losses import LOSSES
+from groklens.models import build_model
 from groklens.trainers.single import SingleRun
 from groklens.trainers.train import train
 from tests.helpers import assert_train_refused

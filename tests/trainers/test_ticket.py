@@ -9,7 +9,7 @@ import torch
 from groklens.config import RunConfig, as_planned
 from groklens.errors import BadInput
 from groklens.tasks import TASKS
-from groklens.trainers.models import build_model
+from groklens.models import build_model
 from groklens.trainers.ticket import covering_keys, readout_pattern, transferred_mask
 
 SEQ = dict(task="seq_add", p=5, seq_len=5, n_informative=2, informative_layout="spread", train_frac=0.6,
@@ -123,7 +123,7 @@ def test_a_missing_or_different_donor_is_bad_input(tmp_path):
 
 
 def test_a_sweep_trains_the_ticket_once_and_then_finds_it_done(tmp_path):
-    from groklens.trainers.sweeps import InlineExecutor, RunSpec, run_sweep
+    from groklens.sweeps import InlineExecutor, RunSpec, run_sweep
 
     runs = [RunSpec("base_s1", RunConfig.from_dict({**SEQ, "seed": 1}))]
     rep = run_sweep(runs, tmp_path, executor=InlineExecutor(), progress=False)

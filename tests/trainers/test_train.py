@@ -7,7 +7,7 @@ from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput, RunFailure
 from groklens.experiments.core import EXPERIMENT_DEFAULTS
 from groklens.experiments.ledger import config_hash
-from groklens.trainers.losses import cross_entropy
+from groklens.models.losses import cross_entropy
 from groklens.trainers.engine import checkpoint_schedule
 from groklens.trainers.train import resume, train
 from tests.helpers import tiny_config, train_tiny

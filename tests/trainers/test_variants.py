@@ -10,7 +10,7 @@ from groklens.checkpoints import Trajectory
 from groklens.config import PRESETS, RunConfig, preset
 from groklens.errors import BadInput
 from groklens.trainers.train import train
-from groklens.trainers.models import MODELS, build_model
+from groklens.models import MODELS, build_model
 from groklens.tasks import TASKS
 from tests.helpers import tiny_config
 
