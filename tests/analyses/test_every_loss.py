@@ -1,4 +1,4 @@
-"""Every registered analysis runs on a real tiny run of every training loss (ce, stablemax)."""
+"""Every registered analysis runs on a real tiny run of every training loss (ce, stablemax, ce_float32, perceptron)."""
 
 import numpy as np
 import pytest
@@ -52,6 +52,12 @@ def test_every_analysis_runs_on_a_run_of_every_loss(tmp_path, loss):
     with torch.no_grad():
         out = model.double()(data.inputs[data.train_idx])[:, data.readout_pos]
     y = data.labels[data.train_idx]
-    ref = stablemax_cross_entropy(out, y) if loss == "stablemax" else \
-        torch.nn.functional.cross_entropy(out.float() if loss == "ce_float32" else out, y)
+    if loss == "perceptron":  # Rosenblatt's criterion, written out: the best other logit's margin over the label's
+        own = out[torch.arange(len(y)), y]
+        others = out.clone()
+        others[torch.arange(len(y)), y] = float("-inf")
+        ref = (others.max(-1).values - own).clamp(min=0).mean()
+    else:
+        ref = stablemax_cross_entropy(out, y) if loss == "stablemax" else \
+            torch.nn.functional.cross_entropy(out.float() if loss == "ce_float32" else out, y)
     assert res["loss"][0] == pytest.approx(float(ref), rel=1e-6 if loss == "ce_float32" else 1e-9)
