@@ -21,6 +21,7 @@ from typing import Any
 from groklens.analyses.clock_pizza import ALGORITHM_RULE, algorithm_label
 from groklens.experiments.core import (
     SMOKE, SMOKE_NOTE, Context, Experiment, Plan, Published, Row, Scale, register)
+from groklens.experiments.sphere_paper import ARCH_LABEL, SPHERE_OURS, SPHERE_PAPER_BASE
 from groklens.experiments.verdicts import mean_flag, undetermined
 
 SOURCE = "Zhong et al. 2023, The Clock and the Pizza (REFERENCES.md)"
@@ -66,7 +67,8 @@ SCALES = {
                       "p=31, d_model 64, d_mlp 256, 4,000 steps (theirs: p=59, d_model 128, d_mlp 512, 20,000); "
                       + DIFFERS, rates=(0.25, 0.5, 0.75)),
     "paper": Scale.of({**THEIRS, "steps": 20_000, "eval_every": 100, "checkpoint_every": 1_000, "device": "auto"},
-                      "their setup; " + DIFFERS, rates=(0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)),
+                      "their setup; " + DIFFERS + "; the sphere_* arms: the sphere paper's (their rows say so)",
+                      rates=(0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8), sphere_arms=True),
 }
 
 
@@ -75,10 +77,24 @@ def rate_arms(sc: Scale) -> dict[str, float]:
     return {"uniform": 0.0, **{f"rate_{r:g}": r for r in sc.extra["rates"]}, "learned": 1.0}
 
 
+# The sphere paper's story (Yildirim 2026): LayerNorm's magnitude freedom lets a model build the Pizza,
+# the bounded sphere forces the Clock. Paper scale reads Zhong et al.'s measures on the sphere paper's
+# own arms: bounded-sphere's runs on the paper's split of each seed (the same configs, so the same
+# files serve both experiments), at the end of those runs, 2 evaluations after test accuracy first
+# reaches 0.95 (the sphere paper's stop): the algorithm at generalization, not after a long cleanup.
+SPHERE_ARMS = {f"sphere_{a}": a for a in ("ln", "sphere_wd1", "sphere_wd0")}
+
+
+def sphere_arm_config(arch: str) -> dict[str, Any]:
+    """The full config fields of bounded-sphere's `{arch}_papersplit` arm at lr 6e-4 (its paper scale)."""
+    return {**SPHERE_PAPER_BASE, **SPHERE_OURS[f"{arch}_papersplit"][0], "lr": 6e-4}
+
+
 def _plan(sc: Scale, scale: str) -> Plan:
     grid = {arm: {"attention": "softmax", "attention_rate": r} for arm, r in rate_arms(sc).items()
             if arm not in VARIANTS}
-    return Plan({"uniform": VARIANTS["uniform"], **grid, "learned": VARIANTS["learned"]}, None, sc.base)
+    sphere = {arm: sphere_arm_config(a) for arm, a in SPHERE_ARMS.items()} if sc.extra.get("sphere_arms") else {}
+    return Plan({"uniform": VARIANTS["uniform"], **grid, "learned": VARIANTS["learned"], **sphere}, None, sc.base)
 
 
 def _analyses(sc: Scale, scale: str):
@@ -237,6 +253,47 @@ def _read(ctx: Context) -> list[Row]:
         rows.append(_label_row(ctx, variant))
     rows += [_rate_row(ctx, arm, r) for arm, r in rate_arms(ctx.sc).items() if arm not in VARIANTS]
     rows.append(_boundary_row(ctx))
+    if ctx.sc.extra.get("sphere_arms"):
+        rows += _sphere_rows(ctx)
+    return rows
+
+
+SPHERE_SOURCE = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md), read by Zhong et al.'s measures"
+SPHERE_NOTE = ("the sphere paper's arms as bounded-sphere trains them on the paper's split of each seed (p=113, 30%, "
+               "lr 6e-4, post-norm LayerNorm, PyTorch's init), read at their last checkpoint, 2 evaluations after "
+               "test accuracy first reached 0.95")
+
+
+def _sphere_rows(ctx: Context) -> list[Row]:
+    """Per sphere-paper arm each seed's label and the mean measures; then the story's claim: the
+    bounded sphere learns the Clock where LayerNorm learns the Pizza (every seed, both arms)."""
+    rows = []
+    for arm, arch in SPHERE_ARMS.items():
+        text, _ = _labels(ctx, arm, None)
+        rows.append(Row(f"algorithm at generalization, {ARCH_LABEL[arch]} (the sphere paper's arm; our rule)",
+                        Published(None, "not reported (the sphere paper's story: LayerNorm Pizza, sphere Clock)",
+                                  SPHERE_SOURCE), None, text + _values_text(ctx.group(arm).runs), SPHERE_NOTE))
+    ln = ctx.group("sphere_ln").runs
+    spheres = [r for arm in ("sphere_sphere_wd1", "sphere_sphere_wd0") for r in ctx.group(arm).runs]
+    ln_labels = [r.run_values.get("label") for r in ln]
+    sphere_labels = [r.run_values.get("label") for r in spheres]
+    text = (f"LayerNorm: {', '.join(map(str, ln_labels)) or '— (no runs)'}; bounded sphere (wd 1 and wd 0): "
+            f"{', '.join(map(str, sphere_labels)) or '— (no runs)'}")
+    if not ln or not spheres:
+        verdict = undetermined("no runs" if not ln and not spheres else
+                               f"no {'LayerNorm' if not ln else 'bounded-sphere'} runs")
+    elif any(r.grok_censored for r in ln + spheres):
+        verdict = undetermined("a run did not grok")
+    elif all(lbl == "pizza" for lbl in ln_labels) and all(lbl == "clock" for lbl in sphere_labels):
+        verdict = "agrees"
+    elif any(lbl == "clock" for lbl in ln_labels) or any(lbl == "pizza" for lbl in sphere_labels):
+        verdict = "disagrees"  # a seed with the other arm's algorithm
+    else:  # 'neither' somewhere and no seed against the story
+        verdict = undetermined("seeds labelled neither: "
+                               f"{ln_labels.count('neither')} LayerNorm, {sphere_labels.count('neither')} sphere")
+    rows.append(Row("the bounded sphere learns the Clock where LayerNorm learns the Pizza (every seed)",
+                    Published(None, "the sphere paper's account of its speed-up (no measured label)", SPHERE_SOURCE),
+                    None, text, SPHERE_NOTE, verdict))
     return rows
 
 

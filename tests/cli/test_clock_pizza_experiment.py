@@ -12,6 +12,8 @@ from groklens.analyses.clock_pizza import algorithm_label
 from groklens.config import config_from
 from groklens.experiments import clock_pizza as CP
 from groklens.experiments.core import Context, Plan
+from groklens.experiments.ledger import config_hash
+from groklens.experiments.pipeline import run_configs
 from tests.helpers import train_tiny
 
 
@@ -19,9 +21,11 @@ def test_every_scale_is_a_valid_config_and_the_paper_scale_is_theirs():
     exp = E.EXPERIMENTS.get("clock-pizza")
     for name, sc in exp.scales.items():
         plan = exp.plan(sc, name)
-        for over in plan.variants.values():
-            config_from(None, overrides={**sc.base, **over}).validate()
-        rates = [config_from(None, overrides={**sc.base, **over}) for over in plan.variants.values()]
+        for arm, over in plan.variants.items():  # (the sphere arms' split takes the seed: the test below)
+            if arm not in CP.SPHERE_ARMS:
+                config_from(None, overrides={**sc.base, **over}).validate()
+        rates = [config_from(None, overrides={**sc.base, **over}) for arm, over in plan.variants.items()
+                 if arm not in CP.SPHERE_ARMS]
         rates = [0.0 if c.attention == "uniform" else c.attention_rate for c in rates]
         assert rates == sorted(rates) and rates[0] == 0 and rates[-1] == 1 and len(set(rates)) == len(rates)
     assert list(CP.rate_arms(exp.scales["paper"]).values()) == [0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1]
@@ -31,6 +35,34 @@ def test_every_scale_is_a_valid_config_and_the_paper_scale_is_theirs():
             paper.steps, paper.warmup_steps, paper.batch_size, paper.norm) == (59, 0.8, 128, 4, 512, 1e-3, 2.0,
                                                                                 20_000, 10, 0, "none")
     assert CP.VARIANTS["uniform"]["attention"] == "uniform" and CP.VARIANTS["learned"]["attention"] == "softmax"
+
+
+def test_the_sphere_arms_are_bounded_spheres_own_runs():
+    """The paper scale's sphere_* arms are bounded-sphere's paper-split arms, config for config, so one
+    set of run files gives both experiments' rows."""
+    ours = {n: c for _, n, c in run_configs(E.EXPERIMENTS.get("clock-pizza"), "paper", 2)}
+    theirs = {n: c for _, n, c in run_configs(E.EXPERIMENTS.get("bounded-sphere"), "paper", 2)}
+    for arm, arch in CP.SPHERE_ARMS.items():
+        for seed in (1, 2):
+            a, b = ours[f"{arm}_s{seed}"], theirs[f"{arch}_papersplit_lr6e-4_s{seed}"]
+            assert a == b and config_hash(a.to_dict()) == config_hash(b.to_dict())
+            assert (a.p, a.train_frac, a.data_seed, a.split_rule, a.lr) == (113, 0.3, seed, "python_shuffle", 6e-4)
+    assert not any(arm in CP.SPHERE_ARMS for arm in E.EXPERIMENTS.get("clock-pizza").plan(
+        E.EXPERIMENTS.get("clock-pizza").scales["quick"], "quick").variants)
+
+
+@pytest.mark.parametrize("ln, sphere, verdict", [
+    (["pizza", "pizza"], ["clock", "clock"], "agrees"),
+    (["pizza", "neither"], ["clock", "clock"], "undetermined (seeds labelled neither: 1 LayerNorm, 0 sphere)"),
+    (["pizza", "pizza"], ["pizza", "clock"], "disagrees"),
+    (["clock", "pizza"], ["clock", "clock"], "disagrees"),
+    (["neither"], ["neither", "neither"], "undetermined (seeds labelled neither: 1 LayerNorm, 2 sphere)"),
+    ([], ["clock"], "undetermined (no LayerNorm runs)")])
+def test_the_sphere_story_row(ln, sphere, verdict):
+    arms = {"sphere_ln": _runs(ln), "sphere_sphere_wd1": _runs(sphere[:1]), "sphere_sphere_wd0": _runs(sphere[1:])}
+    rows = CP._sphere_rows(_ctx(None, scale="paper", arms=arms))
+    assert [r.verdict for r in rows[:3]] == ["", "", ""] and rows[-1].verdict == verdict
+    assert rows[0].ours_text.startswith("seed 1: " + ln[0]) if ln else rows[0].ours_text.startswith("—")
 
 
 def test_run_values_are_the_last_checkpoints(tmp_path):
