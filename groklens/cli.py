@@ -445,17 +445,23 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
         states = {r.name: sweeps.run_state(Path(out_dir), r.name) if Path(out_dir).is_dir() else ("pending", "")
                   for r in runs}
         plan = [{"name": r.name, "state": states[r.name][0], "detail": states[r.name][1]} for r in runs]
-        groups = sweeps.dry_run_tasks(runs, states, Path(out_dir), ensemble_size=ensemble_size,
-                                      workers=getattr(ex, "workers", None) or workers or os.cpu_count() or 1,
+        n_workers = getattr(ex, "workers", None) or workers or os.cpu_count() or 1
+        groups = sweeps.dry_run_tasks(runs, states, Path(out_dir), ensemble_size=ensemble_size, workers=n_workers,
                                       threads=threads, cost=cost) if ensemble else None
+        wall = sweeps.dry_run_wall(groups, n_workers) if groups else None
         if as_json:
-            click.echo(strict_json(plan if groups is None else {"runs": plan, "tasks": groups}))
+            click.echo(strict_json(plan if groups is None else {"runs": plan, "tasks": groups, "workers": n_workers,
+                                                                "expected_wall_s": wall}))
             return
         click.echo("\n".join(
             f"{p['state']:<12} {p['name']}" + (f": {p['detail']}" if p["state"] == "blocked" else "") for p in plan))
         for i, t in enumerate(groups or []):
             what = f"ensemble of {len(t['runs'])}" if t["ensemble"] else "single run"
             click.echo(f"task {i + 1:<3} {what}, ~{t['cost']:.3g} s: {', '.join(t['runs'])}")
+        if wall is not None:
+            click.echo(f"expected: ~{wall:.3g} s of wall time on {n_workers} worker(s), each taking the next task as "
+                       "it frees (step times measured here, runs to their caps: runs that stop after grokking end "
+                       "sooner)")
         return
     report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
                               ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,

@@ -80,7 +80,7 @@ from groklens.sweeps.files import (
     update_manifest,
 )
 from groklens.sweeps.grid import RunSpec, Sweep, load_sweep, parse_sweep, run_name
-from groklens.sweeps.tasks import check_buildable, execute_task, plan_tasks
+from groklens.sweeps.tasks import check_buildable, execute_task, expected_wall, plan_tasks
 from groklens.trainers import loggers
 from groklens.fileio import check_writable_dir
 
@@ -137,6 +137,11 @@ def run_sweep(sweep: Sweep | Sequence[RunSpec], out_dir: str | Path, *, executor
     if tasks:
         _execute(ex, tasks, report, total=len(runs), progress=progress)
     return report
+
+
+def dry_run_wall(tasks: Sequence[dict], workers: int) -> float:
+    """`sweep --dry-run --ensemble`'s expected wall time (s) of its tasks on `workers` workers."""
+    return expected_wall([t["cost"] for t in tasks], workers)
 
 
 def dry_run_tasks(runs: Sequence[RunSpec], states: dict[str, tuple[str, str]], out_dir: Path, *,
@@ -215,7 +220,7 @@ def _classify(runs: Sequence[RunSpec], out_dir: Path, retry_failed: bool) -> tup
 
 
 def _execute(ex: Executor, tasks: list[dict], report: SweepReport, *, total: int, progress: bool) -> None:
-    bar = _Progress(report, total, progress)
+    bar = _Progress(report, total, progress, cap_steps=sum(int(r["config"]["steps"]) for t in tasks for r in t["runs"]))
     bar.show()
     try:
         ex.execute(tasks, bar.on_start, bar.on_done)
@@ -243,28 +248,56 @@ def member_progress(path: str | Path) -> tuple[int, bool]:
     return last, status.startswith(("completed", "stopped: non-finite"))
 
 
-def in_flight_text(runs: Sequence[dict]) -> str:
-    """What the runs of the tasks in flight ({path, config}) have done: their committed steps of
-    their caps, and how many have finished (an ensemble's members stop on their own)."""
+def in_flight_steps(runs: Sequence[dict]) -> dict[str, int]:
+    """What the runs ({path, config}) of the tasks in flight have done: `steps` committed, `caps`
+    (their steps' sum), `finished` runs (an ensemble's members stop on their own), and `work`:
+    the steps of their caps behind them (a finished run's whole cap: nothing of it is left)."""
     done = [member_progress(r["path"]) for r in runs]
-    cap = sum(int(r["config"]["steps"]) for r in runs)
-    finished = sum(f for _, f in done)
-    return f"in flight: {sum(s for s, _ in done):,}/{cap:,} steps, {finished} of {len(runs)} runs finished"
+    caps = [int(r["config"]["steps"]) for r in runs]
+    return {"steps": sum(s for s, _ in done), "caps": sum(caps), "finished": sum(f for _, f in done),
+            "work": sum(cap if finished else min(s, cap) for (s, finished), cap in zip(done, caps))}
+
+
+def in_flight_text(runs: Sequence[dict]) -> str:
+    """What the runs of the tasks in flight have done (in_flight_steps), as the bar shows it."""
+    d = in_flight_steps(runs)
+    return f"in flight: {d['steps']:,}/{d['caps']:,} steps, {d['finished']} of {len(runs)} runs finished"
+
+
+def time_left_text(steps_done: int, cap_steps: int, elapsed_s: float) -> str:
+    """About how long the sweep has left: the steps still to go to the runs' caps at the pace of the
+    steps so far (a finished run counts its whole cap as gone, so runs that stop after grokking
+    shorten it as they stop); empty before a step is counted."""
+    if steps_done <= 0 or elapsed_s <= 0:
+        return ""
+    left = max(cap_steps - steps_done, 0) * elapsed_s / steps_done
+    return f"~{_duration(left)} left (steps to the caps at the pace so far)"
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 class _Progress:
     """The sweep's progress bar; counts each task's outcomes into the report as it ends, and,
     every POLL_S seconds, the committed steps and finished members of the tasks in flight."""
 
-    def __init__(self, report: SweepReport, total: int, enabled: bool):
+    def __init__(self, report: SweepReport, total: int, enabled: bool, cap_steps: int = 0):
         import threading
+        import time
 
         from tqdm.auto import tqdm
 
         self.report = report
         self.active: dict[int, list[dict]] = {}  # id(task) -> its runs, for the tasks handed out and not ended
+        # the time left comes from steps, not runs: tqdm's runs/s said "19:31 remaining" for 13 minutes while a
+        # 6-member ensemble ran (issue 43)
+        self.cap_steps, self.ended_steps, self.start = cap_steps, 0, time.monotonic()
         self.bar = tqdm(total=total, initial=report.counts["done"], disable=not enabled, unit="run", desc="sweep",
-                        dynamic_ncols=True)
+                        dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} runs "
+                                                       "[{elapsed}{postfix}]")
         self.lock, self.stopped = threading.Lock(), threading.Event()
         self.poller = threading.Thread(target=self._poll, daemon=True) if enabled else None
         if self.poller is not None:
@@ -281,10 +314,14 @@ class _Progress:
                                      f"failed {counts['failed']}" + (f"; {flight}" if flight else ""), refresh=True)
 
     def _poll(self) -> None:
+        import time
+
         while not self.stopped.wait(POLL_S):
             runs = [r for runs in list(self.active.values()) for r in runs]
             if runs:
-                self.show(in_flight_text(runs))
+                work = self.ended_steps + in_flight_steps(runs)["work"]
+                left = time_left_text(work, self.cap_steps, time.monotonic() - self.start)
+                self.show(in_flight_text(runs) + (f"; {left}" if left else ""))
 
     def on_start(self, task: dict) -> None:
         self.active[id(task)] = list(task["runs"])
@@ -292,6 +329,7 @@ class _Progress:
 
     def on_done(self, task: dict, result: list[dict] | BaseException) -> None:
         self.active.pop(id(task), None)
+        self.ended_steps += sum(int(r["config"]["steps"]) for r in task["runs"])
         if isinstance(result, BaseException):  # the task itself broke (worker died, job failed)
             result = _outcomes_of_broken_task(self.report.out_dir, task, result)
         counts = self.report.counts

@@ -123,6 +123,15 @@ def balanced_chunks(groups: list[list[tuple[RunSpec, float]]], singles: list[flo
     return chunks
 
 
+def expected_wall(costs: Sequence[float], workers: int) -> float:
+    """When the last worker runs out of work, each worker taking the next task (in the given
+    order, the executors' order) as it frees: the sweep's expected wall time in `costs`' unit."""
+    free = [0.0] * max(workers, 1)
+    for c in costs:
+        free[free.index(min(free))] += c
+    return max(free)
+
+
 def execute_task(task: dict) -> list[dict]:
     """Run one task (a single run, or an ensemble of runs) in this process.
 

@@ -82,3 +82,33 @@ def test_progress_counts_the_committed_steps_and_finished_members_in_flight(tmp_
     runs.append({"path": str(tmp_path / "not-yet.h5"), "config": {"steps": 60}})
     # stopped: its stop rule ended it at step 130 (test_grok_evals.py); not-yet: no file, 0 steps
     assert in_flight_text(runs) == "in flight: 230/2,180 steps, 2 of 4 runs finished"
+
+
+def test_expected_wall_is_the_last_worker_to_run_out():
+    from groklens.sweeps.tasks import expected_wall
+
+    assert expected_wall([5, 4, 3, 3, 1], 2) == 8  # 5+3 and 4+3+1
+    assert expected_wall([6, 3], 2) == 6 and expected_wall([6, 3], 1) == 9 and expected_wall([], 3) == 0
+
+
+def test_time_left_counts_steps_not_runs():
+    """The bar's time left: 3 of 9 runs done says nothing while a 6-member ensemble runs; its steps do."""
+    from groklens.sweeps import time_left_text
+
+    assert time_left_text(0, 9000, 10.0) == ""
+    assert time_left_text(3000, 9000, 60.0) == "~2m00s left (steps to the caps at the pace so far)"
+    assert time_left_text(1000, 101000, 36.0) == "~1h00m left (steps to the caps at the pace so far)"
+    assert time_left_text(9500, 9000, 60.0).startswith("~0m00s")
+
+
+def test_dry_run_says_the_expected_wall_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("GROKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    g = tmp_path / "grid.yaml"
+    g.write_text(yaml.safe_dump({"base": BASE, "axes": {"d_mlp": [16, 32], "lr": [1e-3, 3e-3]}, "seeds": [0]}))
+    data = json.loads(groklens("sweep", str(g), "-o", str(tmp_path / "s"), "--dry-run", "--ensemble", "--workers", "2",
+                               "--json", check=True).stdout)
+    costs = sorted((t["cost"] for t in data["tasks"]), reverse=True)
+    assert data["workers"] == 2 and max(costs) <= data["expected_wall_s"] <= sum(costs)
+    text = groklens("sweep", str(g), "-o", str(tmp_path / "s"), "--dry-run", "--ensemble", "--workers", "2", "-q",
+                    check=True).stdout
+    assert "expected: ~" in text and "on 2 worker(s)" in text
