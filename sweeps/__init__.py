@@ -258,9 +258,10 @@ def in_flight_steps(runs: Sequence[dict]) -> dict[str, int]:
             "work": sum(cap if finished else min(s, cap) for (s, finished), cap in zip(done, caps))}
 
 
-def in_flight_text(runs: Sequence[dict]) -> str:
-    """What the runs of the tasks in flight have done (in_flight_steps), as the bar shows it."""
-    d = in_flight_steps(runs)
+def in_flight_text(runs: Sequence[dict], done: dict[str, int] | None = None) -> str:
+    """What the runs of the tasks in flight have done (in_flight_steps, or `done` where the caller
+    has already read it), as the bar shows it."""
+    d = done or in_flight_steps(runs)
     return f"in flight: {d['steps']:,}/{d['caps']:,} steps, {d['finished']} of {len(runs)} runs finished"
 
 
@@ -319,9 +320,9 @@ class _Progress:
         while not self.stopped.wait(POLL_S):
             runs = [r for runs in list(self.active.values()) for r in runs]
             if runs:
-                work = self.ended_steps + in_flight_steps(runs)["work"]
-                left = time_left_text(work, self.cap_steps, time.monotonic() - self.start)
-                self.show(in_flight_text(runs) + (f"; {left}" if left else ""))
+                done = in_flight_steps(runs)  # each run file read once per poll
+                left = time_left_text(self.ended_steps + done["work"], self.cap_steps, time.monotonic() - self.start)
+                self.show(in_flight_text(runs, done) + (f"; {left}" if left else ""))
 
     def on_start(self, task: dict) -> None:
         self.active[id(task)] = list(task["runs"])
