@@ -20,7 +20,6 @@ from groklens.checkpoints import Trajectory
 from groklens.errors import BadInput
 from tests.helpers import tiny_config, train_interrupted
 
-LEGACY = Path(__file__).parents[1] / "data" / "legacy_format1.h5"  # written by format 1.2's writer (main at e464e02)
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 CFG = dict(p=7, steps=60, eval_every=10, checkpoint_every=20)
@@ -202,9 +201,34 @@ def test_a_dataset_without_its_checksum_is_refused(runs, tmp_path):
 
 
 # ---------------------------------------------------------------------- earlier formats
+def write_legacy(path: Path) -> None:
+    """A run as format 1.2's writer left it: an interrupted run (checkpoints 0 and 20 of 40), every
+    dataset rewritten with the same shape, maxshape and chunking but no Fletcher32 checksum, and no
+    `integrity` attribute (what marks 1.3). Built here rather than stored: trajectory files stay out
+    of git."""
+    from groklens.checkpoints import constants as C
+
+    new = path.with_suffix(".new.h5")
+    train_interrupted(tiny_config(steps=40, checkpoint_every=20, eval_every=10), new, at_step=30)
+    with h5py.File(new, "r") as src, h5py.File(path, "w", libver="latest") as dst:
+        dst.attrs.update({k: v for k, v in src.attrs.items() if k != C.ATTR_INTEGRITY})
+
+        def copy(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                chunked = obj.maxshape != obj.shape  # appendable: keep its chunks; else contiguous, as 1.2 wrote
+                ds = dst.create_dataset(name, data=obj[()], maxshape=obj.maxshape,
+                                        chunks=obj.chunks if chunked else None)
+                ds.attrs.update(dict(obj.attrs))
+            else:
+                dst.require_group(name).attrs.update(dict(obj.attrs))
+
+        src.visititems(copy)
+    new.unlink()
+
+
 def test_a_file_of_an_earlier_format_reads_marked_unverified(tmp_path):
     path = tmp_path / "legacy.h5"
-    shutil.copyfile(LEGACY, path)
+    write_legacy(path)
     run = Trajectory(path)
     assert not run.verified
     assert list(run.steps) == [0, 20] and run.params(20)
@@ -217,7 +241,7 @@ def test_a_file_of_an_earlier_format_reads_marked_unverified(tmp_path):
 
 def test_a_file_of_an_earlier_format_resumes_and_stays_unverified(tmp_path):
     path = tmp_path / "legacy.h5"
-    shutil.copyfile(LEGACY, path)
+    write_legacy(path)
     code, err = _main(["train", "--resume", str(path), "--quiet"])
     assert code == 0, err
     run = Trajectory(path)
