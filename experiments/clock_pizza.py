@@ -21,7 +21,7 @@ from typing import Any
 from groklens.analyses.clock_pizza import ALGORITHM_RULE, algorithm_label
 from groklens.experiments.core import (
     SMOKE, SMOKE_NOTE, Context, Experiment, Plan, Published, Row, Scale, register)
-from groklens.experiments.sphere_paper import ARCH_LABEL, SPHERE_OURS, SPHERE_PAPER_BASE
+from groklens.experiments.sphere_paper import ARCH, ARCH_LABEL, PAPER_SPLIT, SPHERE_PAPER_BASE
 from groklens.experiments.verdicts import mean_flag, undetermined
 
 SOURCE = "Zhong et al. 2023, The Clock and the Pizza (REFERENCES.md)"
@@ -82,18 +82,32 @@ def rate_arms(sc: Scale) -> dict[str, float]:
 # own arms: bounded-sphere's runs on the paper's split of each seed (the same configs, so the same
 # files serve both experiments), at the end of those runs, 2 evaluations after test accuracy first
 # reaches 0.95 (the sphere paper's stop): the algorithm at generalization, not after a long cleanup.
-SPHERE_ARMS = {f"sphere_{a}": a for a in ("ln", "sphere_wd1", "sphere_wd0")}
+# Arm -> (the sphere paper's architecture, attention). The first three are bounded-sphere's paper-split
+# arms; RMSNorm and uniform attention (the sphere paper's uniform-attention arms, LayerNorm and sphere
+# wd 1, here on the paper's split too) only clock-pizza trains: uniform attention is Zhong et al.'s
+# Pizza setting, so those two ask whether the sphere still learns the Clock where the Pizza is easiest.
+SPHERE_ARMS = {"sphere_ln": ("ln", "softmax"), "sphere_sphere_wd1": ("sphere_wd1", "softmax"),
+               "sphere_sphere_wd0": ("sphere_wd0", "softmax"), "sphere_rms": ("rms", "softmax"),
+               "sphere_ln_uniform": ("ln", "uniform"), "sphere_sphere_wd1_uniform": ("sphere_wd1", "uniform")}
 
 
-def sphere_arm_config(arch: str) -> dict[str, Any]:
-    """The full config fields of bounded-sphere's `{arch}_papersplit` arm at lr 6e-4 (its paper scale)."""
-    return {**SPHERE_PAPER_BASE, **SPHERE_OURS[f"{arch}_papersplit"][0], "lr": 6e-4}
+def sphere_arm_config(arch: str, attention: str = "softmax") -> dict[str, Any]:
+    """The full config fields of the sphere paper's `arch` on the paper's split of each seed at lr 6e-4
+    (bounded-sphere's `{arch}_papersplit` arm at its paper scale, where it has one), with `attention`."""
+    return {**SPHERE_PAPER_BASE, **ARCH[arch], **PAPER_SPLIT, "lr": 6e-4,
+            **({"attention": attention} if attention != "softmax" else {})}
+
+
+def sphere_arm_label(arm: str) -> str:
+    arch, attention = SPHERE_ARMS[arm]
+    return ARCH_LABEL[arch] + (" + uniform attention" if attention == "uniform" else "")
 
 
 def _plan(sc: Scale, scale: str) -> Plan:
     grid = {arm: {"attention": "softmax", "attention_rate": r} for arm, r in rate_arms(sc).items()
             if arm not in VARIANTS}
-    sphere = {arm: sphere_arm_config(a) for arm, a in SPHERE_ARMS.items()} if sc.extra.get("sphere_arms") else {}
+    sphere = ({arm: sphere_arm_config(*aa) for arm, aa in SPHERE_ARMS.items()} if sc.extra.get("sphere_arms")
+              else {})
     return Plan({"uniform": VARIANTS["uniform"], **grid, "learned": VARIANTS["learned"], **sphere}, None, sc.base)
 
 
@@ -259,42 +273,55 @@ def _read(ctx: Context) -> list[Row]:
 
 
 SPHERE_SOURCE = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md), read by Zhong et al.'s measures"
-SPHERE_NOTE = ("the sphere paper's arms as bounded-sphere trains them on the paper's split of each seed (p=113, 30%, "
-               "lr 6e-4, post-norm LayerNorm, PyTorch's init), read at their last checkpoint, 2 evaluations after "
-               "test accuracy first reached 0.95")
+SPHERE_NOTE = ("the sphere paper's arms on the paper's split of each seed (p=113, 30%, lr 6e-4, post-norm "
+               "LayerNorm/RMSNorm, PyTorch's init; LayerNorm and both spheres with learned attention are bounded-"
+               "sphere's runs), read at their last checkpoint, 2 evaluations after test accuracy first reached 0.95")
+# The story's two readings: learned attention (the sphere paper's table), and uniform attention, where
+# Zhong et al. found the Pizza: (row, LayerNorm arm, sphere arms)
+STORIES = (("the bounded sphere learns the Clock where LayerNorm learns the Pizza (every seed)",
+            "sphere_ln", ("sphere_sphere_wd1", "sphere_sphere_wd0")),
+           ("with uniform attention (Zhong et al.'s Pizza setting), the bounded sphere (wd 1) learns the Clock where "
+            "LayerNorm learns the Pizza (every seed)", "sphere_ln_uniform", ("sphere_sphere_wd1_uniform",)))
 
 
 def _sphere_rows(ctx: Context) -> list[Row]:
     """Per sphere-paper arm each seed's label and the mean measures; then the story's claim: the
-    bounded sphere learns the Clock where LayerNorm learns the Pizza (every seed, both arms)."""
+    bounded sphere learns the Clock where LayerNorm learns the Pizza (every seed, both sides), with
+    learned and with uniform attention."""
     rows = []
-    for arm, arch in SPHERE_ARMS.items():
+    for arm in SPHERE_ARMS:
         text, _ = _labels(ctx, arm, None)
-        rows.append(Row(f"algorithm at generalization, {ARCH_LABEL[arch]} (the sphere paper's arm; our rule)",
+        rows.append(Row(f"algorithm at generalization, {sphere_arm_label(arm)} (the sphere paper's arm; our rule)",
                         Published(None, "not reported (the sphere paper's story: LayerNorm Pizza, sphere Clock)",
                                   SPHERE_SOURCE), None, text + _values_text(ctx.group(arm).runs), SPHERE_NOTE))
-    ln = ctx.group("sphere_ln").runs
-    spheres = [r for arm in ("sphere_sphere_wd1", "sphere_sphere_wd0") for r in ctx.group(arm).runs]
-    ln_labels = [r.run_values.get("label") for r in ln]
-    sphere_labels = [r.run_values.get("label") for r in spheres]
-    text = (f"LayerNorm: {', '.join(map(str, ln_labels)) or '— (no runs)'}; bounded sphere (wd 1 and wd 0): "
-            f"{', '.join(map(str, sphere_labels)) or '— (no runs)'}")
-    if not ln or not spheres:
-        verdict = undetermined("no runs" if not ln and not spheres else
-                               f"no {'LayerNorm' if not ln else 'bounded-sphere'} runs")
-    elif any(r.grok_censored for r in ln + spheres):
-        verdict = undetermined("a run did not grok")
-    elif all(lbl == "pizza" for lbl in ln_labels) and all(lbl == "clock" for lbl in sphere_labels):
-        verdict = "agrees"
-    elif any(lbl == "clock" for lbl in ln_labels) or any(lbl == "pizza" for lbl in sphere_labels):
-        verdict = "disagrees"  # a seed with the other arm's algorithm
-    else:  # 'neither' somewhere and no seed against the story
-        verdict = undetermined("seeds labelled neither: "
-                               f"{ln_labels.count('neither')} LayerNorm, {sphere_labels.count('neither')} sphere")
-    rows.append(Row("the bounded sphere learns the Clock where LayerNorm learns the Pizza (every seed)",
-                    Published(None, "the sphere paper's account of its speed-up (no measured label)", SPHERE_SOURCE),
-                    None, text, SPHERE_NOTE, verdict))
+    for what, ln_arm, sphere_arms in STORIES:
+        ln = ctx.group(ln_arm).runs
+        spheres = [r for arm in sphere_arms for r in ctx.group(arm).runs]
+        ln_labels = [r.run_values.get("label") for r in ln]
+        sphere_labels = [r.run_values.get("label") for r in spheres]
+        text = (f"{sphere_arm_label(ln_arm)}: {', '.join(map(str, ln_labels)) or '— (no runs)'}; "
+                f"{' and '.join(sphere_arm_label(a) for a in sphere_arms)}: "
+                f"{', '.join(map(str, sphere_labels)) or '— (no runs)'}")
+        rows.append(Row(what, Published(None, "the sphere paper's account of its speed-up (no measured label)",
+                                        SPHERE_SOURCE), None, text, SPHERE_NOTE,
+                        _story_verdict(ln_labels, sphere_labels, any(r.grok_censored for r in ln + spheres))))
     return rows
+
+
+def _story_verdict(ln_labels: list, sphere_labels: list, censored: bool) -> str:
+    """'agrees' when every LayerNorm seed is pizza and every sphere seed clock; 'disagrees' when a seed
+    has the other side's algorithm; otherwise undetermined (no runs, a run that did not grok, neither)."""
+    if not ln_labels or not sphere_labels:
+        return undetermined("no runs" if not ln_labels and not sphere_labels else
+                            f"no {'LayerNorm' if not ln_labels else 'bounded-sphere'} runs")
+    if censored:
+        return undetermined("a run did not grok")
+    if all(lbl == "pizza" for lbl in ln_labels) and all(lbl == "clock" for lbl in sphere_labels):
+        return "agrees"
+    if any(lbl == "clock" for lbl in ln_labels) or any(lbl == "pizza" for lbl in sphere_labels):
+        return "disagrees"  # a seed with the other arm's algorithm
+    return undetermined("seeds labelled neither: "
+                        f"{ln_labels.count('neither')} LayerNorm, {sphere_labels.count('neither')} sphere")
 
 
 register(Experiment(

@@ -42,11 +42,21 @@ def test_the_sphere_arms_are_bounded_spheres_own_runs():
     set of run files gives both experiments' rows."""
     ours = {n: c for _, n, c in run_configs(E.EXPERIMENTS.get("clock-pizza"), "paper", 2)}
     theirs = {n: c for _, n, c in run_configs(E.EXPERIMENTS.get("bounded-sphere"), "paper", 2)}
-    for arm, arch in CP.SPHERE_ARMS.items():
+    shared = 0
+    for arm, (arch, attention) in CP.SPHERE_ARMS.items():
         for seed in (1, 2):
-            a, b = ours[f"{arm}_s{seed}"], theirs[f"{arch}_papersplit_lr6e-4_s{seed}"]
-            assert a == b and config_hash(a.to_dict()) == config_hash(b.to_dict())
+            a = ours[f"{arm}_s{seed}"]
             assert (a.p, a.train_frac, a.data_seed, a.split_rule, a.lr) == (113, 0.3, seed, "python_shuffle", 6e-4)
+            assert (a.attention, a.weight_decay) == (attention, 0.0 if arch == "sphere_wd0" else 1.0)
+            assert a.norm == {"ln": "ln", "rms": "rms"}.get(arch, "sphere")
+            if (b := theirs.get(f"{arch}_papersplit_lr6e-4_s{seed}")) and attention == "softmax":
+                assert a == b and config_hash(a.to_dict()) == config_hash(b.to_dict())
+                shared += 1
+    assert shared == 6  # LayerNorm and both spheres, 2 seeds: bounded-sphere's own files
+    # the uniform-attention arms differ from the learned ones by the attention alone
+    for arch in ("ln", "sphere_wd1"):
+        u = ours[f"sphere_{arch}_uniform_s1"].to_dict()
+        assert {k for k, v in ours[f"sphere_{arch}_s1"].to_dict().items() if u[k] != v} == {"attention"}
     assert not any(arm in CP.SPHERE_ARMS for arm in E.EXPERIMENTS.get("clock-pizza").plan(
         E.EXPERIMENTS.get("clock-pizza").scales["quick"], "quick").variants)
 
@@ -58,11 +68,22 @@ def test_the_sphere_arms_are_bounded_spheres_own_runs():
     (["clock", "pizza"], ["clock", "clock"], "disagrees"),
     (["neither"], ["neither", "neither"], "undetermined (seeds labelled neither: 1 LayerNorm, 2 sphere)"),
     ([], ["clock"], "undetermined (no LayerNorm runs)")])
-def test_the_sphere_story_row(ln, sphere, verdict):
-    arms = {"sphere_ln": _runs(ln), "sphere_sphere_wd1": _runs(sphere[:1]), "sphere_sphere_wd0": _runs(sphere[1:])}
+def test_the_sphere_story_rows(ln, sphere, verdict):
+    """The story's verdict with learned attention (LayerNorm against both spheres) and with uniform
+    attention (LayerNorm against sphere wd 1), each from its own arms only."""
+    arms = {"sphere_ln": _runs(ln), "sphere_sphere_wd1": _runs(sphere[:1]), "sphere_sphere_wd0": _runs(sphere[1:]),
+            "sphere_ln_uniform": _runs(ln), "sphere_sphere_wd1_uniform": _runs(sphere)}
     rows = CP._sphere_rows(_ctx(None, scale="paper", arms=arms))
-    assert [r.verdict for r in rows[:3]] == ["", "", ""] and rows[-1].verdict == verdict
+    n = len(CP.SPHERE_ARMS)
+    assert len(rows) == n + 2 and [r.verdict for r in rows[:n]] == [""] * n
+    assert rows[n].verdict == verdict and rows[n + 1].verdict == verdict
+    assert "uniform attention" in rows[n + 1].measure and "uniform attention" not in rows[n].measure
     assert rows[0].ours_text.startswith("seed 1: " + ln[0]) if ln else rows[0].ours_text.startswith("—")
+    assert rows[3].ours_text.startswith("—")  # RMSNorm: no runs given
+    # the uniform row reads the uniform arms, not the learned ones
+    arms["sphere_sphere_wd1_uniform"] = _runs(["pizza"])
+    assert CP._sphere_rows(_ctx(None, scale="paper", arms=arms))[n + 1].verdict == (
+        "disagrees" if ln else "undetermined (no LayerNorm runs)")
 
 
 def test_run_values_are_the_last_checkpoints(tmp_path):
