@@ -94,6 +94,7 @@ SPHERE_ARMS = {"sphere_ln": ("ln", "softmax"), "sphere_sphere_wd1": ("sphere_wd1
 def sphere_arm_config(arch: str, attention: str = "softmax") -> dict[str, Any]:
     """The full config fields of the sphere paper's `arch` on the paper's split of each seed at lr 6e-4
     (bounded-sphere's `{arch}_papersplit` arm at its paper scale, where it has one), with `attention`."""
+    # learned attention is the default, left unset as bounded-sphere leaves it: the same dict, the same hash
     return {**SPHERE_PAPER_BASE, **ARCH[arch], **PAPER_SPLIT, "lr": 6e-4,
             **({"attention": attention} if attention != "softmax" else {})}
 

@@ -261,7 +261,7 @@ def in_flight_steps(runs: Sequence[dict]) -> dict[str, int]:
 def in_flight_text(runs: Sequence[dict], done: dict[str, int] | None = None) -> str:
     """What the runs of the tasks in flight have done (in_flight_steps, or `done` where the caller
     has already read it), as the bar shows it."""
-    d = done or in_flight_steps(runs)
+    d = in_flight_steps(runs) if done is None else done
     return f"in flight: {d['steps']:,}/{d['caps']:,} steps, {d['finished']} of {len(runs)} runs finished"
 
 
