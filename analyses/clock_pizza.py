@@ -189,3 +189,114 @@ def clock_pizza(model, data: TaskData, *, n_samples: int = SAMPLES, seed: int = 
     label = algorithm_label(gs, di)
     return {"gradient_symmetricity": gs, "distance_irrelevance": di,
             "is_clock": int(label == "clock"), "is_pizza": int(label == "pizza")}
+
+
+# ------------------------------------------------------------- logit patterns (eval-main.ipynb, cell 21)
+CIRCLES = 3  # cell 21 isolates the circles of principal components (1, 2), (3, 4), (5, 6)
+
+
+def check_circles(model, data: TaskData, params: dict) -> int:
+    """check(), and n_circles an integer >= 1."""
+    p = check(model, data, {})
+    n = params.get("n_circles", CIRCLES)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BadInput(f"n_circles must be an integer >= 1; got {n!r}")
+    return p
+
+
+def number_embeddings(model, data: TaskData, p: int) -> np.ndarray:
+    """E[t] = hook_embed at operand a's position of the input (t, 0), for t < p: [p, d_model]
+    (read through the hook, so any model with hook_embed will do)."""
+    import torch
+
+    kept = {}
+    pos = operand_positions(data)[0]
+
+    def keep(act, hook):
+        kept["e"] = act[:, pos].detach().double().cpu().numpy()
+
+    device = next(model.parameters()).device
+    with torch.no_grad(), scoped_hooks(model, [("hook_embed", keep)]):
+        model(data.inputs[grid_rows(data, [(t, 0) for t in range(p)])].to(device))
+    return kept["e"]
+
+
+def circle_frequency(scores: np.ndarray) -> int:
+    """The frequency k in 1..(p-1)/2 with the most power in a principal component's scores [p] taken
+    as a function of the residue t. Their cell 8 finds, per component, the step i whose sequence
+    vs[t i mod p] is most like one cosine of t, and cell 21 uses w = 2 pi i^-1 / p for the circle
+    whose first component that is: the same k, as sum_t vs[t i] e^(2 pi i t / p) is the DFT of vs at
+    k = i^-1 mod p (and k, p - k give the same patterns)."""
+    power = np.abs(np.fft.fft(scores)) ** 2
+    return 1 + int(np.argmax(power[1:(len(scores) - 1) // 2 + 1]))
+
+
+def logit_patterns_for(p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Their Q_clock and Q_pizza over (a, b, c), [p, p, p], at w = 2 pi k / p (cell 21's oa, ob):
+    clock cos(w(a+b-c)); pizza |<s, u>| - |<s, u_perp>|, s = z_a + z_b, u = (cos wc/2, sin wc/2)."""
+    w = 2 * np.pi * k / p
+    a, b, c = np.meshgrid(np.arange(p), np.arange(p), np.arange(p), indexing="ij")
+    clock = np.cos(w * (a + b - c))
+    s0, s1 = np.cos(w * a) + np.cos(w * b), np.sin(w * a) + np.sin(w * b)
+    co, si = np.cos(w * c / 2), np.sin(w * c / 2)
+    return clock, np.abs(co * s0 + si * s1) - np.abs(-si * s0 + co * s1)
+
+
+def pattern_fve(logits: np.ndarray, pattern: np.ndarray) -> float:
+    """sklearn's explained_variance_score(z(logits), z(pattern)) of the standardized arrays, as cell 21:
+    1 - var(z(logits) - z(pattern)) = 2 corr - 1 (can be negative)."""
+    def z(x):
+        return (x - x.mean()) / x.std()
+
+    return float(1 - np.var(z(logits.reshape(-1)) - z(pattern.reshape(-1))))
+
+
+def isolated_circle_logits(model, data: TaskData, p: int, embeddings: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """Logits [a, b, c] (c < p, at the readout) with each operand's embedding replaced by the mean
+    embedding plus its projection on `basis` [2, d] (cell 21's PCA inverse_transform with every other
+    component zeroed); other tokens (an '=' or op token) keep theirs."""
+    import torch
+
+    mean = embeddings.mean(0)
+    iso = mean + (embeddings - mean) @ basis.T @ basis
+    tokens = data.inputs[grid_rows(data, itertools.product(range(p), repeat=2))]  # a-major
+    i, j = operand_positions(data)
+    device = next(model.parameters()).device
+
+    def swap(act, hook):
+        table = torch.as_tensor(iso, dtype=act.dtype, device=act.device)
+        act = act.clone()
+        act[:, i], act[:, j] = table[tokens[:, i].to(act.device)], table[tokens[:, j].to(act.device)]
+        return act
+
+    with torch.no_grad(), scoped_hooks(model, [("hook_embed", swap)]):
+        logits = model(tokens.to(device))[:, data.readout_pos, :p]
+    return logits.double().cpu().numpy().reshape(p, p, p)
+
+
+@analysis("logit_patterns", "Clock/Pizza logit patterns: the FVE of Q_clock and Q_pizza in the logits of each "
+          "embedding circle isolated by PCA (Zhong et al. 2023, eval-main.ipynb cell 21)", tier="named",
+          check=check_circles, tasks=("add",), order=120)
+def logit_patterns(model, data: TaskData, *, n_circles: int = CIRCLES) -> dict:
+    """Per circle (principal components 2i+1, 2i+2 of the operand embeddings): its frequency and the
+    FVE of their clock and pizza logit patterns in the logits with only that circle kept; q_clock and
+    q_pizza are the means over circles. Their Model A (pizza) prints Q_clock 75 %, Q_pizza 98 % per circle."""
+    p = check_circles(model, data, {"n_circles": n_circles})
+    emb = number_embeddings(model, data, p)
+    if 2 * n_circles > min(p - 1, emb.shape[1]):
+        raise BadInput(f"{n_circles} circles need {2 * n_circles} principal components; the {p} operand "
+                       f"embeddings in {emb.shape[1]} dimensions have at most {min(p - 1, emb.shape[1])}")
+    centred = emb - emb.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    freq, q_clock, q_pizza = [], [], []
+    for n in range(n_circles):
+        basis = vt[2 * n:2 * n + 2]
+        k = circle_frequency(centred @ basis[0])
+        logits = isolated_circle_logits(model, data, p, emb, basis)
+        clock, pizza = logit_patterns_for(p, k)
+        freq.append(k)
+        q_clock.append(pattern_fve(logits, clock))
+        q_pizza.append(pattern_fve(logits, pizza))
+    return {"q_clock": float(np.mean(q_clock)), "q_pizza": float(np.mean(q_pizza)),
+            "circle_frequency": np.array(freq), "circle_q_clock": np.array(q_clock),
+            "circle_q_pizza": np.array(q_pizza)}

@@ -20,6 +20,7 @@ from groklens.analyses.clock_pizza import (
     clock_pizza,
     distance_irrelevance,
     gradient_symmetricity,
+    logit_patterns,
     operand_positions,
     sample_triples,
 )
@@ -95,6 +96,21 @@ def test_planted_pizza_is_distance_dependent_and_symmetric(data):
                                         pytest.approx(0.0, abs=1e-12), "is_clock": 0, "is_pizza": 1}
 
 
+def test_planted_logit_patterns(data):
+    """The pizza's logits are their Q_pizza itself (FVE 1). The clock's are cos x (1 + cos 2s / 2), x = w(a+b-c),
+    s = w(a+b): over c, cos x has mean 0 and is uncorrelated with cos 2s, so corr(logits, cos x) =
+    (1/2) / sqrt(1/2 * 9/16) = 2 sqrt(2) / 3 and the FVE (2 corr - 1) is 4 sqrt(2) / 3 - 1."""
+    pizza = logit_patterns(Planted("pizza"), data, n_circles=1)
+    assert pizza["circle_frequency"].tolist() == [K] and pizza["q_pizza"] == pytest.approx(1.0, abs=1e-12)
+    assert pizza["q_clock"] < 0.85
+    clock = logit_patterns(Planted("clock"), data, n_circles=1)
+    assert clock["circle_frequency"].tolist() == [K]
+    assert clock["q_clock"] == pytest.approx(4 * math.sqrt(2) / 3 - 1, abs=1e-9)
+    assert clock["q_pizza"] < clock["q_clock"]
+    with pytest.raises(BadInput, match="2 circles need 4 principal components"):
+        logit_patterns(Planted("clock"), data, n_circles=2)  # 2-d embeddings hold one circle
+
+
 def test_the_rule_labels_the_published_groups():
     assert "clock" in ALGORITHM_RULE and "pizza" in ALGORITHM_RULE
     # medians of result/1l_fixedwidth.csv, 1-layer runs: attention rate >= 0.9 and <= 0.1
@@ -163,6 +179,62 @@ def test_matches_their_notebook_on_a_tiny_transformer(attention):
         assert ours["gradient_symmetricity"] == pytest.approx(1.0, abs=1e-6)
 
 
+def _their_logit_fve(model, C, eq, n_circles):
+    """eval-main.ipynb cells 8 and 21, re-typed: sklearn's PCA of the number tokens' rows of W_E, the step
+    `delta` of cell 8 per circle's first component and w = 2 pi delta^-1 / C, the W_E rows replaced by
+    the circle's inverse_transform, their triple loop for oa (Q_clock) and ob (Q_pizza), sklearn's
+    explained_variance_score of the standardized arrays."""
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import explained_variance_score
+
+    inv = lambda t: pow(t, C - 2, C)  # noqa: E731 (C prime)
+    out = []
+    for uu in range(n_circles):
+        m = copy.deepcopy(model)
+        we = m.embed.W_E.detach()[:C].double().numpy()
+        pca = PCA(n_components=2 * n_circles)
+        we2 = pca.fit_transform(we)
+        vs = we2[:, 2 * uu]
+        tt = []
+        for i in range(1, C):
+            vv = [vs[t * i % C] for t in range(C)]
+            tt.append((-abs(sum(vv[t] * complex(math.cos(2 * math.pi / C * t), math.sin(2 * math.pi / C * t))
+                                for t in range(C))), i))
+        tt.sort()
+        wk = 2 * math.pi / C * inv(tt[0][1])
+        keep = np.zeros_like(we2)
+        keep[:, [2 * uu, 2 * uu + 1]] = we2[:, [2 * uu, 2 * uu + 1]]
+        with torch.no_grad():
+            m.embed.W_E[:C] = torch.tensor(pca.inverse_transform(keep), dtype=m.embed.W_E.dtype)
+            x = torch.tensor([[a, b, eq] for a in range(C) for b in range(C)])
+            ou = m(x)[:, -1, :C].double().numpy().reshape(C, C, C)
+        oa, ob = np.zeros_like(ou), np.zeros_like(ou)
+        for i in range(C):
+            for j in range(C):
+                for k in range(C):
+                    oa[i][j][k] = math.cos(wk * (i + j - k))
+                    s = (math.cos(wk * i) + math.cos(wk * j), math.sin(wk * i) + math.sin(wk * j))
+                    co, si = math.cos(wk * k / 2), math.sin(wk * k / 2)
+                    ob[i][j][k] = abs(co * s[0] + si * s[1]) - abs(-si * s[0] + co * s[1])
+        npfy = lambda x: ((x - np.mean(x)) / np.std(x)).flatten()  # noqa: E731
+        freq = min(inv(tt[0][1]), C - inv(tt[0][1]))
+        out.append((freq, explained_variance_score(npfy(ou), npfy(oa)), explained_variance_score(npfy(ou), npfy(ob))))
+    return out
+
+
+@pytest.mark.parametrize("attention", ["softmax", "uniform"])
+def test_logit_patterns_match_their_notebook_on_a_tiny_transformer(attention):
+    model, data = tiny_transformer(p=13, train_steps=60, attention=attention)
+    eq = int(data.inputs[0, 2])
+    theirs = _their_logit_fve(model, 13, eq, n_circles=2)
+    ours = logit_patterns(model, data, n_circles=2)
+    assert ours["circle_frequency"].tolist() == [f for f, _, _ in theirs]
+    np.testing.assert_allclose(ours["circle_q_clock"], [q for _, q, _ in theirs], atol=1e-5)
+    np.testing.assert_allclose(ours["circle_q_pizza"], [q for _, _, q in theirs], atol=1e-5)
+    assert ours["q_clock"] == pytest.approx(np.mean([q for _, q, _ in theirs]), abs=1e-5)
+    assert all_hooks_clear(model) and all(p.grad is None for p in model.parameters())
+
+
 # ------------------------------------------------------------- along real runs
 @pytest.mark.parametrize("attention", ["softmax", "uniform"])
 def test_along_a_real_run(tmp_path, attention):
@@ -177,6 +249,12 @@ def test_along_a_real_run(tmp_path, attention):
     single = compute(path, "distance_irrelevance", steps=[steps[-1]])
     assert single["distance_irrelevance"][0] == pytest.approx(di[-1])
     assert single["correct_logits"].shape == (1, 11, 11)
+    patterns = compute(path, "logit_patterns")
+    assert patterns.steps == steps and patterns["circle_q_clock"].shape == (len(steps), 3)
+    assert np.all(patterns["q_clock"] <= 1) and np.all(patterns["q_pizza"] <= 1)
+    run = Trajectory(path)
+    last = logit_patterns(run.model(steps[-1]), run.dataset())
+    assert last["q_pizza"] == pytest.approx(patterns["q_pizza"][-1])
 
 
 def test_the_operands_are_the_informative_positions():
@@ -193,6 +271,8 @@ def test_refuses_what_it_cannot_read():
     model, data = tiny_transformer(p=5)
     with pytest.raises(BadInput, match="n_samples"):
         gradient_symmetricity(model, data, n_samples=0)
+    with pytest.raises(BadInput, match="n_circles"):
+        logit_patterns(model, data, n_circles=0)
     model, data = tiny_transformer(p=5, nonzero_b=True)
     with pytest.raises(BadInput, match="every"):
         distance_irrelevance(model, data)
