@@ -22,7 +22,9 @@ threshold**. An interval that contains the threshold, or no interval (fewer than
   generalizes") is undetermined, with the count.
 - "This run does (not) grok" from runs that never crossed: only when the step cap is at least
   `FAR` times the reference time (the published grokking time, or, where none is published, our
-  baseline's measured one); a shorter cap cannot tell "never" from "later".
+  baseline's measured one); a shorter cap cannot tell "never" from "later". Where the claim is
+  that a published run of N steps grokked within them (a figure, no grokking time), a cap of N
+  already decides it: no seed grokked by step N disagrees.
 - A power law (a fitted exponent, Tobit where runs are censored): disagrees when its 95%
   interval excludes the published exponent, agrees when it holds it and excludes 0 on the
   published side, undetermined when it holds both.
@@ -170,9 +172,12 @@ def generalized_arms(arms: dict[str, Sequence[Any]]) -> str | None:
         "read on a model that did not generalize: " + "; ".join(parts)
 
 
-def groks_verdict(runs: Sequence[Any], *, should_grok: bool, reference: float | None, reference_what: str) -> str:
+def groks_verdict(runs: Sequence[Any], *, should_grok: bool, reference: float | None, reference_what: str,
+                  within: float | None = None) -> str:
     """Verdict on "these runs grok" (should_grok) or "they do not", from runs with `grok_censored`
-    and `last_step`; `reference` is the time the cap is compared with (see the module docstring)."""
+    and `last_step`; `reference` is the time the cap is compared with (see the module docstring).
+    `within`: the claim is "groks within the published run's `within` steps" (a figure that shows
+    grokking inside its run): then every seed censored at a cap of at least that length disagrees."""
     n = len(runs)
     k = sum(not r.grok_censored for r in runs)
     if n == 0:
@@ -185,6 +190,8 @@ def groks_verdict(runs: Sequence[Any], *, should_grok: bool, reference: float | 
             return undetermined(f"{collapsed} of {n} seeds crossed and then collapsed")
         return "agrees" if should_grok else "disagrees"
     cap = min(r.last_step for r in runs if r.last_step is not None) if any(r.last_step for r in runs) else 0
+    if should_grok and within is not None and cap >= within:
+        return f"disagrees (no seed grokked by step {cap}; the published run groks within {within:.0f})"
     if reference is None or not math.isfinite(reference) or reference <= 0:
         return undetermined(f"censored: no seed grokked by step {cap}, and no {reference_what} to compare the cap with")
     if cap < FAR * reference:

@@ -610,6 +610,21 @@ def test_groks_verdict_needs_a_cap_far_beyond_the_reference():
     assert groks_verdict([_R(500, 600)] * 2, should_grok=True, reference=None, reference_what="t") == "agrees"
 
 
+def test_groks_verdict_within_a_published_run_length():
+    """A figure whose N-step run grokked: a cap of N decides; a shorter cap falls back to FAR."""
+    from groklens.experiments.verdicts import groks_verdict
+
+    never = [_R(None, 6000)] * 2
+    assert groks_verdict(never, should_grok=True, reference=6000, reference_what="t", within=6000) == \
+        "disagrees (no seed grokked by step 6000; the published run groks within 6000)"
+    assert groks_verdict(never, should_grok=True, reference=8000, reference_what="t",
+                         within=8000).startswith("undetermined (censored: no seed grokked by step 6000")
+    # "does not grok" is not a claim about a run length
+    assert groks_verdict(never, should_grok=False, reference=1000, reference_what="t",
+                         within=6000).startswith("undetermined")
+    assert groks_verdict([_R(500, 6000)], should_grok=True, reference=None, reference_what="t", within=6000) == "agrees"
+
+
 # ---------------------------------------------------------------------- the GPU script
 @pytest.mark.slow
 def test_gpu_script_dry_run_checks_resume_and_plans_every_experiment(tmp_path):
