@@ -37,6 +37,7 @@ VARIANTS = {"uniform": {"attention": "uniform"}, "learned": {"attention": "softm
 # clock of every bin above 0.75, neither in the bins between (the label counts: docs/ANALYSES.md).
 THEIR_PIZZA_TO, THEIR_CLOCK_ABOVE = 0.55, 0.75
 THEIR_POSITIONS = 2  # their inputs [a, b]
+RATE_MIN_SEEDS = 3  # a grid rate's label (a majority) and the boundary are read from at least this many seeds
 
 
 def softmax_share(coeff: float, n: int = THEIR_POSITIONS) -> float:
@@ -50,7 +51,8 @@ def their_coeff(share: float, n: int = THEIR_POSITIONS) -> float:
     return n * share / (1 + (n - 1) * share)
 
 
-BOUNDARY_RULE = ("per attention rate the label of a strict majority of its seeds (else mixed); the boundary lies "
+BOUNDARY_RULE = ("per attention rate (3 seeds or more) the label of a strict majority of its seeds (else mixed); the "
+                 "boundary lies "
                  "between the largest pizza rate and the smallest clock rate when every pizza rate is below every "
                  "clock rate (its estimate: their midpoint), and rates are the softmax's share of the readout's "
                  "attention mass (ours: attention_rate; theirs: c / (c + 2 (1 - c)))")
@@ -199,6 +201,9 @@ def _rate_row(ctx: Context, arm: str, rate: float) -> Row:
              f"their transition band (attn_coeff {c:.2f}, above {THEIR_PIZZA_TO} and up to {THEIR_CLOCK_ABOVE}: "
              "neither the majority)")
     text, verdict = _labels(ctx, arm, want)
+    n = len(ctx.group(arm).runs)
+    if verdict and 0 < n < RATE_MIN_SEEDS and not verdict.startswith("undetermined"):
+        verdict = undetermined(f"{n} seed(s); a rate is read from {RATE_MIN_SEEDS}")
     return Row(f"algorithm at the end, attention rate {rate:g} (our rule)", Published(None, claim, SOURCE), None,
                text + _values_text(ctx.group(arm).runs), ctx.sc.note, verdict)
 
@@ -249,9 +254,12 @@ def _boundary_row(ctx: Context) -> Row:
     if per_seed:
         text += "; per seed: " + "; ".join(per_seed)
     missing = [a for a, rs in runs.items() if not rs]
+    thin = [a for a, rs in runs.items() if 0 < len(rs) < RATE_MIN_SEEDS]
     censored = sum(r.grok_censored for rs in runs.values() for r in rs)
     if missing:
         verdict = undetermined(f"no runs at {len(missing)} of {len(arms)} rates")
+    elif thin:
+        verdict = undetermined(f"fewer than {RATE_MIN_SEEDS} seeds at {len(thin)} of {len(arms)} rates")
     elif censored:
         verdict = undetermined(f"{censored} run(s) did not grok")
     else:

@@ -158,6 +158,9 @@ def test_boundary_row_reads_the_majorities_and_each_seed():
     assert "seed 1: 0.375; seed 2: 0.625; seed 3: 0.375" in row.ours_text
     del arms["rate_0.5"]
     assert CP._boundary_row(_ctx(None, scale="quick", arms=arms)).verdict == "undetermined (no runs at 1 of 5 rates)"
+    arms["rate_0.5"] = _runs(["pizza", "pizza"])  # a majority of fewer than RATE_MIN_SEEDS
+    assert CP._boundary_row(_ctx(None, scale="quick", arms=arms)).verdict == \
+        "undetermined (fewer than 3 seeds at 1 of 5 rates)"
     arms["rate_0.5"] = _runs(["pizza", "pizza", "pizza"], censored=True)
     assert CP._boundary_row(_ctx(None, scale="quick", arms=arms)).verdict == "undetermined (3 run(s) did not grok)"
     flat = {a: _runs(["neither"] * 3) for a in CP.rate_arms(E.EXPERIMENTS.get("clock-pizza").scales["quick"])}
@@ -166,9 +169,10 @@ def test_boundary_row_reads_the_majorities_and_each_seed():
 
 
 @pytest.mark.parametrize("arm, rate, labels, verdict", [
-    ("rate_0.25", 0.25, ["pizza", "pizza"], "agrees"),  # their attn_coeff 0.4: pizza
-    ("rate_0.5", 0.5, ["clock", "pizza"], ""),  # 0.67: their transition band, no claim
-    ("rate_0.75", 0.75, ["pizza", "pizza"], "disagrees")])  # 0.86: clock
+    ("rate_0.25", 0.25, ["pizza"] * 3, "agrees"),  # their attn_coeff 0.4: pizza
+    ("rate_0.5", 0.5, ["clock", "pizza", "pizza"], ""),  # 0.67: their transition band, no claim
+    ("rate_0.75", 0.75, ["pizza"] * 3, "disagrees"),  # 0.86: clock
+    ("rate_0.75", 0.75, ["pizza", "pizza"], "undetermined (2 seed(s); a rate is read from 3)")])
 def test_rate_rows_against_their_table_at_the_same_share(arm, rate, labels, verdict):
     row = CP._rate_row(_ctx(None, scale="quick", arms={arm: _runs(labels)}), arm, rate)
     assert row.verdict == verdict and "seed 1" in row.ours_text and "gradient symmetricity 0.500" in row.ours_text
