@@ -244,7 +244,11 @@ def logit_patterns_for(p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def pattern_fve(logits: np.ndarray, pattern: np.ndarray) -> float:
     """sklearn's explained_variance_score(z(logits), z(pattern)) of the standardized arrays, as cell 21:
-    1 - var(z(logits) - z(pattern)) = 2 corr - 1 (can be negative)."""
+    1 - var(z(logits) - z(pattern)) = 2 corr - 1 (can be negative); NaN where the logits are constant
+    (nothing to explain)."""
+    if logits.std() == 0:
+        return float("nan")
+
     def z(x):
         return (x - x.mean()) / x.std()
 

@@ -111,6 +111,15 @@ def test_planted_logit_patterns(data):
         logit_patterns(Planted("clock"), data, n_circles=2)  # 2-d embeddings hold one circle
 
 
+def test_pattern_fve_is_two_correlations_minus_one():
+    from groklens.analyses.clock_pizza import pattern_fve
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=500), rng.normal(size=500)
+    assert pattern_fve(x, y) == pytest.approx(2 * np.corrcoef(x, y)[0, 1] - 1, abs=1e-12)
+    assert pattern_fve(3 * y + 1, y) == pytest.approx(1.0) and np.isnan(pattern_fve(np.ones(5), y[:5]))
+
+
 def test_the_rule_labels_the_published_groups():
     assert "clock" in ALGORITHM_RULE and "pizza" in ALGORITHM_RULE
     # medians of result/1l_fixedwidth.csv, 1-layer runs: attention rate >= 0.9 and <= 0.1
