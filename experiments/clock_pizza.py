@@ -51,10 +51,10 @@ def their_coeff(share: float, n: int = THEIR_POSITIONS) -> float:
     return n * share / (1 + (n - 1) * share)
 
 
-BOUNDARY_RULE = ("per attention rate (3 seeds or more) the label of a strict majority of its seeds (else mixed); the "
-                 "boundary lies "
-                 "between the largest pizza rate and the smallest clock rate when every pizza rate is below every "
-                 "clock rate (its estimate: their midpoint), and rates are the softmax's share of the readout's "
+BOUNDARY_RULE = (f"per attention rate ({RATE_MIN_SEEDS} seeds or more) the label of a strict majority of its seeds "
+                 "(else mixed); the boundary lies between the largest pizza rate and the smallest clock rate when "
+                 "every pizza rate is below every clock rate (its estimate: their midpoint), and rates are the "
+                 "softmax's share of the readout's "
                  "attention mass (ours: attention_rate; theirs: c / (c + 2 (1 - c)))")
 THEIRS = dict(task="add", p=59, train_frac=0.8, d_model=128, n_heads=4, d_head=32, d_mlp=512, act_fn="relu",
               norm="none", causal=False, mlp_bias=True, lr=1e-3, weight_decay=2.0, betas=[0.9, 0.98], warmup_steps=10,
