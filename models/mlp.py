@@ -12,6 +12,9 @@ The forward returns [b, n_ctx, v] as every groklens model does: the logits sit a
 position (the last), the other positions hold zeros (the MLP makes no prediction there).
 Hooks: hook_embed [b, n_ctx-1, e], hook_input [b, (n_ctx-1) e], layers.{i}.hook_pre / hook_post
 [b, m], hook_logits [b, v].
+With a one-hot embedding and no hook attached, the first layer reads rows instead of multiplying
+by the one-hot input (`MLP.lean_path`): x0 W_in = sum_j W_in[j e + tokens_j], the same forward to
+the bit (the other terms are exact zeros), W_in's gradient summed in another order (rounding).
 """
 
 from __future__ import annotations
@@ -107,13 +110,31 @@ class MLP(HookedModel):
             if b is not None:
                 nn.init.uniform_(b, -bound, bound)
 
+    # With a one-hot embedding and no hook attached, the first layer from rows of W_in (the module
+    # docstring): at Prieto et al.'s paper scale (5,107 rows, 226 -> 200) 0.81x the step's CPU time
+    # (docs/PERFORMANCE.md). False: the one-hot matmul, bit-identical to earlier versions.
+    lean_path: bool = True
+
+    def _first_layer_rows(self, operands: torch.Tensor) -> torch.Tensor:
+        """The first layer's output on one-hot operands [b, j]: act(sum_j W_in[j e + t_j] + b_in)."""
+        layer, e = self.layers[0], self.cfg.d_model
+        ids = operands + torch.arange(operands.shape[1], device=operands.device) * e
+        # a token outside the one-hot width fails as the embedding's index does (IndexError),
+        # instead of reading the next operand's rows; no host sync, so it holds under vmap
+        ids = ids.masked_fill((operands < 0) | (operands >= e), layer.W_in.shape[0])
+        pre = F.embedding(ids, layer.W_in).sum(1)
+        return layer.act(pre if layer.b_in is None else pre + layer.b_in)
+
     def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
                 loss_per_token: bool = False):
         """[b, n_ctx] -> logits [b, n_ctx, v] (or TL's return_type loss | both | None)."""
         tokens = self._as_tokens(tokens)
-        e = self.hook_embed(self.embed(tokens[:, :-1]))
-        x = self.hook_input(e.reshape(e.shape[0], -1))
-        for layer in self.layers:
+        if self.lean_path and self.cfg.embed != "learned" and len(self.layers) and not self.hooks_attached():
+            x, rest = self._first_layer_rows(tokens[:, :-1]), self.layers[1:]
+        else:
+            e = self.hook_embed(self.embed(tokens[:, :-1]))
+            x, rest = self.hook_input(e.reshape(e.shape[0], -1)), self.layers
+        for layer in rest:
             x = layer(x)
         logits = self.hook_logits(self.unembed(x))
         zeros = logits.new_zeros(logits.shape[0], tokens.shape[1] - 1, logits.shape[-1])

@@ -71,6 +71,8 @@ def _configs(**shared):
 @pytest.mark.parametrize("model", [
     {},  # the transformer
     {"model": "mlp", "n_layers": 2, "d_model": 16, "d_mlp": 32, "mlp_bias": True},  # the scaling-law MLP
+    # Prieto et al.'s one-hot MLP: its first layer reads rows of W_in (MLP.lean_path), under vmap too
+    {"model": "mlp", "n_layers": 2, "d_mlp": 32, "mlp_embed": "onehot_residues", "loss": "ce_float32"},
     {"attention": "uniform", "norm": "ln"},  # W_Q and W_K get no gradient: skipped like torch's AdamW
 ])
 def test_member_equals_single_run(tmp_path, model):

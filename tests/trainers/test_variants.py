@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from groklens.checkpoints import Trajectory
 from groklens.config import PRESETS, RunConfig, preset
@@ -172,6 +173,35 @@ def test_mlp_forward_matches_hand_computation_and_hooks_every_layer(embed):
     assert set(cache.keys()) >= {"hook_embed", "hook_input", "layers.0.hook_pre", "layers.1.hook_post", "hook_logits"}
     assert ("embed.W_E" in P) == (embed == "learned")
     assert P["layers.0.W_in"].shape == ((2 * (5 if embed == "learned" else data.d_vocab)), 7)
+
+
+@pytest.mark.parametrize("embed, bias", [("onehot", True), ("onehot_residues", False)])
+def test_mlp_one_hot_lean_path_reads_rows_with_the_matmuls_forward_and_gradients(embed, bias):
+    """With no hook attached, the one-hot first layer reads rows of W_in (MLP.lean_path): its
+    logits equal the one-hot matmul's to the bit, its gradients to rounding, and an operand token
+    outside the one-hot width still fails rather than reading the next operand's rows."""
+    cfg = tiny_config(model="mlp", n_layers=2, mlp_embed=embed, mlp_bias=bias, d_mlp=7)
+    model, data = _build(cfg)
+    x, y = data.inputs, data.labels
+    grads, logits = {}, {}
+    for lean in (True, False):
+        model.lean_path = lean
+        model.zero_grad()
+        out = model(x)
+        F.cross_entropy(out[:, -1].double(), y).backward()
+        logits[lean] = out.detach()
+        grads[lean] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert torch.equal(logits[True], logits[False])
+    for name in grads[False]:
+        assert torch.allclose(grads[True][name], grads[False][name], rtol=1e-5, atol=1e-7), name
+    model.lean_path = True
+    bad = x[:2].clone()
+    bad[:, 0] = model.cfg.d_model  # one past the one-hot width: the second operand's first row on a flat read
+    with pytest.raises(IndexError):
+        model(bad)
+    # a hook anywhere takes the one-hot matmul, so the embedding and input hooks still fire
+    _, cache = model.run_with_cache(x[:3])
+    assert {"hook_embed", "hook_input"} <= set(cache.keys())
 
 
 # ---------------------------------------------------------------------- presets
