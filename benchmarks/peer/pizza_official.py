@@ -26,7 +26,6 @@ import ast
 import io
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,20 +37,12 @@ from transformer_lens.hook_points import HookPoint
 from groklens.analyses.clock_pizza import algorithm_label, clock_pizza, logit_patterns
 from groklens.tasks import TaskData
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_repo import read  # noqa: E402  (benchmarks/peer/peer_repo.py)
+
 MODELS = {"A": "p99zdpze5l", "B": "l8k1hzciux"}  # eval-main.ipynb, cell 4
 CLASSES = ("HookPoint", "Embed", "Unembed", "PosEmbed", "Attention", "MLP", "TransformerBlock", "Transformer")
 NOTEBOOK = "code/eval-main.ipynb"
-
-
-def read(repo: Path, name: str, binary: bool = False):
-    """A file of the repository's HEAD, from a checkout or a git directory."""
-    if (repo / name).is_file():
-        return (repo / name).read_bytes() if binary else (repo / name).read_text()
-    git = ["git", f"--git-dir={repo}"] if (repo / "HEAD").is_file() else ["git", "-C", str(repo)]
-    out = subprocess.run([*git, "show", f"HEAD:{name}"], capture_output=True, text=not binary)
-    if out.returncode:
-        raise SystemExit(f"pizza_official: {name} not found in {repo}")
-    return out.stdout
 
 
 def their_classes(repo: Path) -> dict:

@@ -32,11 +32,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_repo import head_commit, read  # noqa: E402  (benchmarks/peer/peer_repo.py)
 
 NO_DECAY = "Final_Modular_No_Decay.ipynb"
 BASELINES = "Final_Modular_Norm_Baselines.ipynb"
@@ -55,17 +57,8 @@ MARKER = "# EXECUTION & PLOTTING"
 def read_notebook(repo: Path, name: str, cell: int = 0) -> tuple[str, str]:
     """(the notebook's code cell `cell` (0: the first), the repository's commit) from a checkout or
     a git directory."""
-    git = ["git", f"--git-dir={repo}"] if (repo / "HEAD").is_file() else ["git", "-C", str(repo)]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if (repo / name).is_file():
-        text = (repo / name).read_text()
-    else:
-        out = subprocess.run([*git, "show", f"HEAD:{name}"], capture_output=True, text=True)
-        if out.returncode:
-            raise SystemExit(f"sphere_official: {name} not found in {repo}")
-        text = out.stdout
-    cells = [c for c in json.loads(text)["cells"] if c["cell_type"] == "code"]
-    return "".join(cells[cell]["source"]), commit
+    cells = [c for c in json.loads(read(repo, name))["cells"] if c["cell_type"] == "code"]
+    return "".join(cells[cell]["source"]), head_commit(repo)
 
 
 def definitions(cell: str, assignments: dict[str, str], marker: str = MARKER) -> str:
