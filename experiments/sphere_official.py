@@ -13,11 +13,11 @@ accuracy > 0.95, strictly; null if none), `log` (their logged evaluations: `epoc
 `device`, `recorded`. Their epoch e is evaluated after the optimizer step of epoch e (0-based), so
 it is groklens' step e + 1 (OfficialRun reads it so).
 
-Checked on load (`load_official`; BadInput naming the file, the entry and the field): every field
-of its type, the weight decay the arm's (ARCH), the log's epochs increasing within [0, epochs - 1]
-and ending at epochs - 1 (the run finished), accuracies in [0, 1], `grok_epoch` equal to the first
-logged epoch with test accuracy > 0.95 in the log (their rule, recomputed), and one entry per
-(arm, seed, lr, p).
+Checked on load (`load_official`, by experiments/peer.py; BadInput naming the file, the entry and
+the field): every field of its type, the weight decay the arm's (ARCH), the log's epochs
+increasing within [0, epochs - 1] and ending at epochs - 1 (the run finished), accuracies in
+[0, 1], `grok_epoch` equal to the first logged epoch with test accuracy > 0.95 in the log (their
+rule, recomputed), and one entry per (arm, seed, lr, p).
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from groklens.analyses.phases import PhaseTimes
-from groklens.config import GROK_THRESHOLD
 from groklens.errors import BadInput
+from groklens.experiments import peer
 from groklens.experiments.core import LEDGER_DIR
+from groklens.experiments.peer import Peer
 
 PEER_LEDGER = LEDGER_DIR / "peer" / "sphere-official.json"
-PEER_FORMAT = 1
 PEER_REPO = "AlperYildirim1/geometric-grokking"
 THEIR_GROK = 0.95  # their grok epoch: the first logged test accuracy > this (strictly)
 ENTRY_TYPES: dict[str, tuple[type, ...]] = {
@@ -90,21 +89,11 @@ def official_entry(result: dict[str, Any], arms: Mapping[str, dict[str, Any]], d
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInput(f"not a result of benchmarks/peer/sphere_official.py (missing or bad {exc})") from None
-    problem = entry_problem(entry, arms)
-    if problem:
-        raise BadInput(f"{entry['arm']} seed {entry['seed']}: {problem}")
-    return entry
+    return peer.checked(PEER, entry, arms)
 
 
-def entry_problem(e: dict[str, Any], arms: Mapping[str, dict[str, Any]]) -> str | None:
-    """What is wrong with one entry (see the module docstring; `arms`: arm -> config fields), or None."""
-    for key, kinds in ENTRY_TYPES.items():
-        v = e.get(key)
-        if key not in e or not isinstance(v, kinds) or isinstance(v, bool):
-            found = "missing" if key not in e else repr(v)[:60]
-            return f"{key!r} is {found}, not {' or '.join(k.__name__ for k in kinds)}"
-    if e["arm"] not in arms:
-        return f"'arm' is {e['arm']!r}, not one of {', '.join(arms)}"
+def _check(e: dict[str, Any], arms: Mapping[str, dict[str, Any]]) -> str | None:
+    """The sphere peer's own checks: the arm's weight decay, the ranges, the split's digest."""
     if e["weight_decay"] != arms[e["arm"]]["weight_decay"]:
         return f"'weight_decay' is {e['weight_decay']!r}, not arm {e['arm']}'s {arms[e['arm']]['weight_decay']!r}"
     if not (e["epochs"] >= 1 and e["p"] >= 2 and 0 < e["frac_train"] < 1 and math.isfinite(e["cpu_s"])
@@ -112,87 +101,23 @@ def entry_problem(e: dict[str, Any], arms: Mapping[str, dict[str, Any]]) -> str 
         return "'epochs', 'p', 'frac_train', 'lr' or 'cpu_s' out of range"
     if not re.fullmatch(r"[0-9a-f]{64}", e["train_pairs_sha256"]):
         return "'train_pairs_sha256' is not a sha256 hex digest"
-    log = e["log"]
-    if set(log) != {"epochs", "train_acc", "test_acc"} or not all(isinstance(v, list) for v in log.values()):
-        return "'log' is not {epochs, train_acc, test_acc} lists"
-    ep = log["epochs"]
-    if not ep or len(log["train_acc"]) != len(ep) or len(log["test_acc"]) != len(ep):
-        return "'log' lists are empty or of different lengths"
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ep) or ep != sorted(set(ep)) \
-            or ep[0] < 0 or ep[-1] != e["epochs"] - 1:
-        return f"log epochs are not increasing epochs ending at the run's last ({e['epochs'] - 1})"
-    for key in ("train_acc", "test_acc"):
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1 for x in log[key]):
-            return f"log {key} holds a value that is not an accuracy in [0, 1]"
-    want = their_grok_epoch(log)
-    if e["grok_epoch"] != want:
-        return f"'grok_epoch' is {e['grok_epoch']}, but their rule (test acc > {THEIR_GROK}) on the log gives {want}"
     return None
 
 
+PEER = Peer(
+    repo=PEER_REPO,
+    what="runs of the official notebooks (benchmarks/peer/sphere_official.py), recorded by "
+         "benchmarks/peer/record_sphere_official.py; their epoch e is groklens' step e + 1",
+    entry_types=ENTRY_TYPES, key=("arm", "seed", "lr", "p"), order=("arm", "lr", "p", "seed"),
+    log_keys=("epochs", "train_acc", "test_acc"), grok_rule=f"test acc > {THEIR_GROK}", grok_epoch=their_grok_epoch,
+    last_logged=lambda e: e["epochs"] - 1, check=_check)
+
+
 def load_official(path: Path, arms: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The checked entries of a peer ledger ([] when the file does not exist); `arms` as entry_problem's."""
-    from groklens.fileio import load_json_file
-
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = load_json_file(path, "peer ledger")
-    if not isinstance(data, dict) or data.get("format") != PEER_FORMAT or not isinstance(data.get("runs"), list):
-        raise BadInput(f"{path} is not a peer ledger of the sphere paper's code (format {PEER_FORMAT})")
-    seen: dict[tuple, int] = {}
-    for i, e in enumerate(data["runs"]):
-        problem = entry_problem(e, arms) if isinstance(e, dict) else f"is a {type(e).__name__}, not a mapping"
-        if problem:
-            raise BadInput(f"{path}: entry {i}: {problem}")
-        key = (e["arm"], e["seed"], e["lr"], e["p"])
-        if key in seen:
-            raise BadInput(f"{path}: entry {i} records arm {e['arm']} seed {e['seed']} at lr {e['lr']:g}, p {e['p']} "
-                           f"again, as entry {seen[key]} does: one run counted twice")
-        seen[key] = i
-    return data["runs"]
-
-
-def save_official(path: Path, entries: list[dict[str, Any]]) -> Path:
-    """Write the ledger atomically, one entry per (arm, seed, lr, p), in that order."""
-    from groklens.fileio import write_text_atomic
-
-    data = {"format": PEER_FORMAT, "peer": PEER_REPO,
-            "what": "runs of the official notebooks (benchmarks/peer/sphere_official.py), recorded by "
-                    "benchmarks/peer/record_sphere_official.py; their epoch e is groklens' step e + 1",
-            "runs": sorted(entries, key=lambda e: (e["arm"], e["lr"], e["p"], e["seed"]))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+    """The checked entries of the sphere peer ledger ([] when the file does not exist)."""
+    return peer.load(PEER, path, arms)
 
 
 def record(path: Path, entries: list[dict[str, Any]], arms: Mapping[str, dict[str, Any]]) -> Path:
     """Add entries to the ledger at `path` (an entry of the same arm, seed, lr and p is replaced)."""
-    keep = {(e["arm"], e["seed"], e["lr"], e["p"]): e for e in load_official(path, arms)}
-    keep.update({(e["arm"], e["seed"], e["lr"], e["p"]): e for e in entries})
-    return save_official(path, list(keep.values()))
-
-
-class OfficialRun(PhaseTimes):
-    """An entry with the attributes the rows read (as ledger.LedgerRun), in groklens' steps: their
-    epoch e is step e + 1. Memorization is not read from their runs (None)."""
-
-    def __init__(self, entry: dict[str, Any]):
-        from groklens.analyses.grokking import collapse
-
-        log = entry["log"]
-        steps = [e + 1 for e in log["epochs"]]
-        self.entry, self.seed = entry, entry["seed"]
-        self.name = f"official_{entry['arm']}_s{entry['seed']}"
-        self.memorization = None
-        self.grokking = None if entry["grok_epoch"] is None else entry["grok_epoch"] + 1
-        self.last_step = steps[-1]
-        self.final_test_acc = float(log["test_acc"][-1])
-        # crossing and fall-back read at >= 0.95 (their grok rule is > 0.95: the same unless an
-        # accuracy is 0.95 exactly)
-        self.collapse = collapse({"step": steps, "test_acc": log["test_acc"]}, GROK_THRESHOLD)
-        self.collapsed = bool(self.collapse["collapsed"])
-        self.values, self.phase_notes, self.wall_s = {}, {}, None
-        self.split_sha256 = entry["train_pairs_sha256"]
-
-    def value(self, key: str, phase: str) -> None:
-        return None
+    return peer.record(PEER, path, entries, arms)

@@ -27,7 +27,8 @@ from typing import Any
 from groklens.experiments.core import (
     FROM_SEED, Context, Experiment, Plan, Published, QUICK, Row, SMOKE, SMOKE_NOTE, Scale, grok_row, lr_tag,
     no_analyses, register, speedup_row)
-from groklens.experiments.sphere_official import PEER_LEDGER, OfficialRun, groklens_split_sha256, load_official
+from groklens.experiments.peer import OfficialRun
+from groklens.experiments.sphere_official import PEER_LEDGER, groklens_split_sha256, load_official
 from groklens.experiments.verdicts import fmt_ci, interval_verdict, speedup_verdict, undetermined, welch_log_ratio
 
 YILDIRIM = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md table)"

@@ -72,7 +72,8 @@ def official_jsons(tmp_path_factory):
 def test_the_recorder_keeps_each_run_checked_and_its_split(official_jsons, tmp_path, capsys):
     import json
 
-    from groklens.experiments.sphere_official import OfficialRun, load_official, pairs_sha256
+    from groklens.experiments.peer import OfficialRun
+    from groklens.experiments.sphere_official import load_official, pairs_sha256
     from groklens.experiments.sphere_paper import ARCH
 
     ledger = tmp_path / "peer" / "sphere-official.json"
