@@ -1,14 +1,18 @@
 """The StableMax experiment (Prieto et al.): StableMax and the perpendicular gradient without weight
 decay. Paper scale: their figure 1 as their code runs it (PAPER, PAPER_ARMS); smoke and quick: a
-toy proxy on our p=23 transformer, with and without weight decay."""
+toy proxy on our p=23 transformer, with and without weight decay. The paper rows also read
+their own code's runs on this machine (stablemax_official.py, the peer ledger)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from groklens.experiments.core import (
     Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
     no_analyses, register, speedup_row)
+from groklens.experiments.peer import OfficialRun
+from groklens.experiments.stablemax_official import COMMANDS, PEER_LEDGER, PEER_REPO, load_official
 from groklens.experiments.verdicts import groks_verdict
 
 PRIETO = "Prieto et al. 2025, 'Grokking at the edge of numerical stability' (REFERENCES.md)"
@@ -61,7 +65,8 @@ PAPER_NOTE = ("Prieto et al.'s figure-1 setup from their code (add mod 113, 5107
               "the full batch (changes float rounding only); our step s is their epoch s-1; grokking = first "
               "evaluation with test acc >= 0.95, evaluated every 10 steps (⊥AdamW) or 100 (their log: every 10 / "
               "5,000); runs stop 1 evaluation after grokking; the float32 CE arm is capped at "
-              f"{CE_CAP:,} steps (theirs: 80,000); the figure-6 transformer arm is not run")
+              f"{CE_CAP:,} steps (theirs: 80,000); groklens does not train the figure-6 transformer arms "
+              "(benchmarks/peer/stablemax_official.py runs them with their code)")
 
 
 def _plan_paper(sc: Scale) -> Plan:
@@ -81,6 +86,42 @@ def _read_paper(ctx: Context) -> list[Row]:
             length = pub.value or RUN_LENGTH
             row.verdict = groks_verdict(ctx.group(arm).runs, should_grok=True, reference=length,
                                         reference_what="published run length", within=length)
+        rows.append(row)
+    return rows + _official_rows(ctx)
+
+
+OFFICIAL_NOTE = ("their own code ({repo} at {commit}) run by benchmarks/peer/stablemax_official.py on this machine: "
+                 "figure {figure}'s command {command} of their run_main_experiments.sh with --device cpu and --seed S, "
+                 "unchanged but for its thread count; recorded by benchmarks/peer/record_stablemax_official.py in "
+                 "docs/results/peer/stablemax-official.json. Their split: random_split of the {p}^2 pairs under the "
+                 "seed (ours: data_seed 598 for every seed); logged every {every} epochs after that epoch's step "
+                 "(their epoch e is our step e+1); grokking = the first logged test accuracy >= 0.95 (their code has "
+                 "no rule)")
+
+
+def _official_rows(ctx: Context) -> list[Row]:
+    """Each arm that is one of their commands, as their own code ran it here (the peer ledger),
+    beside groklens' runs of the arm; only runs of their command's full length count."""
+    entries = [e for e in load_official(PEER_LEDGER) if e["p"] == PAPER["p"]]
+    rows = []
+    for arm, (figure, command) in COMMANDS.items():
+        over, label, pub, _ = PAPER_ARMS[arm]
+        runs = sorted((OfficialRun(e) for e in entries if e["arm"] == arm and e["epochs"] == over["steps"]),
+                      key=lambda r: r.seed)
+        octx = dataclasses.replace(ctx, arms={**ctx.arms, f"official:{arm}": runs})
+        note = OFFICIAL_NOTE.format(
+            repo=PEER_REPO, commit=", ".join(sorted({r.entry["repo_commit"][:10] for r in runs})) or "—",
+            figure=figure, command=command, p=PAPER["p"],
+            every=", ".join(sorted({f"{r.entry['log_frequency']:,}" for r in runs})) or "—")
+        row = grok_row(octx, f"steps (epochs) to 95% test accuracy, their own code, {label}", pub, f"official:{arm}",
+                       note)
+        if runs:
+            row.ours_text += f"; groklens ({arm}): {ctx.grok(arm)[1]}"
+        else:
+            row.ours_text = "no official-code run recorded"
+        length = pub.value or RUN_LENGTH
+        row.verdict = groks_verdict(runs, should_grok=True, reference=length, reference_what="published run length",
+                                    within=length)
         rows.append(row)
     return rows
 

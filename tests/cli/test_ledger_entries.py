@@ -92,11 +92,16 @@ def test_every_committed_ledger_loads():
     assert ledgers
     for path in ledgers:
         load_ledger_file(path)
-    from groklens.experiments.sphere_official import load_official
+    from groklens.experiments import sphere_official, stablemax_official
     from groklens.experiments.sphere_paper import ARCH
 
-    for path in sorted((RESULTS / "peer").glob("*.json")):  # the sphere paper's own code's runs
-        load_official(path, ARCH)
+    # the papers' own code's runs: each peer ledger by its loader
+    loaders = {sphere_official.PEER_LEDGER.name: lambda path: sphere_official.load_official(path, ARCH),
+               stablemax_official.PEER_LEDGER.name: stablemax_official.load_official}
+    peers = sorted((RESULTS / "peer").glob("*.json"))
+    assert {p.name for p in peers} == set(loaders)
+    for path in peers:
+        assert loaders[path.name](path)
 
 
 def test_a_listing_refuses_a_bad_ledger_rather_than_skip_it(tmp_path):

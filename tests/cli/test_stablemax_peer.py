@@ -1,0 +1,123 @@
+"""Prieto et al.'s own code as a peer (experiments/stablemax_official.py): the ledger of its runs is
+checked entry by entry, the recorder takes the peer script's JSONs, and stablemax's paper rows
+read those runs beside groklens'. Runs without their repository: the committed ledger holds real
+runs of their code (benchmarks/peer/stablemax_official.py); tests/peer/ runs their code itself."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from groklens.errors import BadInput
+from groklens.experiments import stablemax, stablemax_official
+from groklens.experiments.core import Context
+from groklens.experiments.pipeline import get_experiment
+
+RECORDER = Path(__file__).resolve().parents[2] / "benchmarks" / "peer" / "record_stablemax_official.py"
+
+
+def _recorder():
+    spec = importlib.util.spec_from_file_location("record_stablemax_official", RECORDER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _committed() -> list[dict]:
+    return stablemax_official.load_official(stablemax_official.PEER_LEDGER)
+
+
+def _as_result(entry: dict) -> dict:
+    """An entry written back as the peer script's JSON (the fields it writes that the entry keeps)."""
+    return {"figure": entry["figure"], "command": entry["command"], "seed": entry["seed"], "argv": entry["argv"],
+            "repo_commit": entry["repo_commit"], "grok_epoch": entry["grok_epoch"],
+            "final_test_acc": entry["final_test_acc"], "log": entry["log"], "cpu_s": entry["cpu_s"],
+            "threads": entry["threads"], "torchvision_stub": entry["torchvision_stub"],
+            "args": {"lr": entry["lr"], "modulo": entry["p"], "train_fraction": entry["train_fraction"],
+                     "num_epochs": entry["epochs"], "log_frequency": entry["log_frequency"], "device": entry["device"]}}
+
+
+def _write_ledger(path: Path, runs: list[dict]) -> Path:
+    path.write_text(json.dumps({"format": 1, "peer": stablemax_official.PEER_REPO, "what": "test", "runs": runs}))
+    return path
+
+
+def test_the_committed_runs_are_their_perp_adamw_command_and_its_rule_holds():
+    runs = [e for e in _committed() if e["arm"] == "perp_adamw"]
+    assert len(runs) >= 5 and {e["seed"] for e in runs} >= {1, 2, 3, 4, 5}
+    for e in runs:
+        assert (e["figure"], e["command"], e["epochs"], e["log_frequency"], e["p"]) == (1, 2, 300, 10, 113)
+        assert "--orthogonal_gradients" in e["argv"] and e["argv"][-2:] == ["--seed", str(e["seed"])]
+        first = next(ep for ep, acc in zip(e["log"]["epochs"], e["log"]["test_acc"]) if acc >= 0.95)
+        assert e["grok_epoch"] == first
+
+
+def test_a_bad_entry_is_refused_naming_what(tmp_path):
+    good = _committed()[0]
+    for change, why in (({"grok_epoch": 0}, "their rule"), ({"figure": 6}, "'figure', 'command'"),
+                        ({"final_test_acc": 1.5}, "out of range"), ({"threads": True}, "'threads'")):
+        with pytest.raises(BadInput, match=why):
+            stablemax_official.load_official(_write_ledger(tmp_path / "l.json", [{**good, **change}]))
+    short = copy.deepcopy(good)
+    for k in short["log"]:
+        short["log"][k] = short["log"][k][:-1]  # a run that stopped before its last logged epoch
+    with pytest.raises(BadInput, match="last logged one"):
+        stablemax_official.load_official(_write_ledger(tmp_path / "l.json", [short]))
+    with pytest.raises(BadInput, match="counted twice"):
+        stablemax_official.load_official(_write_ledger(tmp_path / "l.json", [good, good]))
+    sphere = _write_ledger(tmp_path / "s.json", [good])
+    sphere.write_text(sphere.read_text().replace(stablemax_official.PEER_REPO, "AlperYildirim1/geometric-grokking"))
+    with pytest.raises(BadInput, match="not a peer ledger of LucasPrietoAl"):
+        stablemax_official.load_official(sphere)
+
+
+def test_the_recorder_keeps_each_run_and_refuses_a_bad_file_in_one_line(tmp_path, capsys):
+    entries = _committed()[:2]
+    paths = []
+    for i, e in enumerate(entries):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(_as_result(e)))
+    ledger = tmp_path / "peer" / "stablemax-official.json"
+    assert _recorder().main([*map(str, paths), "--ledger", str(ledger)]) == 0
+    got = stablemax_official.load_official(ledger)
+    strip = ("recorded",)
+    assert [{k: v for k, v in g.items() if k not in strip} for g in got] == \
+        [{k: v for k, v in e.items() if k not in strip} for e in entries]
+    assert _recorder().main([str(paths[0]), "--ledger", str(ledger)]) == 0  # again: replaced, not added
+    assert len(stablemax_official.load_official(ledger)) == 2
+    capsys.readouterr()
+    other = tmp_path / "fig2.json"
+    other.write_text(json.dumps({**_as_result(entries[0]), "figure": 2}))
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"figure": 1}')
+    fresh = tmp_path / "fresh.json"
+    for bad, why in ((other, "none of the recorded arms"), (junk, "stablemax_official.py")):
+        assert _recorder().main([str(bad), "--ledger", str(fresh)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and why in err and not fresh.exists()
+
+
+def test_stablemax_paper_rows_read_their_own_codes_runs(tmp_path, monkeypatch):
+    """Their ⊥AdamW runs (the committed ones less seed 5, and a shortened run that must not count)
+    give a row of their own code beside groklens' arm; arms without runs say so."""
+    runs = [e for e in _committed() if e["arm"] == "perp_adamw" and e["seed"] != 5]
+    short = {**copy.deepcopy(runs[0]), "seed": 9, "epochs": 20}
+    short["log"] = {k: v[:2] for k, v in runs[0]["log"].items()}
+    short["grok_epoch"] = stablemax_official.grok_epoch(short["log"])
+    monkeypatch.setattr(stablemax, "PEER_LEDGER", _write_ledger(tmp_path / "l.json", [*runs, short]))
+    exp = get_experiment("stablemax")
+    sc = exp.scales["paper"]
+    rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, tmp_path))
+    theirs = {r.measure: r for r in rows if "their own code" in r.measure}
+    assert len(theirs) == len(stablemax_official.COMMANDS)
+    perp = next(r for m, r in theirs.items() if "⊥AdamW" in m)
+    steps = [e["grok_epoch"] + 1 for e in runs]  # their epoch e is our step e + 1
+    assert perp.ours == pytest.approx(sum(steps) / len(steps)) and "(n=4)" in perp.ours_text
+    assert perp.verdict == "agrees" and "groklens (perp_adamw): no runs" in perp.ours_text
+    assert "figure 1's command 2" in perp.differs and "0cc9e8dc62" in perp.differs
+    f64 = next(r for m, r in theirs.items() if "float64" in m)
+    assert f64.ours_text == "no official-code run recorded" and f64.verdict.startswith("undetermined")
