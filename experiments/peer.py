@@ -37,11 +37,15 @@ class Peer:
     entry_types: dict[str, tuple[type, ...]]  # every field of an entry and the types it may hold
     key: tuple[str, ...]  # the fields that name one run: one entry per key
     order: tuple[str, ...]  # the order of the saved entries
-    log_keys: tuple[str, ...]  # the log's lists: "epochs" first, then values in [0, 1]
+    log_keys: tuple[str, ...]  # the log's lists: when (epochs or iterations) first, then values in [0, 1]
     grok_rule: str  # the grokking rule in words ("test acc > 0.95")
     grok_epoch: Callable[[dict[str, list]], int | None]  # that rule on a log
     last_logged: Callable[[dict[str, Any]], int]  # the last epoch a finished run logs
     check: Callable[[dict[str, Any], Arms], str | None]  # the peer's own checks of an entry
+    accuracy_key: str = "test_acc"  # the log's held-out accuracy
+    # groklens' step of a logged time t is t + step_offset: 1 where they log epoch e after its
+    # step (the run has then taken e + 1 steps), 0 where they log the iterations taken
+    step_offset: int = 1
 
 
 def entry_problem(peer: Peer, e: dict[str, Any], arms: Arms) -> str | None:
@@ -59,13 +63,13 @@ def entry_problem(peer: Peer, e: dict[str, Any], arms: Arms) -> str | None:
     log = e["log"]
     if set(log) != set(peer.log_keys) or not all(isinstance(v, list) for v in log.values()):
         return f"'log' is not {{{', '.join(peer.log_keys)}}} lists"
-    ep = log["epochs"]
+    ep = log[peer.log_keys[0]]
     if not ep or any(len(log[k]) != len(ep) for k in peer.log_keys):
         return "'log' lists are empty or of different lengths"
     last = peer.last_logged(e)
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in ep) or ep != sorted(set(ep)) \
             or ep[0] < 0 or ep[-1] != last:
-        return f"log epochs are not increasing epochs ending at the run's last logged one ({last})"
+        return f"log {peer.log_keys[0]} are not increasing, ending at the run's last logged one ({last})"
     for key in peer.log_keys[1:]:
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1 for x in log[key]):
             return f"log {key} holds a value that is not in [0, 1]"
@@ -125,25 +129,25 @@ def record(peer: Peer, path: Path, entries: list[dict[str, Any]], arms: Arms) ->
 
 
 class OfficialRun(PhaseTimes):
-    """An entry with the attributes the rows read (as ledger.LedgerRun), in groklens' steps: their
-    epoch e is evaluated after that epoch's optimizer step, so it is step e + 1, and a run of E
-    epochs ends at step E. Memorization is not read from their runs (None)."""
+    """An entry with the attributes the rows read (as ledger.LedgerRun), in groklens' steps (the
+    peer's step_offset: an epoch e logged after its step is step e + 1, and a run of E epochs
+    ends at step E). Memorization is not read from their runs (None)."""
 
-    def __init__(self, entry: dict[str, Any]):
+    def __init__(self, entry: dict[str, Any], peer: Peer):
         from groklens.analyses.grokking import collapse
 
-        log = entry["log"]
-        steps = [e + 1 for e in log["epochs"]]
+        log, off = entry["log"], peer.step_offset
+        steps = [t + off for t in log[peer.log_keys[0]]]
         self.entry, self.seed = entry, entry["seed"]
         self.name = f"official_{entry['arm']}_s{entry['seed']}"
         self.memorization = None
-        self.grokking = None if entry["grok_epoch"] is None else entry["grok_epoch"] + 1
+        self.grokking = None if entry["grok_epoch"] is None else entry["grok_epoch"] + off
         self.last_step = entry["epochs"]
-        # their last evaluation where the entry has one after the last logged epoch
-        self.final_test_acc = float(entry.get("final_test_acc", log["test_acc"][-1]))
+        # their last evaluation where the entry has one after the last logged time
+        self.final_test_acc = float(entry.get("final_test_acc", log[peer.accuracy_key][-1]))
         # crossing and fall-back read at >= 0.95 on the log (a peer's rule may be > 0.95: the same
         # unless an accuracy is 0.95 exactly)
-        self.collapse = collapse({"step": steps, "test_acc": log["test_acc"]}, GROK_THRESHOLD)
+        self.collapse = collapse({"step": steps, "test_acc": log[peer.accuracy_key]}, GROK_THRESHOLD)
         self.collapsed = bool(self.collapse["collapsed"])
         self.values, self.phase_notes, self.wall_s = {}, {}, None
         self.split_sha256 = entry.get("train_pairs_sha256")

@@ -28,7 +28,7 @@ from groklens.experiments.core import (
     FROM_SEED, Context, Experiment, Plan, Published, QUICK, Row, SMOKE, SMOKE_NOTE, Scale, grok_row, lr_tag,
     no_analyses, register, speedup_row)
 from groklens.experiments.peer import OfficialRun
-from groklens.experiments.sphere_official import PEER_LEDGER, groklens_split_sha256, load_official
+from groklens.experiments.sphere_official import PEER, PEER_LEDGER, groklens_split_sha256, load_official
 from groklens.experiments.verdicts import fmt_ci, interval_verdict, speedup_verdict, undetermined, welch_log_ratio
 
 YILDIRIM = "Yildirim 2026, arXiv 2603.05228 (REFERENCES.md table)"
@@ -168,7 +168,7 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
     entries = [e for e in load_official(PEER_LEDGER, ARCH) if e["lr"] == lr and e["p"] == ctx.sc.base["p"]]
     arms: dict[str, list[Any]] = {}
     for a in OFFICIAL_ARMS:
-        runs = sorted((OfficialRun(e) for e in entries if e["arm"] == a), key=lambda r: r.seed)
+        runs = sorted((OfficialRun(e, PEER) for e in entries if e["arm"] == a), key=lambda r: r.seed)
         seeds = {r.seed for r in runs}
         arms[f"official:{a}"] = runs
         arms[f"same_seeds:{a}"] = [r for r in ctx.group(f"{a}_papersplit_lr{tag}").runs if r.seed in seeds]

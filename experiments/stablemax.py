@@ -12,7 +12,7 @@ from groklens.experiments.core import (
     Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
     no_analyses, register, speedup_row)
 from groklens.experiments.peer import OfficialRun
-from groklens.experiments.stablemax_official import COMMANDS, PEER_LEDGER, PEER_REPO, load_official
+from groklens.experiments.stablemax_official import COMMANDS, PEER, PEER_LEDGER, PEER_REPO, load_official
 from groklens.experiments.verdicts import groks_verdict
 
 PRIETO = "Prieto et al. 2025, 'Grokking at the edge of numerical stability' (REFERENCES.md)"
@@ -106,7 +106,7 @@ def _official_rows(ctx: Context) -> list[Row]:
     rows = []
     for arm, (figure, command) in COMMANDS.items():
         over, label, pub, _ = PAPER_ARMS[arm]
-        runs = sorted((OfficialRun(e) for e in entries if e["arm"] == arm and e["epochs"] == over["steps"]),
+        runs = sorted((OfficialRun(e, PEER) for e in entries if e["arm"] == arm and e["epochs"] == over["steps"]),
                       key=lambda r: r.seed)
         octx = dataclasses.replace(ctx, arms={**ctx.arms, f"official:{arm}": runs})
         note = OFFICIAL_NOTE.format(

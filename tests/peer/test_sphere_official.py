@@ -73,7 +73,7 @@ def test_the_recorder_keeps_each_run_checked_and_its_split(official_jsons, tmp_p
     import json
 
     from groklens.experiments.peer import OfficialRun
-    from groklens.experiments.sphere_official import load_official, pairs_sha256
+    from groklens.experiments.sphere_official import PEER, load_official, pairs_sha256
     from groklens.experiments.sphere_paper import ARCH
 
     ledger = tmp_path / "peer" / "sphere-official.json"
@@ -86,7 +86,7 @@ def test_the_recorder_keeps_each_run_checked_and_its_split(official_jsons, tmp_p
         e = next(e for e in entries if (e["arm"], e["seed"]) == (result["arm"], result["seed"]))
         assert e["train_pairs_sha256"] == pairs_sha256(result["train_pairs"])
         assert e["log"]["test_acc"] == result["history"]["test_acc"] and e["epochs"] == 3 and e["p"] == 7
-        run = OfficialRun(e)  # their last logged epoch 2 is groklens' step 3
+        run = OfficialRun(e, PEER)  # their last logged epoch 2 is groklens' step 3
         assert run.last_step == result["history"]["epochs"][-1] + 1 == 3
         assert (run.grokking is None) == (not isinstance(result["grok_epoch"], int))
     # recording again replaces, never duplicates
