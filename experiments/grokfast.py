@@ -1,12 +1,17 @@
 """The Grokfast experiment (Lee et al. 2024): Grokfast-EMA and Grokfast-MA against the baseline on
 x*y mod p. The paper scale is their code's setup (ironjr/grokfast, main.py and README); the quick
-scale is a toy proxy on the project's small transformer."""
+scale is a toy proxy on the project's small transformer. The paper rows also read their own
+code's runs on this machine (grokfast_official.py, the peer ledger)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from groklens.experiments.core import (
     Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
     no_analyses, register, speedup_row)
+from groklens.experiments.grokfast_official import PEER, PEER_LEDGER, PEER_REPO, load_official
+from groklens.experiments.peer import OfficialRun
 
 GROKFAST = "Lee et al. 2024, Grokfast (REFERENCES.md; ironjr/grokfast README)"
 PUBLISHED = {"base": 39_890, "grokfast": 910, "grokfast_ma": 790}  # iterations to 95% validation accuracy
@@ -65,6 +70,34 @@ def _read_grokfast(ctx: Context) -> list[Row]:
         rows.append(speedup_row(ctx, f"speed-up of {LABELS[v].split(' (')[0]}",
                                 Published(pub, f"{pub:.1f}x (derived: 39,890 / {PUBLISHED[v]})", GROKFAST),
                                 "base", v, diff, verdict=paper))
+    return rows + _official_rows(ctx, arms) if paper else rows
+
+
+OFFICIAL_NOTE = ("their own code ({repo} at {commit}, main.py and grokfast.py unchanged) run by "
+                 "benchmarks/peer/grokfast_official.py on this machine: the README's command for the arm with --seed S "
+                 "and --budget {budget} iterations (theirs: 300,000, with no stop), one thread; recorded by "
+                 "benchmarks/peer/record_peer.py grokfast in docs/results/peer/grokfast-official.json. Their split "
+                 "and batch order come from the seed (ours: data_seed 598 for every seed); their model has the "
+                 "attention biases ours lacks; validation after every epoch of 10 iterations; grokking = the first "
+                 "iteration count with validation accuracy >= 0.95, their README's measure")
+
+
+def _official_rows(ctx: Context, arms: list[str]) -> list[Row]:
+    """Each arm as their own code ran it here (the peer ledger, at the paper's p), beside groklens'
+    runs of the arm; a run shorter than its grokking is censored at its budget."""
+    entries = [e for e in load_official(PEER_LEDGER) if e["p"] == ctx.sc.base["p"]]
+    rows = []
+    for v in arms:
+        runs = sorted((OfficialRun(e, PEER) for e in entries if e["arm"] == v), key=lambda r: r.seed)
+        octx = dataclasses.replace(ctx, arms={**ctx.arms, f"official:{v}": runs})
+        note = OFFICIAL_NOTE.format(
+            repo=PEER_REPO, commit=", ".join(sorted({r.entry["repo_commit"][:10] for r in runs})) or "—",
+            budget=", ".join(sorted({f"{r.entry['epochs']:,}" for r in runs})) or "—")
+        row = grok_row(octx, f"iterations to 95% validation accuracy, their own code, {LABELS[v]}",
+                       Published(PUBLISHED[v], f"{PUBLISHED[v]:,}", GROKFAST), f"official:{v}", note)
+        row.ours_text = f"{row.ours_text}; groklens ({v}): {ctx.grok(v)[1]}" if runs else \
+            "no official-code run recorded"
+        rows.append(row)
     return rows
 
 

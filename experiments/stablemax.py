@@ -12,7 +12,7 @@ from groklens.experiments.core import (
     Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale, grok_row,
     no_analyses, register, speedup_row)
 from groklens.experiments.peer import OfficialRun
-from groklens.experiments.stablemax_official import COMMANDS, PEER, PEER_LEDGER, PEER_REPO, load_official
+from groklens.experiments.stablemax_official import ARMS, PEER, PEER_LEDGER, PEER_REPO, load_official
 from groklens.experiments.verdicts import groks_verdict
 
 PRIETO = "Prieto et al. 2025, 'Grokking at the edge of numerical stability' (REFERENCES.md)"
@@ -92,7 +92,7 @@ def _read_paper(ctx: Context) -> list[Row]:
 
 OFFICIAL_NOTE = ("their own code ({repo} at {commit}) run by benchmarks/peer/stablemax_official.py on this machine: "
                  "figure {figure}'s command {command} of their run_main_experiments.sh with --device cpu and --seed S, "
-                 "unchanged but for its thread count; recorded by benchmarks/peer/record_stablemax_official.py in "
+                 "unchanged but for its thread count; recorded by benchmarks/peer/record_peer.py stablemax in "
                  "docs/results/peer/stablemax-official.json. Their split: random_split of the {p}^2 pairs under the "
                  "seed (ours: data_seed 598 for every seed); logged every {every} epochs after that epoch's step "
                  "(their epoch e is our step e+1); grokking = the first logged test accuracy >= 0.95 (their code has "
@@ -104,7 +104,7 @@ def _official_rows(ctx: Context) -> list[Row]:
     beside groklens' runs of the arm; only runs of their command's full length count."""
     entries = [e for e in load_official(PEER_LEDGER) if e["p"] == PAPER["p"]]
     rows = []
-    for arm, (figure, command) in COMMANDS.items():
+    for arm, (figure, command) in ARMS.items():
         over, label, pub, _ = PAPER_ARMS[arm]
         runs = sorted((OfficialRun(e, PEER) for e in entries if e["arm"] == arm and e["epochs"] == over["steps"]),
                       key=lambda r: r.seed)

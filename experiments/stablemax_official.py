@@ -3,8 +3,8 @@
 paper rows read beside groklens' runs of the same arms.
 
 `benchmarks/peer/stablemax_official.py` runs one command of their run_main_experiments.sh with
-their grokking_experiments.py and writes one JSON; `benchmarks/peer/record_stablemax_official.py`
-records those files here. The arms are their commands (COMMANDS: figure, command), named as
+their grokking_experiments.py and writes one JSON; `benchmarks/peer/record_peer.py stablemax`
+records those files here. The arms are their commands (ARMS: arm -> figure, command), named as
 groklens' paper arms (experiments/stablemax.py) where groklens runs the same setup.
 
 An entry is one run: `arm`, `seed`, `figure`, `command`, `argv` (what ran, after their script's
@@ -35,7 +35,7 @@ from groklens.experiments.peer import Peer
 PEER_LEDGER = LEDGER_DIR / "peer" / "stablemax-official.json"
 PEER_REPO = "LucasPrietoAl/grokking-at-the-edge-of-numerical-stability"
 # arm -> (figure, command): the command's place in their run_main_experiments.sh
-COMMANDS = {"stablemax": (1, 1), "perp_adamw": (1, 2), "ce_float64": (1, 3)}
+ARMS = {"stablemax": (1, 1), "perp_adamw": (1, 2), "ce_float64": (1, 3)}
 ENTRY_TYPES: dict[str, tuple[type, ...]] = {
     "arm": (str,), "seed": (int,), "figure": (int,), "command": (int,), "argv": (list,), "repo_commit": (str,),
     "lr": (float, int), "p": (int,), "train_fraction": (float,), "epochs": (int,), "log_frequency": (int,),
@@ -50,8 +50,8 @@ def grok_epoch(log: dict[str, list]) -> int | None:
 
 
 def _check(e: dict[str, Any], arms: Mapping[str, Any]) -> str | None:
-    if (e["figure"], e["command"]) != COMMANDS[e["arm"]]:
-        f, c = COMMANDS[e["arm"]]
+    if (e["figure"], e["command"]) != ARMS[e["arm"]]:
+        f, c = ARMS[e["arm"]]
         return f"'figure', 'command' are {e['figure']}, {e['command']}, not arm {e['arm']}'s {f}, {c}"
     if not (e["epochs"] >= 1 and e["log_frequency"] >= 1 and e["p"] >= 2 and 0 < e["train_fraction"] < 1
             and e["lr"] > 0 and e["threads"] >= 1 and math.isfinite(e["cpu_s"]) and e["cpu_s"] >= 0
@@ -64,7 +64,7 @@ def _check(e: dict[str, Any], arms: Mapping[str, Any]) -> str | None:
 PEER = Peer(
     repo=PEER_REPO,
     what="runs of their grokking_experiments.py (benchmarks/peer/stablemax_official.py), recorded by "
-         "benchmarks/peer/record_stablemax_official.py; their epoch e is groklens' step e + 1",
+         "benchmarks/peer/record_peer.py stablemax; their epoch e is groklens' step e + 1",
     entry_types=ENTRY_TYPES, key=("arm", "seed", "p", "epochs"), order=("arm", "p", "epochs", "seed"),
     log_keys=("epochs", "train_acc", "test_acc", "softmax_collapse"),
     grok_rule=f"test acc >= {GROK_THRESHOLD}", grok_epoch=grok_epoch,
@@ -75,10 +75,10 @@ def official_entry(result: dict[str, Any]) -> dict[str, Any]:
     """The ledger entry of one result JSON of benchmarks/peer/stablemax_official.py (checked)."""
     try:
         where = (result["figure"], result["command"])
-        arm = next((a for a, c in COMMANDS.items() if c == where), None)
+        arm = next((a for a, c in ARMS.items() if c == where), None)
         if arm is None:
             raise BadInput(f"figure {where[0]} command {where[1]} is none of the recorded arms "
-                           f"({', '.join(f'{a}: figure {f} command {c}' for a, (f, c) in COMMANDS.items())})")
+                           f"({', '.join(f'{a}: figure {f} command {c}' for a, (f, c) in ARMS.items())})")
         args, log = result["args"], result["log"]
         entry = {
             "arm": arm, "seed": result["seed"], "figure": where[0], "command": where[1], "argv": list(result["argv"]),
@@ -93,14 +93,10 @@ def official_entry(result: dict[str, Any]) -> dict[str, Any]:
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInput(f"not a result of benchmarks/peer/stablemax_official.py (missing or bad {exc})") from None
-    return peer.checked(PEER, entry, COMMANDS)
+    return peer.checked(PEER, entry, ARMS)
 
 
 def load_official(path: Path = PEER_LEDGER) -> list[dict[str, Any]]:
     """The checked entries of the ledger ([] when the file does not exist)."""
-    return peer.load(PEER, path, COMMANDS)
+    return peer.load(PEER, path, ARMS)
 
-
-def record(path: Path, entries: list[dict[str, Any]]) -> Path:
-    """Add entries to the ledger at `path` (an entry of the same arm, seed, p and epochs is replaced)."""
-    return peer.record(PEER, path, entries, COMMANDS)

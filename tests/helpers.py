@@ -118,3 +118,17 @@ def one_line_exit(out: subprocess.CompletedProcess, code: int = 2) -> str:
     assert out.returncode == code, f"exit {out.returncode}: {err[-600:]}"
     assert len(err.splitlines()) == 1 and "Traceback" not in err and "--debug" not in err, err
     return err
+
+
+PEER_SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "peer"
+
+
+def peer_script(name: str):
+    """A script of benchmarks/peer/ (not a package: loaded from its file), e.g. peer_script("stablemax_official")."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, PEER_SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(mod)
+    return mod

@@ -25,7 +25,7 @@ PUBLISHED = [n for n in NAMES if E.EXPERIMENTS.get(n).published]  # all but the 
 # the modules of experiments/ that hold no experiment; every other module registers one
 # or more (a new experiment is one file: nothing here names it)
 SUPPORT_MODULES = {"core", "pipeline", "ledger", "verdicts", "layout", "cost", "peer", "sphere_official",
-                   "stablemax_official"}
+                   "stablemax_official", "grokfast_official"}
 
 
 def test_registry_has_every_experiment_module():

@@ -6,25 +6,23 @@ runs of their code (benchmarks/peer/stablemax_official.py); tests/peer/ runs the
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import peer_script
 
 from groklens.errors import BadInput
 from groklens.experiments import stablemax, stablemax_official
 from groklens.experiments.core import Context
 from groklens.experiments.pipeline import get_experiment
 
-RECORDER = Path(__file__).resolve().parents[2] / "benchmarks" / "peer" / "record_stablemax_official.py"
+RECORDER = Path(__file__).resolve().parents[2] / "benchmarks" / "peer" / "record_peer.py"
 
 
 def _recorder():
-    spec = importlib.util.spec_from_file_location("record_stablemax_official", RECORDER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return peer_script("record_peer")
 
 
 def _committed() -> list[dict]:
@@ -82,12 +80,12 @@ def test_the_recorder_keeps_each_run_and_refuses_a_bad_file_in_one_line(tmp_path
         paths.append(tmp_path / f"r{i}.json")
         paths[-1].write_text(json.dumps(_as_result(e)))
     ledger = tmp_path / "peer" / "stablemax-official.json"
-    assert _recorder().main([*map(str, paths), "--ledger", str(ledger)]) == 0
+    assert _recorder().main(["stablemax", *map(str, paths), "--ledger", str(ledger)]) == 0
     got = stablemax_official.load_official(ledger)
     strip = ("recorded",)
     assert [{k: v for k, v in g.items() if k not in strip} for g in got] == \
         [{k: v for k, v in e.items() if k not in strip} for e in entries]
-    assert _recorder().main([str(paths[0]), "--ledger", str(ledger)]) == 0  # again: replaced, not added
+    assert _recorder().main(["stablemax", str(paths[0]), "--ledger", str(ledger)]) == 0  # again: replaced, not added
     assert len(stablemax_official.load_official(ledger)) == 2
     capsys.readouterr()
     other = tmp_path / "fig2.json"
@@ -96,7 +94,7 @@ def test_the_recorder_keeps_each_run_and_refuses_a_bad_file_in_one_line(tmp_path
     junk.write_text('{"figure": 1}')
     fresh = tmp_path / "fresh.json"
     for bad, why in ((other, "none of the recorded arms"), (junk, "stablemax_official.py")):
-        assert _recorder().main([str(bad), "--ledger", str(fresh)]) == 2
+        assert _recorder().main(["stablemax", str(bad), "--ledger", str(fresh)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and why in err and not fresh.exists()
 
@@ -113,7 +111,7 @@ def test_stablemax_paper_rows_read_their_own_codes_runs(tmp_path, monkeypatch):
     sc = exp.scales["paper"]
     rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, tmp_path))
     theirs = {r.measure: r for r in rows if "their own code" in r.measure}
-    assert len(theirs) == len(stablemax_official.COMMANDS)
+    assert len(theirs) == len(stablemax_official.ARMS)
     perp = next(r for m, r in theirs.items() if "⊥AdamW" in m)
     steps = [e["grok_epoch"] + 1 for e in runs]  # their epoch e is our step e + 1
     assert perp.ours == pytest.approx(sum(steps) / len(steps)) and "(n=4)" in perp.ours_text

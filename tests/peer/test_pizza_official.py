@@ -6,13 +6,13 @@ Skipped when their repository is not here: set GROKLENS_PIZZA_REPO to a checkout
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import peer_script
 
 REPO = Path(os.environ.get("GROKLENS_PIZZA_REPO", "/work/.mirror/fjzzq2002+pizza/repo"))
 pytestmark = pytest.mark.skipif(not REPO.exists(), reason="the pizza paper's repository is not here")
@@ -21,11 +21,7 @@ PRINTED = 0.005 / 100 + 1e-9  # they print percents with 2 decimals
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pizza_official", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["pizza_official"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return peer_script("pizza_official")
 
 
 def test_model_a_reads_as_their_notebook_printed(tmp_path):

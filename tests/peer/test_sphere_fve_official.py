@@ -6,12 +6,12 @@ Skipped when their repository is not here (GROKLENS_SPHERE_REPO, as tests/peer/t
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import peer_script
 
 from tests.peer.test_sphere_official import REPO
 
@@ -24,11 +24,7 @@ NOTEBOOK_MODEL = dict(p=13, train_frac=0.7, causal=False, mlp_bias=True, init_sc
 
 
 def _script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("sphere_fve_official", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return peer_script("sphere_fve_official")
 
 
 def _agree(result: dict) -> None:

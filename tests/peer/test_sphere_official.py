@@ -5,11 +5,12 @@ checkout of AlperYildirim1/geometric-grokking (or its git directory)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import peer_script
 
 REPO = Path(os.environ.get("GROKLENS_SPHERE_REPO", "/work/.mirror/AlperYildirim1+geometric-grokking/repo"))
 pytestmark = pytest.mark.skipif(not REPO.exists(), reason="the sphere paper's repository is not here")
@@ -17,10 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "peer" / "sphere_o
 
 
 def _peer():
-    spec = importlib.util.spec_from_file_location("sphere_official", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return peer_script("sphere_official")
 
 
 @pytest.mark.parametrize("arm", ["sphere_wd1", "ln"])
@@ -51,10 +49,7 @@ RECORDER = SCRIPT.with_name("record_sphere_official.py")
 
 
 def _script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return peer_script(path.stem)
 
 
 @pytest.fixture(scope="module")

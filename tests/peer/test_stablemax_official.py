@@ -6,12 +6,13 @@ GROKLENS_STABLEMAX_REPO to a checkout of LucasPrietoAl/grokking-at-the-edge-of-n
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import peer_script
 
 REPO = Path(os.environ.get("GROKLENS_STABLEMAX_REPO",
                            "/work/.mirror/LucasPrietoAl+grokking-at-the-edge-of-numerical-stability/repo"))
@@ -21,10 +22,7 @@ TINY = ["--modulo", "11", "--input_size", "11", "--hidden_sizes", "16", "16"]
 
 
 def _peer():
-    spec = importlib.util.spec_from_file_location("stablemax_official", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return peer_script("stablemax_official")
 
 
 def _flags(argv: list[str]) -> dict[str, str | bool]:
