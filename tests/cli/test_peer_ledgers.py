@@ -1,7 +1,8 @@
-"""Prieto et al.'s own code as a peer (experiments/stablemax_official.py): the ledger of its runs is
-checked entry by entry, the recorder takes the peer script's JSONs, and stablemax's paper rows
-read those runs beside groklens'. Runs without their repository: the committed ledger holds real
-runs of their code (benchmarks/peer/stablemax_official.py); tests/peer/ runs their code itself."""
+"""The papers' own code as peers (experiments/stablemax_official.py, grokfast_official.py, on
+experiments/peer.py): the ledger of their runs is checked entry by entry, the recorder takes the
+peer scripts' JSONs, and the paper rows read those runs beside groklens'. Runs without their
+repositories: the committed ledgers hold real runs of their code (benchmarks/peer/); tests/peer/
+runs their code itself."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from tests.helpers import peer_script
 
 from groklens.errors import BadInput
-from groklens.experiments import stablemax, stablemax_official
+from groklens.experiments import grokfast, grokfast_official, stablemax, stablemax_official
 from groklens.experiments.core import Context
 from groklens.experiments.pipeline import get_experiment
 
@@ -39,8 +40,8 @@ def _as_result(entry: dict) -> dict:
                      "num_epochs": entry["epochs"], "log_frequency": entry["log_frequency"], "device": entry["device"]}}
 
 
-def _write_ledger(path: Path, runs: list[dict]) -> Path:
-    path.write_text(json.dumps({"format": 1, "peer": stablemax_official.PEER_REPO, "what": "test", "runs": runs}))
+def _write_ledger(path: Path, runs: list[dict], repo: str = stablemax_official.PEER_REPO) -> Path:
+    path.write_text(json.dumps({"format": 1, "peer": repo, "what": "test", "runs": runs}))
     return path
 
 
@@ -119,3 +120,29 @@ def test_stablemax_paper_rows_read_their_own_codes_runs(tmp_path, monkeypatch):
     assert "figure 1's command 2" in perp.differs and "0cc9e8dc62" in perp.differs
     f64 = next(r for m, r in theirs.items() if "float64" in m)
     assert f64.ours_text == "no official-code run recorded" and f64.verdict.startswith("undetermined")
+
+
+def test_grokfast_paper_rows_read_their_own_codes_runs_as_iterations(tmp_path, monkeypatch):
+    """Their runs log the iterations taken: their count is our step (no +1), and a run that has not
+    reached 95% by its budget is censored there."""
+    runs = [e for e in grokfast_official.load_official(grokfast_official.PEER_LEDGER) if e["arm"] == "grokfast"]
+    assert len(runs) >= 5
+    for e in runs:
+        assert e["log"]["iterations"][:2] == [10, 20] and e["log"]["iterations"][-1] == e["epochs"]
+        assert e["grok_epoch"] == next(i for i, a in zip(e["log"]["iterations"], e["log"]["val_acc"]) if a >= 0.95)
+    cut = copy.deepcopy(runs[0])  # the same run, as if its budget ended before it grokked
+    keep = [i for i, t in enumerate(cut["log"]["iterations"]) if t <= cut["grok_epoch"] - 10]
+    cut["log"] = {k: [v[i] for i in keep] for k, v in cut["log"].items()}
+    cut.update(seed=99, epochs=cut["log"]["iterations"][-1], grok_epoch=None)
+    ledger = _write_ledger(tmp_path / "g.json", [*runs, cut], grokfast_official.PEER_REPO)
+    monkeypatch.setattr(grokfast, "PEER_LEDGER", ledger)
+    exp = get_experiment("grokfast")
+    sc = exp.scales["paper"]
+    rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, tmp_path))
+    theirs = {r.measure: r for r in rows if "their own code" in r.measure}
+    assert len(theirs) == 3
+    ema = next(r for m, r in theirs.items() if "EMA" in m)
+    assert ema.bound == "lower" and f"(n={len(runs) + 1}, 1 censored" in ema.ours_text
+    assert ema.ours == pytest.approx((sum(e["grok_epoch"] for e in runs) + cut["epochs"]) / (len(runs) + 1))
+    base = next(r for m, r in theirs.items() if "baseline" in m)
+    assert base.ours_text == "no official-code run recorded"
