@@ -22,11 +22,13 @@ class AttentionFastPaths:
     """Mixed into transformer.Attention, whose state these read: cfg, W_Q / W_K / W_V / W_O, the
     `allowed` keys, `masked`, `last_sees_all`, and the patterns `_uniform` and `_with_rate`."""
 
-    def _lean(self, x: torch.Tensor, query: slice | None, xq: torch.Tensor | None = None) -> torch.Tensor:
+    def _lean(self, x: torch.Tensor, query: slice | None, xq: torch.Tensor | None = None,
+              scores_to: dict | None = None) -> torch.Tensor:
         """The same output from [b, p, d] inputs, with no hook inside, as few large products: K and
         V each in one matmul [b*p, d] @ [d, h e], Q in one (at the query positions only), the output
         projection in one [b*q, h e] @ [h e, d]; a short sequence's scores and mixing (p <= 8 keys)
-        as broadcast products instead of many tiny batched matmuls. Device-agnostic."""
+        as broadcast products instead of many tiny batched matmuls. Device-agnostic.
+        `scores_to`: a dict that receives hook_attn_scores' tensor (`_record_scores`)."""
         cfg = self.cfg
         b, n, d = x.shape
         h, e = cfg.n_heads, cfg.d_head
@@ -47,6 +49,7 @@ class AttentionFastPaths:
             else:
                 scores = torch.einsum("bqhe,bkhe->bqkh", q, k)
             scores = self._mask_scores(scores / math.sqrt(e), n, query)
+            self._record_scores(scores_to, scores)
             pattern = self._with_rate(scores.softmax(dim=2), n, query, x, per_head_last=True)
         return self._mix(pattern, v)
 
@@ -70,7 +73,8 @@ class AttentionFastPaths:
                 z = z * r + (self._uniform(n, query, x) @ v) * (1 - r)
         return torch.einsum("bhqe,hed->bqd", z, self.W_O)
 
-    def table(self, x_tab: torch.Tensor, ids: torch.Tensor, query: slice | None) -> torch.Tensor:
+    def table(self, x_tab: torch.Tensor, ids: torch.Tensor, query: slice | None,
+              scores_to: dict | None = None) -> torch.Tensor:
         """The lean output where the input is a function of (position, token), as in the first
         block: x_tab [n, V, d] is the attention input of every position and token, ids [b, n]
         each input's row in x_tab.view(n V, d). K, V and Q are projected on the table's n V rows
@@ -93,6 +97,7 @@ class AttentionFastPaths:
         q_ids = ids if query is None else ids[:, query]
         pairs = (q_ids - start * V)[:, :, None] * (n * V) + ids[:, None, :]  # [b, q, k]: each score's row
         scores = self._mask_scores(F.embedding(pairs, s_tab), n, query)  # [b, q, k, h]
+        self._record_scores(scores_to, scores)
         return self._mix(self._with_rate(scores.softmax(dim=2), n, query, x_tab, per_head_last=True), v)
 
     def own_value(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,6 +118,13 @@ class AttentionFastPaths:
             mask = self.allowed[:n, :n] if query is None else self.allowed[query, :n]
             scores = scores.masked_fill(~mask[None, :, :, None], float("-inf"))
         return scores
+
+    def _record_scores(self, scores_to: dict | None, scores: torch.Tensor) -> None:
+        """Store the masked scores [b, q, k, h] in `scores_to` under hook_attn_scores' name, as that
+        hook sees them ([b, h, q, k], the query positions computed): a regularizer term reads them
+        with no hook attached (Transformer.site_capture), in the graph."""
+        if scores_to is not None:
+            scores_to[self.hook_attn_scores.name] = scores.permute(0, 3, 1, 2)
 
     def _mix(self, pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """pattern [b|1, q, k, h|1] times v [b, k, h, e], then the output projection: [b, q, d]."""

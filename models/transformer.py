@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -213,14 +214,17 @@ class Attention(AttentionFastPaths, nn.Module):
         self.last_sees_all = not cfg.readout_keys  # the readout query sees every key (no mask needed there)
 
     def forward(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor,
-                query: slice | None = None, fast: str | None = None, xq: torch.Tensor | None = None) -> torch.Tensor:
+                query: slice | None = None, fast: str | None = None, xq: torch.Tensor | None = None,
+                scores_to: dict | None = None) -> torch.Tensor:
         """Attention output [b, p, d]; with `query`, only for those query positions [b, |query|, d].
         Inputs are [b, p, d], or per head [b, p, h, d] (cfg.use_split_qkv_input / use_attn_in).
-        `xq`: the lean path's q_in[:, query] when the caller has it (one slice, one backward)."""
-        if fast == "sdpa" and not self.folded:
+        `xq`: the lean path's q_in[:, query] when the caller has it (one slice, one backward).
+        `scores_to`: a dict that receives what hook_attn_scores sees, under its name, with no hook
+        (Transformer.site_capture); the fused kernel has no scores, so the lean path runs instead."""
+        if fast == "sdpa" and not self.folded and scores_to is None:
             return self._sdpa(q_in, query)
-        if fast == "lean" and not self.folded:
-            return self._lean(q_in, query, xq)
+        if fast in ("lean", "sdpa") and not self.folded:
+            return self._lean(q_in, query, xq, scores_to)
         xq = q_in if query is None else q_in[:, query]
         eq = "bphd,hde->bphe" if q_in.ndim == 4 else "bpd,hde->bphe"
         q, k, v = torch.einsum(eq, xq, self.W_Q), torch.einsum(eq, k_in, self.W_K), torch.einsum(eq, v_in, self.W_V)
@@ -235,6 +239,8 @@ class Attention(AttentionFastPaths, nn.Module):
             mask = self.allowed[:n, :n]
             scores = scores.masked_fill(~(mask if query is None else mask[query]), float("-inf"))
         scores = self.hook_attn_scores(scores)
+        if scores_to is not None:
+            scores_to[self.hook_attn_scores.name] = scores
         pattern = self.hook_pattern(self._with_rate(scores.softmax(dim=-1), k_in.shape[1], query, scores))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
         if self.cfg.use_attn_result:
@@ -356,10 +362,11 @@ class TransformerBlock(nn.Module):
                                 "patch hook_z or hook_resid_* with run_with_hooks instead")
         raise AttributeError("submodules")
 
-    def forward(self, x: torch.Tensor, query: slice | None = None, fast: str | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, query: slice | None = None, fast: str | None = None,
+                scores_to: dict | None = None) -> torch.Tensor:
         """With `query`, the block's output only at those positions (keys and values still see
         every position): what the last block needs for the loss. `fast` ("sdpa" | "lean"): no hook
-        is attached (Transformer.forward)."""
+        is attached (Transformer.forward). `scores_to`: receives the attention scores (Attention.forward)."""
         lean = fast == "lean"
         x = self.hook_resid_pre(x)
         if self.in_stream:
@@ -367,16 +374,18 @@ class TransformerBlock(nn.Module):
         inputs = self.attn_inputs(x, lean)
         rows = x[:, query] if query is not None else None  # the residual at the query positions
         xq = rows if lean and self.post and rows is not None else None  # after a sum-norm, also the queries' input
-        attn_out = self.hook_attn_out(self.attn(*inputs, query=query, fast=fast, xq=xq))
+        attn_out = self.hook_attn_out(self.attn(*inputs, query=query, fast=fast, xq=xq, scores_to=scores_to))
         if query is not None:
             x = rows
         return self._after_attention(x, attn_out, lean)
 
-    def from_table(self, table: torch.Tensor, tokens: torch.Tensor, query: slice | None) -> torch.Tensor:
+    def from_table(self, table: torch.Tensor, tokens: torch.Tensor, query: slice | None,
+                   scores_to: dict | None = None) -> torch.Tensor:
         """The lean forward of a first block whose input is a function of (position, token):
         `table` [n, V, d] is resid_pre of every position and token (Transformer.forward), and
         the attention runs on it (Attention.table); the residual at the query positions is
-        gathered from it. Only a plain input (no TL per-head inputs, no hook) comes here."""
+        gathered from it. Only a plain input (no TL per-head inputs, no hook) comes here.
+        `scores_to`: receives the attention scores (Attention.table), of every query computed."""
         n, V, d = table.shape
         ids = tokens + torch.arange(n, device=tokens.device) * V  # [b, n]: each input's row of table.view(n V, d)
         # a token outside the vocabulary fails in the gathers as in the embedding (IndexError), rather
@@ -384,20 +393,21 @@ class TransformerBlock(nn.Module):
         ids = ids.masked_fill((tokens < 0) | (tokens >= V), n * V)
         x_tab = table if self.post else norm_of(self.ln1, table, True)
         stream = x_tab if self.in_stream else table  # in_stream: ln1's output is the residual
-        if self.cfg.causal and n > 1 and (query is None or range(n)[query] == range(n)):
+        if self.cfg.causal and n > 1 and (query is None or range(n)[query] == range(n)) and scores_to is None:
             # every position (the activation-norm penalty's sites): causal position 0 sees only
             # itself (its pattern is 1 on its own key), so its whole block output is a function of
-            # its token, computed once per token and gathered; the others as below
+            # its token, computed once per token and gathered; the others as below (not when the
+            # scores are recorded: position 0 would have none)
             own = self.attn.own_value(x_tab[0])  # [V, d]
             head = self._after_attention(stream[0][None], own[None], True)[0]  # [V, d]
             rest = self._from_table(x_tab, stream, ids, slice(1, n))
             return torch.cat([F.embedding(ids[:, :1], head), rest], dim=1)
-        return self._from_table(x_tab, stream, ids, query)
+        return self._from_table(x_tab, stream, ids, query, scores_to)
 
-    def _from_table(self, x_tab: torch.Tensor, stream: torch.Tensor, ids: torch.Tensor, query: slice | None
-                    ) -> torch.Tensor:
+    def _from_table(self, x_tab: torch.Tensor, stream: torch.Tensor, ids: torch.Tensor, query: slice | None,
+                    scores_to: dict | None = None) -> torch.Tensor:
         n, V, d = x_tab.shape
-        attn_out = self.attn.table(x_tab, ids, query)
+        attn_out = self.attn.table(x_tab, ids, query, scores_to)
         rows = F.embedding(ids if query is None else ids[:, query], stream.reshape(n * V, d))
         return self._after_attention(rows, attn_out, True)
 
@@ -495,13 +505,23 @@ class Transformer(TransformerLensWeights, HookedModel):
     # batch is large against the vocabulary (`_table_pays`): at paper scale (p=113, 3,831 rows)
     # 0.6x the lean step's time (docs/PERFORMANCE.md). False: the first block on the batch's rows.
     embedding_table: bool = True
-    # A dict {blocks.{i}.hook_resid_post: None, ...} set by the trainer for one call: each named
-    # block's output is stored in it, at every position (with `readout`, the last block then runs
-    # at every position if it is named, and only the unembedding at the readout ones). A
-    # regularizer term that reads only these sites (the activation-norm penalty's defaults) then
-    # needs no TransformerLens hook, whose presence would force the explicit path (0.71x the
-    # penalty step's CPU time at paper scale, docs/PERFORMANCE.md).
-    resid_capture: dict | None = None
+    # A dict {site: None, ...} set by the trainer for one call, of sites `can_capture` accepts:
+    # each is stored in it as its hook would see it, in the graph. blocks.{i}.hook_resid_post: the
+    # block's output at every position (with `readout`, the last block then runs at every position
+    # if it is named, and only the unembedding at the readout ones). blocks.{i}.attn.hook_attn_scores:
+    # [b, h, q, k] at the query positions the block computes, so with `readout` the last block's are
+    # the readout rows only. A regularizer term that reads only such sites (the activation-norm
+    # penalty's defaults, the KL attention term) then needs no TransformerLens hook, whose presence
+    # would force the explicit path at every position (docs/PERFORMANCE.md: 0.71x the penalty
+    # step's CPU time at paper scale, and 0.2x the KL step's).
+    site_capture: dict | None = None
+
+    def can_capture(self, site: str) -> bool:
+        """True for a site `site_capture` can record: a block's resid_post, or its attention scores
+        unless the attention is uniform (its lean paths compute no scores)."""
+        if re.fullmatch(r"blocks\.\d+\.hook_resid_post", site):
+            return True
+        return bool(re.fullmatch(r"blocks\.\d+\.attn\.hook_attn_scores", site)) and self.cfg.attention != "uniform"
 
     def _table_pays(self, tokens: torch.Tensor, query: slice | None) -> bool:
         """The table path for these inputs (the lean path's first block, so no hook and no TL
@@ -526,7 +546,9 @@ class Transformer(TransformerLensWeights, HookedModel):
         fast = None if not plain else "sdpa" if fused else "lean" if self.lean_path else None
         lean = fast == "lean"
         last = len(self.blocks) - 1
-        capture = self.resid_capture
+        capture = self.site_capture
+        scores_to = [capture if capture is not None and f"blocks.{i}.attn.hook_attn_scores" in capture else None
+                     for i in range(last + 1)]
         # the last block at the readout positions only, unless its resid_post is recorded at every
         # position (the penalty's): then it runs in full and only the unembedding is cut to them
         query = None if capture is not None and f"blocks.{last}.hook_resid_post" in capture else readout
@@ -537,7 +559,7 @@ class Transformer(TransformerLensWeights, HookedModel):
             # resid_pre of the first block is a function of (position, token): computed once per pair
             n = tokens.shape[-1]
             table = norm_of(embed_norm, self.embed.W_E[None] + self.pos_embed.W_pos[:n, None], True)  # [n, V, d]
-            x, first = self.blocks[0].from_table(table, tokens, query if last == 0 else None), 1
+            x, first = self.blocks[0].from_table(table, tokens, query if last == 0 else None, scores_to[0]), 1
         else:
             # its backward: ~0.7x indexing's
             embed = F.embedding(tokens, self.embed.W_E) if lean else self.embed(tokens)
@@ -546,7 +568,7 @@ class Transformer(TransformerLensWeights, HookedModel):
         if capture is not None and first == 1 and "blocks.0.hook_resid_post" in capture:
             capture["blocks.0.hook_resid_post"] = x
         for i in range(first, last + 1):
-            x = self.blocks[i](x, query if i == last else None, fast)
+            x = self.blocks[i](x, query if i == last else None, fast, scores_to[i])
             if capture is not None and f"blocks.{i}.hook_resid_post" in capture:
                 capture[f"blocks.{i}.hook_resid_post"] = x
         if readout is not None and query is None:

@@ -40,7 +40,7 @@ from groklens.trainers.optim import Update, grad_norms
 from groklens.trainers.regularizers import Batch, build_regularizers
 from groklens.trainers.train import create_trajectory
 from groklens.trainers.step import (
-    check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows, resid_capturable)
+    check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows, model_captures)
 
 # Fields that may differ between members, declared per_member with the field (groklens/config.py):
 # the loop's (init and split seeds, optimizer strength, the stop rule; each member's own in
@@ -111,9 +111,9 @@ class EnsembleRun(Strategy):
         self.terms = [r for r in regularizers if r.kind == "term"]
         self.update = Update(cfgs, self.params, [r for r in regularizers if r.kind == "grad"])
         self.hooks = [(n, self._capture) for n in sorted({n for r in self.terms for n in r.hook_names})]
-        # sites the template records itself (Transformer.resid_capture): the members keep the lean
+        # sites the template records itself (Transformer.site_capture): the members keep the lean
         # path, as the same run alone does (trainers/single.py)
-        self.resid_capture = resid_capturable(self.base, [n for n, _ in self.hooks])
+        self.model_captures = model_captures(self.base, [n for n, _ in self.hooks])
         self.acts: dict[str, torch.Tensor] = {}
         self._stack_member_tensors()
 
@@ -183,7 +183,7 @@ class EnsembleRun(Strategy):
         def call(x, **kwargs):
             return torch.func.functional_call(self.base, (params, buffers), (x,), kwargs)
 
-        full = bool(capture and self.hooks and not self.resid_capture)  # the model records its own sites in full
+        full = bool(capture and self.hooks and not self.model_captures)  # the model records its own sites in full
         logits = readout_logits(call, x, self.readout_slice, full, getattr(self.base, "supports_readout", False))
         return readout(logits, self.multi_target)
 
@@ -191,12 +191,12 @@ class EnsembleRun(Strategy):
         """fn vmapped over the members, with the terms' capture hooks on the template for the call."""
         if not (self.hooks and capture):
             return torch.func.vmap(fn, in_dims=in_dims)(*args)
-        if self.resid_capture:  # filled inside the vmapped forward, read there by the terms
-            self.acts = self.base.resid_capture = {n: None for n, _ in self.hooks}
+        if self.model_captures:  # filled inside the vmapped forward, read there by the terms
+            self.acts = self.base.site_capture = {n: None for n, _ in self.hooks}
             try:
                 return torch.func.vmap(fn, in_dims=in_dims)(*args)
             finally:
-                self.base.resid_capture = None
+                self.base.site_capture = None
                 self.acts = {}
         with self.base.hooks(fwd_hooks=self.hooks):
             out = torch.func.vmap(fn, in_dims=in_dims)(*args)

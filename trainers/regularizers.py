@@ -292,7 +292,9 @@ class KLAttention(Regularizer):
         log_pi = torch.where(mask, pi.log(), 0.0)
         kls = []
         for name in self.hook_names:
-            logp = torch.log_softmax(acts[name][:, :, q, :].to(torch.float64), dim=-1)  # [b, h, k]
+            scores = acts[name]  # [b, h, q, k]: every query, or the readout's only (Transformer.site_capture)
+            at_q = scores[:, :, q if scores.shape[2] > 1 else 0]  # [b, h, k]
+            logp = torch.log_softmax(at_q.to(torch.float64), dim=-1)
             logp = torch.where(mask[:, None, :], logp, 0.0)
             kls.append((pi[:, None, :] * (log_pi[:, None, :] - logp)).sum(-1).mean())  # mean over b, h
         kl = torch.stack(kls).mean()

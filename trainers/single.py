@@ -28,7 +28,7 @@ from groklens.trainers.evaluation import concat, rows, score, split_columns, wei
 from groklens.models import build_model
 from groklens.trainers.optim import Update, grad_norms, stack_of_one
 from groklens.trainers.regularizers import Batch, active_regularizers, build_regularizers
-from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits, resid_capturable
+from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits, model_captures
 
 
 def compile_refusal(cfg: RunConfig) -> str | None:
@@ -78,8 +78,8 @@ class Lane:
         self.update = Update([cfg], self.stacked, [r for r in self.regularizers if r.kind == "grad"])
         self.acts: dict[str, torch.Tensor] = {}
         self.capture_hooks = [(name, self._capture) for name in sorted({n for r in self.terms for n in r.hook_names})]
-        # sites the model records itself (Transformer.resid_capture): the step keeps its lean path
-        self.resid_capture = resid_capturable(self.model, [name for name, _ in self.capture_hooks])
+        # sites the model records itself (Transformer.site_capture): the step keeps its lean path
+        self.model_captures = model_captures(self.model, [name for name, _ in self.capture_hooks])
         self.batch_gen = torch.Generator().manual_seed(seed + 1)  # mini-batch order only
         self.grad_norm = math.nan
         refusal = compile_refusal(cfg) if cfg.compile else None
@@ -103,13 +103,13 @@ class Lane:
             return torch.func.functional_call(self.model, params, (x,), kwargs)
 
         supports = getattr(self.model, "supports_readout", False)
-        if self.capture_hooks and capture and self.resid_capture:
-            # the model records its sites at every position and unembeds the readout ones only
-            self.acts = self.model.resid_capture = {name: None for name, _ in self.capture_hooks}
+        if self.capture_hooks and capture and self.model_captures:
+            # the model records its sites as their hooks would see them and unembeds the readout positions only
+            self.acts = self.model.site_capture = {name: None for name, _ in self.capture_hooks}
             try:
                 return readout_logits(call, x, self.t.readout_slice, False, supports)
             finally:
-                self.model.resid_capture = None
+                self.model.site_capture = None
         if self.capture_hooks and capture:
             self.acts = {}
             with self.model.hooks(fwd_hooks=self.capture_hooks):

@@ -14,7 +14,6 @@ run's data on the device is `RunTensors`; an ensemble stacks its members'.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -61,11 +60,10 @@ def readout(logits: torch.Tensor, multi_target: bool) -> torch.Tensor:
     return logits if multi_target else logits[:, 0]
 
 
-def resid_capturable(model: torch.nn.Module, sites: Sequence[str]) -> bool:
-    """True when the model can record these capture sites itself (Transformer.resid_capture:
-    each block's resid_post), so that the step needs no hook and keeps the lean path."""
-    return bool(sites) and hasattr(model, "resid_capture") and all(
-        re.fullmatch(r"blocks\.\d+\.hook_resid_post", s) for s in sites)
+def model_captures(model: torch.nn.Module, sites: Sequence[str]) -> bool:
+    """True when the model can record these capture sites itself (Transformer.site_capture:
+    each block's resid_post, its attention scores), so that the step needs no hook and keeps the lean path."""
+    return bool(sites) and hasattr(model, "can_capture") and all(model.can_capture(s) for s in sites)
 
 
 def readout_logits(call: Callable[..., torch.Tensor], x: torch.Tensor, positions: slice, full: bool,

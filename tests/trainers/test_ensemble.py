@@ -100,6 +100,19 @@ def test_multi_target_members_equal_single_runs(tmp_path):
     assert {"train_token_acc", "test_token_acc"} <= set(Trajectory(tmp_path / "e1.h5").metrics)
 
 
+def test_kl_attention_members_equal_single_runs(tmp_path):
+    """The KL attention term on scores the template records itself inside the vmapped forward
+    (Transformer.site_capture), a plain member beside it, as each trains alone."""
+    seq = dict(task="seq_add", seq_len=4, n_informative=2, informative_layout="spread", steps=40)
+    cfgs = [tiny_config(**seq, seed=1), tiny_config(**seq, seed=2, kl_attn_beta=0.5)]
+    results = train_ensemble(cfgs, [tmp_path / f"e{i}.h5" for i in range(2)])
+    assert all(r.error is None for r in results)
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}.h5", progress=False)
+        assert_same_trajectory(tmp_path / f"e{i}.h5", tmp_path / f"s{i}.h5")
+    assert np.isfinite(Trajectory(tmp_path / "e1.h5").metrics["kl_attn"]).all()
+
+
 def test_minibatches_and_per_member_stop_rule(tmp_path):
     # every member stops 2 evaluations after its own threshold is reached, at different steps
     cfgs = _configs(batch_size=16, steps=120, stop_after_grok=2)
