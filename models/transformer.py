@@ -508,13 +508,18 @@ class Transformer(TransformerLensWeights, HookedModel):
     # A dict {site: None, ...} set by the trainer for one call, of sites `can_capture` accepts:
     # each is stored in it as its hook would see it, in the graph. blocks.{i}.hook_resid_post: the
     # block's output at every position (with `readout`, the last block then runs at every position
-    # if it is named, and only the unembedding at the readout ones). blocks.{i}.attn.hook_attn_scores:
+    # if it is named, and only the unembedding at the readout ones; unless capture_all_positions is
+    # off, below). blocks.{i}.attn.hook_attn_scores:
     # [b, h, q, k] at the query positions the block computes, so with `readout` the last block's are
     # the readout rows only. A regularizer term that reads only such sites (the activation-norm
     # penalty's defaults, the KL attention term) then needs no TransformerLens hook, whose presence
     # would force the explicit path at every position (docs/PERFORMANCE.md: 0.71x the penalty
     # step's CPU time at paper scale, and 0.2x the KL step's).
     site_capture: dict | None = None
+    # With `site_capture` and `readout`: False when every term reads the readout rows only (GeomDR,
+    # the KL term): the last block then runs at the readout positions alone, and its resid_post is
+    # recorded there only, as its hook would see it (trainers/step.py `model_capture` sets both).
+    capture_all_positions: bool = True
 
     def can_capture(self, site: str) -> bool:
         """True for a site `site_capture` can record: a block's resid_post, or its attention scores
@@ -551,7 +556,8 @@ class Transformer(TransformerLensWeights, HookedModel):
                      for i in range(last + 1)]
         # the last block at the readout positions only, unless its resid_post is recorded at every
         # position (the penalty's): then it runs in full and only the unembedding is cut to them
-        query = None if capture is not None and f"blocks.{last}.hook_resid_post" in capture else readout
+        every = capture is not None and self.capture_all_positions and f"blocks.{last}.hook_resid_post" in capture
+        query = None if every else readout
         embed_norm = self.ln_embed if is_post_ln(cfg) else self.norm_embed
         first = 0
         if lean and self.embedding_table and not self.blocks[0].attn.folded and \

@@ -40,7 +40,7 @@ from groklens.trainers.optim import Update, grad_norms
 from groklens.trainers.regularizers import Batch, build_regularizers
 from groklens.trainers.train import create_trajectory
 from groklens.trainers.step import (
-    check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows, model_captures)
+    check_finite, draw_batch, objective, readout, readout_logits, reg_eval_rows, model_capture, model_captures)
 
 # Fields that may differ between members, declared per_member with the field (groklens/config.py):
 # the loop's (init and split seeds, optimizer strength, the stop rule; each member's own in
@@ -192,11 +192,10 @@ class EnsembleRun(Strategy):
         if not (self.hooks and capture):
             return torch.func.vmap(fn, in_dims=in_dims)(*args)
         if self.model_captures:  # filled inside the vmapped forward, read there by the terms
-            self.acts = self.base.site_capture = {n: None for n, _ in self.hooks}
             try:
-                return torch.func.vmap(fn, in_dims=in_dims)(*args)
+                with model_capture(self.base, [n for n, _ in self.hooks], self.terms) as self.acts:
+                    return torch.func.vmap(fn, in_dims=in_dims)(*args)
             finally:
-                self.base.site_capture = None
                 self.acts = {}
         with self.base.hooks(fwd_hooks=self.hooks):
             out = torch.func.vmap(fn, in_dims=in_dims)(*args)

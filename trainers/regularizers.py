@@ -73,6 +73,9 @@ class Regularizer:
     # transforms rewrite the gradient, in this order (COMPOSITION_ORDER)
     order: ClassVar[int]
     weight_field: ClassVar[str] = ""  # a term's RunConfig weight (an ensemble passes it per member)
+    # a term that reads its sites at the readout position(s) only (`readout_rows`): a model that
+    # records them itself may then run its last block there alone (trainers/step.py `model_capture`)
+    readout_only: ClassVar[bool] = False
 
     def __init__(self, cfgs: Sequence["RunConfig"], model: "nn.Module", data: "TaskData",
                  params: dict[str, torch.Tensor] | None = None):
@@ -175,10 +178,16 @@ def _resolve_sites(model: "nn.Module", spec: str, field: str) -> list[str]:
     return out
 
 
+def readout_rows(t: torch.Tensor, positions: list[int], dim: int = 1) -> torch.Tensor:
+    """t at the readout positions along `dim`: t holds every position there, or the readout ones
+    only (a model that records its sites itself computes the last block at those alone)."""
+    return t if t.shape[dim] == len(positions) else t.index_select(dim, torch.tensor(positions, device=t.device))
+
+
 def _rows(h: torch.Tensor, positions: list[int]) -> torch.Tensor:
     """[b, p, d] -> the readout positions' vectors [b * K, d]; [b, d] stays."""
     if h.dim() == 3:
-        h = h[:, positions]
+        h = readout_rows(h, positions)
     return h.reshape(-1, h.shape[-1])
 
 
@@ -230,6 +239,7 @@ class GeomDR(Regularizer):
     name, kind, weight_field = "geomdr", "term", "geomdr_lambda"
     metric_keys = ("reg_geomdr", "geomdr_erank")
     order = 20
+    readout_only = True
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -268,6 +278,7 @@ class KLAttention(Regularizer):
     name, kind, weight_field = "kl_attn", "term", "kl_attn_beta"
     metric_keys = ("reg_kl_attn", "kl_attn")
     order = 30
+    readout_only = True
 
     def __init__(self, cfgs, model, data, params=None):
         super().__init__(cfgs, model, data)
@@ -286,14 +297,12 @@ class KLAttention(Regularizer):
         return cfg.kl_attn_beta > 0
 
     def term(self, acts, batch, step, evaluating=False, weight=None):
-        q = batch.positions[0]
         mask = batch.mask.bool()  # [b, k]
         pi = mask.to(torch.float64) / mask.sum(-1, keepdim=True)  # uniform on the informative positions
         log_pi = torch.where(mask, pi.log(), 0.0)
         kls = []
         for name in self.hook_names:
-            scores = acts[name]  # [b, h, q, k]: every query, or the readout's only (Transformer.site_capture)
-            at_q = scores[:, :, q if scores.shape[2] > 1 else 0]  # [b, h, k]
+            at_q = readout_rows(acts[name], batch.positions, dim=2)[:, :, 0]  # [b, h, q, k] -> [b, h, k]
             logp = torch.log_softmax(at_q.to(torch.float64), dim=-1)
             logp = torch.where(mask[:, None, :], logp, 0.0)
             kls.append((pi[:, None, :] * (log_pi[:, None, :] - logp)).sum(-1).mean())  # mean over b, h

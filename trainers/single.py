@@ -28,7 +28,8 @@ from groklens.trainers.evaluation import concat, rows, score, split_columns, wei
 from groklens.models import build_model
 from groklens.trainers.optim import Update, grad_norms, stack_of_one
 from groklens.trainers.regularizers import Batch, active_regularizers, build_regularizers
-from groklens.trainers.step import RunTensors, check_finite, objective, readout_logits, model_captures
+from groklens.trainers.step import (
+    RunTensors, check_finite, model_capture, model_captures, objective, readout_logits)
 
 
 def compile_refusal(cfg: RunConfig) -> str | None:
@@ -104,12 +105,9 @@ class Lane:
 
         supports = getattr(self.model, "supports_readout", False)
         if self.capture_hooks and capture and self.model_captures:
-            # the model records its sites as their hooks would see them and unembeds the readout positions only
-            self.acts = self.model.site_capture = {name: None for name, _ in self.capture_hooks}
-            try:
+            # the model records its sites itself and unembeds the readout positions only
+            with model_capture(self.model, [name for name, _ in self.capture_hooks], self.terms) as self.acts:
                 return readout_logits(call, x, self.t.readout_slice, False, supports)
-            finally:
-                self.model.site_capture = None
         if self.capture_hooks and capture:
             self.acts = {}
             with self.model.hooks(fwd_hooks=self.capture_hooks):

@@ -13,6 +13,7 @@ run's data on the device is `RunTensors`; an ensemble stacks its members'.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 
@@ -64,6 +65,20 @@ def model_captures(model: torch.nn.Module, sites: Sequence[str]) -> bool:
     """True when the model can record these capture sites itself (Transformer.site_capture:
     each block's resid_post, its attention scores), so that the step needs no hook and keeps the lean path."""
     return bool(sites) and hasattr(model, "can_capture") and all(model.can_capture(s) for s in sites)
+
+
+@contextlib.contextmanager
+def model_capture(model: torch.nn.Module, sites: Sequence[str], terms: Sequence[Regularizer]):
+    """For the calls inside, the model records `sites` itself (Transformer.site_capture) into the
+    dict this yields; at every position unless each term reads the readout rows only
+    (`Regularizer.readout_only`: then the last block runs at the readout positions alone)."""
+    model.site_capture = {name: None for name in sites}
+    model.capture_all_positions = not all(term.readout_only for term in terms)
+    try:
+        yield model.site_capture
+    finally:
+        model.site_capture = None
+        model.capture_all_positions = True
 
 
 def readout_logits(call: Callable[..., torch.Tensor], x: torch.Tensor, positions: slice, full: bool,

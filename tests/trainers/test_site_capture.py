@@ -175,3 +175,43 @@ def test_a_kl_run_trains_the_hooked_runs_trajectory(over, tmp_path, monkeypatch)
     """Trained with the KL attention term: the lean capture against the hooked explicit path at every
     position (the path every KL run took before), metrics and parameters to the golden tests' 1e-3."""
     _same_run_as_hooked(tmp_path, monkeypatch, dict(**SEQ, kl_attn_beta=0.5, seed=5, **over), "kl_attn")
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_readout_only_terms_let_the_last_block_run_at_the_readout_alone(n_layers):
+    """capture_all_positions False (every term reads the readout rows only, as GeomDR): the last
+    block's resid_post is recorded at the readout positions only, equal to the hook's rows there."""
+    from groklens.trainers.regularizers import readout_rows
+
+    cfg = tiny_config(n_layers=n_layers)
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    x = data.inputs[data.train_idx]
+    sites = [f"blocks.{i}.hook_resid_post" for i in range(n_layers)]
+    hooked: dict = {}
+    with model.hooks(fwd_hooks=[(s, lambda t, hook: hooked.__setitem__(hook.name, t)) for s in sites]):
+        ref = model(x)
+    q = data.readout_pos
+    model.site_capture, model.capture_all_positions = {s: None for s in sites}, False
+    try:
+        out = model(x, readout=slice(q, q + 1))
+        got = model.site_capture
+    finally:
+        model.site_capture, model.capture_all_positions = None, True
+    torch.testing.assert_close(out, ref[:, q : q + 1], atol=ATOL, rtol=RTOL)
+    last = sites[-1]
+    assert got[last].shape[1] == 1  # the readout row only
+    torch.testing.assert_close(got[last], hooked[last][:, q : q + 1], atol=ATOL, rtol=RTOL)
+    for s in sites[:-1]:  # earlier blocks: every position, as the next block needs them
+        torch.testing.assert_close(got[s], hooked[s], atol=ATOL, rtol=RTOL)
+    for s in sites:  # a term's readout rows are the same from either layout
+        torch.testing.assert_close(readout_rows(got[s], [q]), hooked[s][:, [q]], atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("over", [dict(n_layers=1), dict(n_layers=2),
+                                  dict(act_norm_lambda=0.3)])  # with the penalty: every position again
+def test_a_geomdr_run_trains_the_hooked_runs_trajectory(over, tmp_path, monkeypatch):
+    """Trained with GeomDR (readout rows only, beside the penalty's every position): the lean capture
+    against the hooked explicit path, metrics and parameters to the golden tests' 1e-3."""
+    _same_run_as_hooked(tmp_path, monkeypatch, dict(geomdr_lambda=0.5, geomdr_target=4.0, seed=7, **over),
+                        "geomdr_erank")
