@@ -19,6 +19,23 @@ from tests.helpers import tiny_config, train_tiny
 ATOL, RTOL = 1e-6, 1e-4  # as tests/models/test_fast_path.py: float32 sums in another order
 
 
+def _hooked(model, sites, x):
+    """(logits, {site: what its TransformerLens hook saw}) on the explicit path."""
+    seen: dict = {}
+    with model.hooks(fwd_hooks=[(s, lambda t, hook: seen.__setitem__(hook.name, t)) for s in sites]):
+        return model(x), seen
+
+
+def _recorded(model, sites, x, readout=None, all_positions=True):
+    """(logits, {site: what the model recorded itself}) with no hook attached."""
+    model.site_capture, model.capture_all_positions = {s: None for s in sites}, all_positions
+    try:
+        assert not model.hooks_attached()
+        return model(x, readout=readout), model.site_capture
+    finally:
+        model.site_capture, model.capture_all_positions = None, True
+
+
 @pytest.mark.parametrize("variant", [dict(norm="none", n_layers=2), dict(norm="ln", mlp_bias=True),
                                      dict(norm="sphere", unembed="bounded", causal=False)])
 def test_the_model_records_the_same_resid_post_as_the_hooks(variant):
@@ -27,27 +44,14 @@ def test_the_model_records_the_same_resid_post_as_the_hooks(variant):
     model = build_model(cfg, data)
     x = data.inputs[data.train_idx]
     sites = [f"blocks.{i}.hook_resid_post" for i in range(cfg.n_layers)]
-    hooked: dict = {}
-    with model.hooks(fwd_hooks=[(s, lambda t, hook: hooked.__setitem__(hook.name, t)) for s in sites]):
-        ref = model(x)
-    model.site_capture = {s: None for s in sites}
-    try:
-        assert not model.hooks_attached()
-        out = model(x)
-        got = model.site_capture
-    finally:
-        model.site_capture = None
+    ref, hooked = _hooked(model, sites, x)
+    out, got = _recorded(model, sites, x)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
     for s in sites:
         torch.testing.assert_close(got[s], hooked[s], atol=ATOL, rtol=RTOL)
     # the trainer's call: logits at the readout positions only, every site still at every position
     sl = slice(data.readout_pos, data.readout_pos + 1)
-    model.site_capture = {s: None for s in sites}
-    try:
-        readout = model(x, readout=sl)
-        at_readout = model.site_capture
-    finally:
-        model.site_capture = None
+    readout, at_readout = _recorded(model, sites, x, sl)
     torch.testing.assert_close(readout, ref[:, sl], atol=ATOL, rtol=RTOL)
     for s in sites:
         torch.testing.assert_close(at_readout[s], hooked[s], atol=ATOL, rtol=RTOL)
@@ -113,20 +117,13 @@ def test_the_model_records_the_same_attention_scores_as_the_hooks(variant, table
     x = data.inputs  # all 121 inputs: enough rows for the table path to pay
     sites = [f"blocks.{i}.attn.hook_attn_scores" for i in range(cfg.n_layers)]
     assert all(model.can_capture(s) for s in sites)
-    hooked: dict = {}
-    with model.hooks(fwd_hooks=[(s, lambda t, hook: hooked.__setitem__(hook.name, t)) for s in sites]):
-        ref = model(x)
+    ref, hooked = _hooked(model, sites, x)
     tables = []
     original = AttentionFastPaths.table
     monkeypatch.setattr(AttentionFastPaths, "table", lambda self, *a: tables.append(1) or original(self, *a))
     q = data.readout_pos
     for readout in (None, slice(q, q + 1)):
-        model.site_capture = {s: None for s in sites}
-        try:
-            out = model(x, readout=readout)
-            got = model.site_capture
-        finally:
-            model.site_capture = None
+        out, got = _recorded(model, sites, x, readout)
         torch.testing.assert_close(out, ref if readout is None else ref[:, readout], atol=ATOL, rtol=RTOL)
         for i, s in enumerate(sites):
             # the last block computes the readout query only, the others every query
@@ -158,16 +155,10 @@ def test_the_fused_path_gives_way_to_the_lean_one_for_recorded_scores():
     model = build_model(cfg, data)
     model.fused_attention = True  # the fused kernel (CUDA's default) computes no scores
     x = data.inputs[:7]
-    hooked: dict = {}
-    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_attn_scores", lambda t, hook: hooked.__setitem__("s", t))]):
-        model(x)
-    model.site_capture = {"blocks.0.attn.hook_attn_scores": None}
-    try:
-        model(x)
-        got = model.site_capture["blocks.0.attn.hook_attn_scores"]
-    finally:
-        model.site_capture = None
-    torch.testing.assert_close(got, hooked["s"], atol=ATOL, rtol=RTOL)
+    site = "blocks.0.attn.hook_attn_scores"
+    _, hooked = _hooked(model, [site], x)
+    _, got = _recorded(model, [site], x)
+    torch.testing.assert_close(got[site], hooked[site], atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("over", [dict(n_layers=1), dict(n_layers=2, kl_attn_layer=-1), dict(causal=True)])
@@ -188,16 +179,9 @@ def test_readout_only_terms_let_the_last_block_run_at_the_readout_alone(n_layers
     model = build_model(cfg, data)
     x = data.inputs[data.train_idx]
     sites = [f"blocks.{i}.hook_resid_post" for i in range(n_layers)]
-    hooked: dict = {}
-    with model.hooks(fwd_hooks=[(s, lambda t, hook: hooked.__setitem__(hook.name, t)) for s in sites]):
-        ref = model(x)
+    ref, hooked = _hooked(model, sites, x)
     q = data.readout_pos
-    model.site_capture, model.capture_all_positions = {s: None for s in sites}, False
-    try:
-        out = model(x, readout=slice(q, q + 1))
-        got = model.site_capture
-    finally:
-        model.site_capture, model.capture_all_positions = None, True
+    out, got = _recorded(model, sites, x, slice(q, q + 1), all_positions=False)
     torch.testing.assert_close(out, ref[:, q : q + 1], atol=ATOL, rtol=RTOL)
     last = sites[-1]
     assert got[last].shape[1] == 1  # the readout row only
