@@ -180,7 +180,8 @@ def _resolve_sites(model: "nn.Module", spec: str, field: str) -> list[str]:
 
 def readout_rows(t: torch.Tensor, positions: list[int], dim: int = 1) -> torch.Tensor:
     """t at the readout positions along `dim`: t holds every position there, or the readout ones
-    only (a model that records its sites itself computes the last block at those alone)."""
+    only (a model that records its sites itself computes the last block at those alone); the two
+    are the same tensor when every position is a readout one (the readout is one contiguous slice)."""
     return t if t.shape[dim] == len(positions) else t.index_select(dim, torch.tensor(positions, device=t.device))
 
 
