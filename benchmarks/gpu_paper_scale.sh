@@ -25,9 +25,14 @@ LEDGER=docs/results
 WORKERS=4              # training processes sharing the GPU (small models: one alone leaves it idle)
 DRY=0
 PY=${PYTHON:-python}
-# priority order: the headline first; fourier-fve reads bounded-sphere's own runs (no training)
-EXPERIMENTS=(bounded-sphere fourier-fve uniform-attention progress-measures s5-control stablemax grokfast activation-norm geomdr
-             structural-attention nanogpt-addition scaling-law llc-grokking clock-pizza routing)
+# priority order: what the CPU cannot decide first. A seed the ledger holds is not trained again,
+# so bounded-sphere trains only its lr 1e-4 LayerNorm and RMSNorm arms (the lr 1e-4 headline) until
+# seed 6; then the paper scales too long for the 2-core CPU (S5 97 CPU-h, activation-norm 72,
+# GeomDR 373, nanoGPT's ~10M parameters, routing's modular arms 141); then those the CPU trains in
+# the background (stablemax, grokfast, structural-attention, the scaling-law CPU grid); last the
+# experiments already decided at paper scale (fourier-fve reads bounded-sphere's runs: no training)
+EXPERIMENTS=(bounded-sphere s5-control activation-norm geomdr nanogpt-addition routing stablemax grokfast
+             structural-attention scaling-law fourier-fve uniform-attention progress-measures llc-grokking clock-pizza)
 
 while [ $# -gt 0 ]; do
   case "$1" in
