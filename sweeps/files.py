@@ -201,7 +201,9 @@ def check_run_name(name: Any, where: str) -> str:
 def load_manifest(path: Path) -> dict[str, Any]:
     """DIR/sweep.json, checked: {"format": "groklens-sweep", "runs": {name: config mapping}, ...};
     every name a plain file name in DIR. BadInput (one line) for anything else."""
-    data = load_json_file(path, "sweep manifest")
+    # Infinity allowed: a config may hold one (routing_width inf, the uniform kernel), and the
+    # manifest is written by json.dumps, which spells it so
+    data = load_json_file(path, "sweep manifest", allow_nan=True)
     if not isinstance(data, dict):
         raise BadInput(f"{path} is not a sweep manifest (a {type(data).__name__}, not a mapping); move it away")
     if data.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT:

@@ -167,6 +167,20 @@ def test_failing_run_is_recorded_and_others_finish(tmp_path):
     assert retried.counts["failed"] == 1 and retried.skipped_failed == []
 
 
+def test_a_config_holding_infinity_resumes(tmp_path):
+    """routing_width inf (the uniform kernel) is written to sweep.json as Infinity: a second run
+    of the same sweep reads it back and finds the run done (it refused the manifest before)."""
+    sw = parse_sweep({"base": {**BASE, "steps": 20, "routing_copies": 2, "routing_width": float("inf")}})
+    out = tmp_path / "sweep"
+    assert run_sweep(sw, out, executor=InlineExecutor(), progress=False).counts["done"] == 1
+    assert "Infinity" in (out / "sweep.json").read_text()
+    again = run_sweep(sw, out, executor=InlineExecutor(), progress=False)
+    assert again.counts == {"total": 1, "done": 1, "running": 0, "failed": 0}
+    with pytest.raises(BadInput, match="different config.*routing_width"):
+        run_sweep(parse_sweep({"base": {**BASE, "steps": 20, "routing_copies": 2, "routing_width": 1.0}}), out,
+                  executor=InlineExecutor(), progress=False)
+
+
 def test_directory_refuses_a_changed_config(tmp_path):
     out = tmp_path / "sweep"
     run_sweep(parse_sweep({"base": {**BASE, "steps": 20}}), out, executor=InlineExecutor(), progress=False)
