@@ -69,9 +69,23 @@ class TeacherStudent(HookedModel):
         self.hook_pre = HookPoint()  # [b, K]
         self.hook_post = HookPoint()  # [b, K]
         self.hook_logits = HookPoint()  # [b, 2]
+        self._held_rows: tuple[torch.Tensor, int, torch.Tensor] | None = None  # `_rows`
         with torch.no_grad():
             nn.init.normal_(self.W)
         self.setup()
+
+    def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The input rows X[tokens[:, 0]] [b, N]. Full-batch training passes the same token tensor
+        at every step, so with no hook attached (a hook could edit them in place) and under autograd
+        (training, not evaluation) the rows are read once and kept while that tensor is unchanged
+        (its `_version`): a fifth of a routed perceptron's step (docs/PERFORMANCE.md)."""
+        keep = torch.is_grad_enabled() and not self.hooks_attached()
+        held = self._held_rows
+        if keep and held is not None and held[0] is tokens and held[1] == tokens._version:
+            return held[2]
+        x = self.X.index_select(0, tokens[:, 0])
+        self._held_rows = (tokens, tokens._version, x) if keep else None
+        return x
 
     def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
                 loss_per_token: bool = False):
@@ -80,7 +94,7 @@ class TeacherStudent(HookedModel):
         # index_select and linear on W^T: the same values as X[ids] and x @ W (to float rounding),
         # 3-6x faster a routed step on this CPU, where MKL's x @ W with K = 3 columns and its
         # gradient x^T g run at ~1 GFLOP/s (docs/PERFORMANCE.md, 2026-12-06)
-        x = self.hook_input(self.X.index_select(0, tokens[:, 0]))
+        x = self.hook_input(self._rows(tokens))
         n, k = self.cfg.d_model, self.cfg.d_mlp
         h = self.hook_pre(F.linear(x, self.W.t().contiguous()) / n**0.5)
         if self.cfg.committee:

@@ -128,6 +128,35 @@ def test_committee_forward_and_straight_through_backward_match_a_retyping():
     assert np.allclose(model.W.grad.double().numpy(), grad, rtol=1e-4, atol=1e-5)
 
 
+def test_rows_held_between_steps_follow_the_tokens_and_the_hooks():
+    """The rows kept for full-batch training (TeacherStudent._rows) never go stale: a token tensor
+    edited in place, another tensor, and a hook that edits the rows in place each give the fields
+    computed from the table afresh."""
+    cfg = _cfg(model="committee", d_mlp=3, teacher_hidden=3, data_seed=2, teacher_test=500)
+    data = TASKS.get("teacher").build(cfg)
+    model = build_model(cfg, data)
+    x = teacher_student(cfg)[0]
+
+    def expected(tokens):
+        return torch.sign(x[tokens[:, 0]] @ model.W.detach() / math.sqrt(40)).sum(1) / math.sqrt(3)
+
+    tokens = data.inputs[:200].clone()
+    for _ in range(2):  # the second call reads the held rows
+        assert torch.allclose(model(tokens)[:, 1, 1].detach(), expected(tokens))
+    tokens[:, 0] = tokens[:, 0].flip(0)  # in place: the held rows are stale
+    assert torch.allclose(model(tokens)[:, 1, 1].detach(), expected(tokens))
+    other = data.inputs[200:400]
+    assert torch.allclose(model(other)[:, 1, 1].detach(), expected(other))
+
+    def negate(act, hook):
+        act.neg_()  # edits the rows in place: they must not be kept for the next call
+        return act
+
+    flipped = model.run_with_hooks(other, fwd_hooks=[("hook_input", negate)])[:, 1, 1].detach()
+    assert torch.allclose(flipped, -expected(other))
+    assert torch.allclose(model(other)[:, 1, 1].detach(), expected(other))
+
+
 def test_committee_students_of_known_error():
     """Exact generalization errors: the teacher itself (0), its hidden units in another order (0:
     the committee is symmetric in them), the teacher with every weight negated (1: each sign flips,
