@@ -274,6 +274,57 @@ def _read(ctx: Context) -> list[Row]:
             + [row for m in MODULAR_MODELS for row in _modular_rows(ctx, m)])
 
 
+# ---------------------------------------------------------------------- the figure
+FIGURE = "routing.png"
+
+
+def _error_curves(ctx: Context, model: str) -> dict[str, list[tuple[float, float, float]]]:
+    """arm -> [(alpha, mean, sd over seeds of the copies' mean error)] at the alphas with runs (sd 0
+    for one seed); arms with no runs left out."""
+    out = {}
+    for arm in arms(ctx.sc):
+        pts = []
+        for a in ctx.sc.extra["alphas"]:
+            e = list(_errors(ctx, _variant(model, arm, a)).values())
+            if e:
+                sd = (sum((x - _mean(e)) ** 2 for x in e) / (len(e) - 1)) ** 0.5 if len(e) > 1 else 0.0
+                pts.append((a, _mean(e), sd))
+        if pts:
+            out[arm] = pts
+    return out
+
+
+def _figures(ctx: Context) -> list[Path]:
+    """OUT/routing.png from the ledger's runs: each teacher-student model's generalization error (the
+    copies' mean; mean and standard deviation over seeds) against alpha, one line per arm; the
+    paper's own plot. The modular arms' grokking steps are in the report's grokking-time figure."""
+    from matplotlib.figure import Figure
+
+    from groklens.fileio import staged_outputs
+
+    fig = Figure(figsize=(5.5 * len(TEACHER_MODELS), 4))
+    axes = fig.subplots(1, len(TEACHER_MODELS), squeeze=False)
+    drawn = False
+    for ax, model in zip(axes[0], TEACHER_MODELS):
+        curves = _error_curves(ctx, model)
+        for arm, pts in curves.items():
+            alphas, means, sds = zip(*pts)
+            ax.errorbar(alphas, means, yerr=sds, marker="o", capsize=3, label=_arm_label(arm))
+        ax.set(xlabel="alpha (training examples per weight)", ylabel="generalization error (copies' mean)",
+               title=MODEL_LABEL[model] + ("" if curves else ": no runs"))
+        ax.grid(alpha=0.3)
+        if curves:
+            ax.legend(fontsize=7)
+            drawn = True
+    if not drawn:
+        return []
+    fig.suptitle(f"routing, {ctx.sc.extra['copies']} copies: mean ± sd over seeds", fontsize=10)
+    fig.tight_layout()
+    with staged_outputs(ctx.out_dir) as stage:
+        fig.savefig(stage / FIGURE, dpi=110, bbox_inches="tight")
+    return [ctx.out_dir / FIGURE]
+
+
 # ---------------------------------------------------------------------- the scales
 def _teacher(n: int, test: int, steps: int, eval_every: int, checkpoint_every: int) -> dict[str, dict[str, Any]]:
     """The perceptron's and the committee machine's fields (the task's data drawn from each seed)."""
@@ -313,4 +364,5 @@ register(Experiment(
     "routing",
     "M copies independent, routed through 3 mixing kernels, or coupled by Elastic SGD: teacher-student perceptron and "
     "committee machine (generalization error against alpha), MLP and transformer on modular addition (grokking)",
-    SCALES, _plan, _read, no_analyses, seeds={"smoke": 1, "quick": 5, "paper": 5}, run_values=_run_values))
+    SCALES, _plan, _read, no_analyses, seeds={"smoke": 1, "quick": 5, "paper": 5}, run_values=_run_values,
+    figures=_figures))

@@ -121,6 +121,24 @@ def test_paired_error_ratios_decide_by_their_interval():
                          True).verdict.startswith("undetermined (no interval")
 
 
+def test_error_curves_and_their_figure(tmp_path):
+    """The figure's points: per arm and alpha, the mean and sample sd over seeds of each run's
+    copies' mean error; arms without runs left out; the PNG is written only when a point exists."""
+    runs = {"perceptron_a2_routed_w1": [{"copy_test_error": [0.2, 0.4]}, {"copy_test_error": [0.1, 0.3]}],
+            "perceptron_a2_independent": _errs(0.35)}
+    ctx = _ctx(runs)
+    curves = R._error_curves(ctx, "perceptron")
+    assert set(curves) == {"routed_w1", "independent"} and R._error_curves(ctx, "committee") == {}
+    (alpha, mean, sd), = curves["routed_w1"]
+    assert alpha == 2.0 and mean == pytest.approx(0.25) and sd == pytest.approx(np.std([0.3, 0.2], ddof=1))
+    assert curves["independent"] == [(2.0, pytest.approx(0.35), 0.0)]
+    ctx.out_dir = tmp_path
+    assert R._figures(ctx) == [tmp_path / R.FIGURE] and (tmp_path / R.FIGURE).stat().st_size > 0
+    empty = _ctx({})
+    empty.out_dir = tmp_path / "none"
+    assert R._figures(empty) == [] and not (tmp_path / "none").exists()
+
+
 def test_grokking_speedups_read_the_copies_mean_and_its_censoring():
     def runs(*copy_steps):
         return [{"copy_grok": list(s), "copy_test_error": [0.0] * len(s), "copy_collapsed": [False] * len(s),
