@@ -212,9 +212,9 @@ class CopiesTime:
         return self.censored
 
 
-def _copies_times(ctx: Context, variant: str) -> tuple[list[CopiesTime], int]:
-    """(the runs' CopiesTime, copies that crossed and ended below the threshold)."""
-    out, collapsed = [], 0
+def _copies_times(ctx: Context, variant: str) -> tuple[list[CopiesTime], int, int]:
+    """(the runs' CopiesTime, copies that crossed and ended below the threshold, runs with such a copy)."""
+    out, collapsed, runs = [], 0, 0
     for r in ctx.group(variant).runs:
         v = r.run_values
         if not v.get("copy_grok"):
@@ -222,13 +222,14 @@ def _copies_times(ctx: Context, variant: str) -> tuple[list[CopiesTime], int]:
         steps = [v["last_step"] if g is None else g for g in v["copy_grok"]]
         out.append(CopiesTime(_mean(steps), None in v["copy_grok"]))
         collapsed += sum(v.get("copy_collapsed", []))
-    return out, collapsed
+        runs += any(v.get("copy_collapsed", []))
+    return out, collapsed, runs
 
 
 def _grok_row(ctx: Context, model: str, arm: str, diff: str) -> Row:
     variant = _variant(model, arm)
     runs = ctx.group(variant).runs
-    times, collapsed = _copies_times(ctx, variant)
+    times, collapsed, _ = _copies_times(ctx, variant)
     measure = f"grokking step (the copies' mean), {MODEL_LABEL[model]}, {_arm_label(arm)}"
     pub = Published(None, "no grokking claim in what we read (the paper reports generalization)", SOURCE)
     if not times:
@@ -250,8 +251,8 @@ def _speedup_row(ctx: Context, model: str, base: str, arm: str, published: Publi
     from groklens.analyses.compare_format import fmt_speedup
     from groklens.analyses.speedup import speedup
 
-    tb, cb = _copies_times(ctx, _variant(model, base))
-    tv, cv = _copies_times(ctx, _variant(model, arm))
+    tb, _, cb = _copies_times(ctx, _variant(model, base))  # the verdict counts runs (sets of copies)
+    tv, _, cv = _copies_times(ctx, _variant(model, arm))
     measure = f"speed-up of grokking, {_arm_label(arm)} over {_arm_label(base)}, {MODEL_LABEL[model]}"
     if not tb or not tv:
         return Row(measure, published, None, "n/a (no runs)", diff, undetermined("no runs") if verdict else "")

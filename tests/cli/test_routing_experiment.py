@@ -157,6 +157,14 @@ def test_grokking_speedups_read_the_copies_mean_and_its_censoring():
     assert slow.bound == "upper" and slow.verdict == "disagrees"
     row = R._grok_row(ctx, "mlp", "routed_w1", "")
     assert row.bound == "lower" and "copies grokked 1/6" in row.ours_text
+    # copies that crossed and fell back: the row counts copies, the verdict the runs holding them
+    fell = runs((900, 1000), (850, 950), (1000, 1100))
+    fell[0]["copy_collapsed"], fell[2]["copy_collapsed"] = [True, True], [False, True]
+    ctx = _ctx({"tf_independent": runs((2000, 2200), (1800, 2400), (2100, 1900)), "tf_routed_w1": fell})
+    assert "3 copies crossed and then ended below" in R._grok_row(ctx, "tf", "routed_w1", "").ours_text
+    verdict = R._speedup_row(ctx, "tf", "independent", "routed_w1", E.Published(None, R.CLAIM, R.SOURCE), "",
+                             True).verdict
+    assert verdict == "undetermined (2 run(s) behind it crossed and then collapsed)"
 
 
 def test_list_costs_a_routed_run_as_its_copies():
