@@ -28,6 +28,9 @@ VARIANTS = {
     "attn_mask": dict(norm="ln", attn_mask="0"),  # the readout query sees key 0 only
     "attn_mask_uniform_bidir": dict(attention="uniform", causal=False, attn_mask="0 2"),
     "digits": dict(task="digits_add", n_digits=1, norm="ln"),
+    # 13 keys (more than the broadcast scores' 8): the readout query's mixing still broadcast
+    "seq_long": dict(task="seq_add", seq_len=12, n_informative=2, informative_layout="spread", distractor_vocab=2,
+                     norm="none"),
     "grokfast": dict(task="mul", op_token=True, nonzero_b=True, norm="ln", norm_placement="in_stream",
                      act_fn="gelu", mlp_bias=True, init_scheme="torch_mha"),
 }
