@@ -120,11 +120,16 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def _sd_text(xs: list[float], fmt: str) -> str:
+def _sd(xs: list[float]) -> float:
+    """The sample standard deviation (0 for one value)."""
     if len(xs) < 2:
-        return ""
+        return 0.0
     mu = _mean(xs)
-    return " ± " + format((sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5, fmt)
+    return (sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def _sd_text(xs: list[float], fmt: str) -> str:
+    return " ± " + format(_sd(xs), fmt) if len(xs) >= 2 else ""
 
 
 def _errors(ctx: Context, variant: str) -> dict[int, float]:
@@ -288,8 +293,7 @@ def _error_curves(ctx: Context, model: str) -> dict[str, list[tuple[float, float
         for a in ctx.sc.extra["alphas"]:
             e = list(_errors(ctx, _variant(model, arm, a)).values())
             if e:
-                sd = (sum((x - _mean(e)) ** 2 for x in e) / (len(e) - 1)) ** 0.5 if len(e) > 1 else 0.0
-                pts.append((a, _mean(e), sd))
+                pts.append((a, _mean(e), _sd(e)))
         if pts:
             out[arm] = pts
     return out
@@ -303,11 +307,12 @@ def _figures(ctx: Context) -> list[Path]:
 
     from groklens.fileio import staged_outputs
 
+    by_model = {model: _error_curves(ctx, model) for model in TEACHER_MODELS}
+    if not any(by_model.values()):
+        return []
     fig = Figure(figsize=(5.5 * len(TEACHER_MODELS), 4))
     axes = fig.subplots(1, len(TEACHER_MODELS), squeeze=False)
-    drawn = False
-    for ax, model in zip(axes[0], TEACHER_MODELS):
-        curves = _error_curves(ctx, model)
+    for ax, (model, curves) in zip(axes[0], by_model.items()):
         for arm, pts in curves.items():
             alphas, means, sds = zip(*pts)
             ax.errorbar(alphas, means, yerr=sds, marker="o", capsize=3, label=_arm_label(arm))
@@ -316,9 +321,6 @@ def _figures(ctx: Context) -> list[Path]:
         ax.grid(alpha=0.3)
         if curves:
             ax.legend(fontsize=7)
-            drawn = True
-    if not drawn:
-        return []
     fig.suptitle(f"routing, {ctx.sc.extra['copies']} copies: mean ± sd over seeds", fontsize=10)
     fig.tight_layout()
     with staged_outputs(ctx.out_dir) as stage:
