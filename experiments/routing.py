@@ -19,7 +19,9 @@ no number, size, kernel or training rule. So every setting here is ours, and the
     teacher) by cross-entropy through straight-through hidden signs (models/teacher.py);
   - generalization error: 1 - test accuracy on teacher_test fresh examples of each run's own
     teacher (data_seed = the seed), the mean over the copies; the grokking step of a set of
-    copies: the mean of its copies' (a copy never grokked enters at the cap: a bound).
+    copies: the mean of its copies' (a copy never grokked enters at the cap: a bound); a copy has
+    grokked at the first of 3 evaluations in a row at test accuracy >= 0.95, and a run stops only
+    at an evaluation where every copy holds it (`MODULAR_RULE`).
 Claims and verdicts (verdicts.py): "routing generalizes better than independent copies" and
 "... than Elastic SGD" read as a ratio of generalization errors below 1 (teacher-student: the
 per-seed geometric mean over the alpha grid, paired by seed: the arms share each seed's teacher,
@@ -49,6 +51,13 @@ NO_CLAIM = "no claim in what we read (the coupled baseline)"
 COPIES = 4
 WIDTHS = (0.5, 1.0, math.inf)  # ring-kernel widths of the routed arms (ours)
 ELASTIC_GAMMA = 0.1  # Elastic SGD's coupling (ours, untuned)
+# How the modular runs read grokking and stop: grokked = 3 evaluations in a row at test accuracy
+# >= 0.95, and the stop rule ends a run only at an evaluation where every copy holds it. At this
+# task's lr 3e-3 / wd 1 the copies' test accuracy dips and recovers every few hundred steps; under
+# the experiments' legacy rule (the first crossing, stop 2 evaluations later whatever they read)
+# the quick ledger's first runs took crossings in those dips for grokking and stopped inside
+# the next dip, where most routed copies read 0.6-0.8 (docs/RESULTS.md, routing).
+MODULAR_RULE = dict(grok_evals=3, stop_after_grok=2, stop_at_event=True)
 TEACHER_MODELS = ("perceptron", "committee")
 MODULAR_MODELS = ("mlp", "tf")
 MODEL_LABEL = {"perceptron": "perceptron", "committee": "committee machine (K=3)", "mlp": "MLP", "tf": "transformer"}
@@ -270,7 +279,8 @@ def _speedup_row(ctx: Context, model: str, base: str, arm: str, published: Publi
 def _modular_rows(ctx: Context, model: str) -> list[Row]:
     x = ctx.sc.extra
     diff = (f"{ctx.sc.note}; ours: {x['copies']} copies, units: each layer; grokking = test accuracy >= "
-            f"{GROK_THRESHOLD:g}, the copies' mean; the claim of better generalization read as grokking sooner")
+            f"{GROK_THRESHOLD:g} {MODULAR_RULE['grok_evals']} evaluations in a row, the copies' mean; the claim "
+            "of better generalization read as grokking sooner")
     return ([_grok_row(ctx, model, arm, diff) for arm in arms(ctx.sc)]
             + _claim_rows(ctx, lambda arm, base, pub, verdict: _speedup_row(ctx, model, base, arm, pub, diff, verdict)))
 
@@ -338,7 +348,7 @@ def _teacher(n: int, test: int, steps: int, eval_every: int, checkpoint_every: i
 
 
 # the MLP of the routing benchmark (docs/VARIANTS.md): learned embeddings 64 wide, two hidden layers of 256, no biases
-_MLP_QUICK = dict(model="mlp", n_layers=2, norm="none", steps=6000, stop_after_grok=2)
+_MLP_QUICK = dict(model="mlp", n_layers=2, norm="none", steps=6000, **MODULAR_RULE)
 SCALES = {
     "smoke": Scale.of({"device": "cpu"}, SMOKE_NOTE + " (teacher-student N=10; 2 copies)",
                       copies=2, widths=(1.0,), alphas=(2.0,), **_teacher(10, 200, 30, 10, 10),
@@ -349,7 +359,7 @@ SCALES = {
                       "censored at 5,000 steps, the MLP 2 hidden layers of 256, censored at 6,000; AdamW lr 3e-3, wd 1",
                       copies=COPIES, widths=WIDTHS, alphas=(0.5, 1.0, 2.0, 4.0),
                       **_teacher(100, 10_000, 2000, 100, 500),
-                      tf={**QUICK, "steps": 5000, "stop_after_grok": 2}, mlp={**QUICK, **_MLP_QUICK}),
+                      tf={**QUICK, "steps": 5000, **MODULAR_RULE}, mlp={**QUICK, **_MLP_QUICK}),
     "paper": Scale.of({"device": "auto"},
                       "sizes ours (the paper's are not in what we read): teacher-student N=500, alpha 0.5-6, 20,000 "
                       "test examples, 5,000 steps; modular addition at Nanda's p=113 (30% of pairs): the canonical "
@@ -358,9 +368,9 @@ SCALES = {
                                    ("independent", "elastic", *map(_arm_name, WIDTHS))},
                       copies=COPIES, widths=WIDTHS, alphas=(0.5, 1.0, 2.0, 3.0, 4.0, 6.0),
                       **_teacher(500, 20_000, 5000, 100, 1000),
-                      tf=dict(task="add", steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=1000),
+                      tf=dict(task="add", steps=40_000, eval_every=100, checkpoint_every=1000, **MODULAR_RULE),
                       mlp=dict(task="add", model="mlp", n_layers=2, d_model=128, d_mlp=256, mlp_bias=True,
-                               steps=40_000, stop_after_grok=2, eval_every=100, checkpoint_every=1000)),
+                               steps=40_000, eval_every=100, checkpoint_every=1000, **MODULAR_RULE)),
 }
 
 register(Experiment(

@@ -75,23 +75,37 @@ def test_smoke_scale_through_the_cli(tmp_path):
     assert len(verdicts) == 8 and all(r["verdict"].startswith("undetermined") for r in verdicts)  # one seed
 
 
-def test_run_values_read_every_copy(tmp_path):
+@pytest.mark.parametrize("grok_evals", [1, 3])
+def test_run_values_read_every_copy(tmp_path, monkeypatch, grok_evals):
     from groklens.trainers.train import train
     from tests.helpers import tiny_config
 
+    # the tiny run's copies reach 0.2-0.28, not 0.95: read at 0.2 (one copy dips below it after its first
+    # crossing, where 3 in a row and the first crossing differ)
+    monkeypatch.setattr(R, "GROK_THRESHOLD", 0.2)
     path = tmp_path / "r.h5"
     train(tiny_config(routing_copies=2, routing_width=1.0, steps=300, eval_every=10, checkpoint_every=100,
-                      grok_threshold=0.3, grok_evals=1), path, progress=False)
+                      grok_threshold=0.2, grok_evals=grok_evals), path, progress=False)
     vals = R._run_values(path, None)
     with h5py.File(path, "r", locking=False) as f:
         steps = f["metrics/step"][:]
         for c in range(2):
             acc = f[f"metrics/copy{c}.test_acc"][: len(steps)]
-            hit = np.nonzero(acc >= 0.95)[0]
-            assert vals["copy_grok"][c] == (int(steps[hit[0]]) if len(hit) else None)
+            # the first of grok_evals evaluations in a row at >= 0.2
+            held = [i for i in range(len(acc) - grok_evals + 1) if (acc[i:i + grok_evals] >= 0.2).all()]
+            assert vals["copy_grok"][c] == (int(steps[held[0]]) if held else None)
+            assert vals["copy_collapsed"][c] == bool(held and acc[-1] < 0.2)
             assert vals["copy_test_error"][c] == pytest.approx(1 - acc[-1])
         assert vals["ensemble_test_error"] == pytest.approx(1 - f["metrics/ensemble.test_acc"][len(steps) - 1])
+    assert any(g is not None for g in vals["copy_grok"])  # the check above compared steps, not two Nones
     assert vals["last_step"] == 300
+
+
+def test_modular_arms_read_grokking_at_three_evaluations_and_stop_only_while_every_copy_holds_it():
+    for scale in ("quick", "paper"):
+        for name, cfg in _configs(scale).items():
+            if cfg.task != "teacher":
+                assert (cfg.grok_evals, cfg.stop_after_grok, cfg.stop_at_event) == (3, 2, True), (scale, name)
 
 
 def _ctx(values: dict[str, list[dict]]) -> Context:
