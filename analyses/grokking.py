@@ -65,11 +65,15 @@ def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
     return out
 
 
-def collapse(metrics: Mapping[str, np.ndarray], threshold: float = GROK_THRESHOLD, prefix: str = "") -> dict:
+def collapse(metrics: Mapping[str, np.ndarray], threshold: float = GROK_THRESHOLD, prefix: str = "",
+             evals: int = 1) -> dict:
     """Whether a run generalized and stayed there: `crossed` (first step with test accuracy >=
     threshold, None if never), `fell_below` (the first later evaluation below it, None if none),
-    `final_test_acc`, and `collapsed`: it crossed and its last evaluation is below the threshold
-    (a run that dipped and recovered has `fell_below` set but is not collapsed)."""
+    `final_test_acc`, and `collapsed`: it grokked (`evals` evaluations in a row at >= threshold,
+    the run's grok_evals; 1: the first crossing) and its last `evals` evaluations are all below the
+    threshold (or the last is not finite). A run that dipped and recovered has `fell_below` set but
+    is not collapsed; neither is one that ends inside a dip of fewer than `evals` evaluations, as a
+    crossing that short is not grokking."""
     steps = np.asarray(metrics["step"])
     acc = np.asarray(metrics.get(prefix + "test_acc", []), dtype=float)
     if not len(steps) or not len(acc):
@@ -80,19 +84,25 @@ def collapse(metrics: Mapping[str, np.ndarray], threshold: float = GROK_THRESHOL
         after = np.nonzero((steps > crossed) & (acc < threshold))[0]
         fell = int(steps[after[0]]) if len(after) else None
     final = float(acc[-1]) if np.isfinite(acc[-1]) else None
+    ended_below = final is None or bool(np.all(acc[-max(evals, 1):] < threshold))
     return {"crossed": crossed, "fell_below": fell, "final_test_acc": final,
-            "collapsed": crossed is not None and (final is None or final < threshold)}
+            "collapsed": grokked_at(steps, acc, threshold, max(evals, 1)) is not None and ended_below}
 
 
-def collapse_text(c: Mapping) -> str:
-    """'' for a run that crossed and stayed; 'crossed at N, collapsed at M, final test acc x' or
-    'crossed at N, fell below at M, recovered (final test acc x)' otherwise."""
+def collapse_text(c: Mapping, threshold: float | None = None) -> str:
+    """'' for a run that crossed and stayed; 'crossed at N, collapsed at M, final test acc x',
+    'crossed at N, fell below at M, recovered (final test acc x)' or, for a run that ends inside a
+    dip too short to be a collapse (`collapse` with evals > 1; needs the threshold), 'crossed at N,
+    fell below at M, ends inside a dip (final test acc x)'."""
     if c.get("crossed") is None or c.get("fell_below") is None and not c.get("collapsed"):
         return ""
     final = "non-finite" if c.get("final_test_acc") is None else f"{c['final_test_acc']:.3f}"
     at = f" at {c['fell_below']}" if c.get("fell_below") is not None else ""
     if c.get("collapsed"):
         return f"crossed at {c['crossed']}, collapsed{at}, final test acc {final}"
+    if threshold is not None and c.get("final_test_acc") is not None and c["final_test_acc"] < threshold:
+        return (f"crossed at {c['crossed']}, fell below{at}, ends inside a dip shorter than the grokking rule's "
+                f"evaluations (final test acc {final})")
     return f"crossed at {c['crossed']}, fell below{at}, recovered (final test acc {final})"
 
 
@@ -166,7 +176,7 @@ def run_summary(run, thresholds: Sequence[float] = PHASE_THRESHOLDS) -> dict:
         "grok_evals": evals,
         "extensions": run.extensions,
         "censored_at": times["last_step"],
-        "collapse": {**collapse(metrics, run.config_dict.get("grok_threshold", thresholds[0])),
+        "collapse": {**collapse(metrics, run.config_dict.get("grok_threshold", thresholds[0]), evals=evals),
                      "threshold": run.config_dict.get("grok_threshold", thresholds[0])},
         "stale_temporaries": stale_temporaries(run.path),
     }

@@ -383,7 +383,7 @@ def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: li
         "last_step": times["last_step"], "censored": grok is None,
         "status": traj.status,
         "final": {k: _finite(v[-1]) for k, v in metrics.items() if len(v) and k != "step"},
-        "collapse": collapse(metrics, GROK_THRESHOLD),
+        "collapse": collapse(metrics, GROK_THRESHOLD, evals=evals),
         "measures": with_values,
         **({"run_values": run_values} if run_values is not None else {}),
         **({"curves": _curves(run, curves)} if curves else {}),

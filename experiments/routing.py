@@ -105,8 +105,9 @@ def _plan(sc: Scale, scale: str) -> Plan:
 # ---------------------------------------------------------------------- what a run keeps
 def _run_values(path: Path, sc: Scale) -> dict[str, Any]:
     """Per copy: the final generalization error (1 - test accuracy), the grokking step (None:
-    never), whether it crossed and ended below (collapsed); the same of the copies' ensemble."""
-    from groklens.analyses.grokking import grok_evals_of, grokked_at
+    never), whether it collapsed (analyses.grokking.collapse at the run's grok_evals); the same of the
+    copies' ensemble."""
+    from groklens.analyses.grokking import collapse, grok_evals_of, grokked_at
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(path)
@@ -115,8 +116,8 @@ def _run_values(path: Path, sc: Scale) -> dict[str, Any]:
 
     def summary(prefix: str) -> tuple[float, int | None, bool]:
         acc = m[prefix + "test_acc"]
-        grok = grokked_at(steps, acc, GROK_THRESHOLD, evals)
-        return 1.0 - float(acc[-1]), grok, grok is not None and float(acc[-1]) < GROK_THRESHOLD
+        return (1.0 - float(acc[-1]), grokked_at(steps, acc, GROK_THRESHOLD, evals),
+                collapse(m, GROK_THRESHOLD, prefix, evals)["collapsed"])
 
     copies = [summary(f"copy{c}.") for c in range(cfg["routing_copies"])]
     ens = summary("ensemble.")

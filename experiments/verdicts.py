@@ -17,8 +17,9 @@ threshold**. An interval that contains the threshold, or no interval (fewer than
 - An end-of-run comparison (a measure of the final model, e.g. sharpness of a flat minimum, or
   rho of the solution found): only between arms whose seeds all generalized; otherwise
   `undetermined (compares a grokked with an ungrokked model: ...)`.
-- Collapse: a run whose test accuracy crossed the threshold and then ended below it is
-  collapsed (ledger.collapse_of). A verdict that rests on such runs (a speed-up or "learns and
+- Collapse: a run that grokked and whose last grok_evals evaluations are below the threshold
+  (at grok_evals 1: it crossed and ended below) is collapsed (analyses.grokking.collapse, kept
+  in each ledger entry). A verdict that rests on such runs (a speed-up or "learns and
   generalizes") is undetermined, with the count.
 - "This run does (not) grok" from runs that never crossed: only when the step cap is at least
   `FAR` times the reference time (the published grokking time, or, where none is published, our

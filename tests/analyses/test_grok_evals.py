@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from groklens.analyses.compare import compare
-from groklens.analyses.grokking import grokked_at, grokking_times
+from groklens.analyses.grokking import collapse, collapse_text, grokked_at, grokking_times
 from groklens.checkpoints import Trajectory
 from groklens.config import first_sustained
 from groklens.trainers.engine import Member, _count_stop_event, restore_counters
@@ -28,6 +29,30 @@ def test_a_crossing_that_falls_back_is_not_grokking():
     assert grokked_at(STEPS, SPIKED, 0.95, 5) == 50
     assert grokked_at(STEPS, SPIKED, 0.95, 6) is None  # never 6 in a row: censored
     assert first_sustained([True, False, True, True], 2) == 2 and first_sustained([], 1) is None
+
+
+@pytest.mark.parametrize("tail, collapsed_at", [
+    # grokked at 50 (3 in a row), then the run's last evaluations:
+    ([0.99, 0.99], {1: False, 3: False}),  # stayed
+    ([0.99, 0.6], {1: True, 3: False}),  # ends inside a 1-evaluation dip: collapsed only at grok_evals 1
+    ([0.6, 0.99], {1: False, 3: False}),  # dipped and recovered
+    ([0.6, 0.5, 0.4], {1: True, 3: True}),  # 3 below at the end: collapsed either way
+    ([0.6, 0.5, 0.99, 0.6, 0.5], {1: True, 3: False}),  # the last 3 are not all below
+])
+def test_a_collapse_must_last_as_long_as_grokking_did(tail, collapsed_at):
+    acc = np.array([*SPIKED[:8], *tail])
+    steps = np.arange(0, 10 * len(acc), 10)
+    for evals, want in collapsed_at.items():
+        c = collapse({"step": steps, "test_acc": acc}, 0.95, evals=evals)
+        assert c["collapsed"] is want, (tail, evals)
+        assert c["crossed"] == 20 and c["final_test_acc"] == acc[-1]
+        text = collapse_text(c, 0.95)
+        assert ("collapsed" in text) is want
+        assert ("ends inside a dip" in text) == bool(not want and acc[-1] < 0.95)
+    # a first crossing that falls back for good is not a collapse at grok_evals 3: it never grokked
+    never = collapse({"step": STEPS[:5], "test_acc": SPIKED[:5]}, 0.95, evals=3)
+    assert never["crossed"] == 20 and not never["collapsed"]
+    assert collapse({"step": STEPS[:5], "test_acc": SPIKED[:5]}, 0.95)["collapsed"]  # the legacy reading
 
 
 def test_the_stop_counter_fed_row_by_row_equals_the_one_restored_from_rows():
