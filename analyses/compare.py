@@ -439,7 +439,7 @@ def run_notes(runs: Sequence[RunSummary], threshold: float) -> list[str]:
     collapsed (or fell back and recovered), and a Fourier key set that is most of the frequencies."""
     out = []
     for r in runs:
-        text = collapse_text(collapse(r.metrics, threshold, evals=r.grok_evals), threshold)
+        text = collapse_text(collapse(r.metrics, threshold, evals=r.grok_evals))
         if text:
             out.append(f"{r.path.name}: {text} (threshold {threshold:g})")
         if r.first_crossing is not None and r.first_crossing != r.grokking:

@@ -69,40 +69,45 @@ def collapse(metrics: Mapping[str, np.ndarray], threshold: float = GROK_THRESHOL
              evals: int = 1) -> dict:
     """Whether a run generalized and stayed there: `crossed` (first step with test accuracy >=
     threshold, None if never), `fell_below` (the first later evaluation below it, None if none),
-    `final_test_acc`, and `collapsed`: it grokked (`evals` evaluations in a row at >= threshold,
-    the run's grok_evals; 1: the first crossing) and its last `evals` evaluations are all below the
+    `grokked` (the first of `evals` evaluations in a row at >= threshold, the run's grok_evals;
+    None if never), `final_test_acc`, `ended_below` (the last evaluation below the threshold or
+    not finite), and `collapsed`: it grokked and its last `evals` evaluations are all below the
     threshold (or the last is not finite). A run that dipped and recovered has `fell_below` set but
     is not collapsed; neither is one that ends inside a dip of fewer than `evals` evaluations, as a
-    crossing that short is not grokking."""
+    crossing that short is not grokking. At evals 1: it crossed and ended below."""
     steps = np.asarray(metrics["step"])
     acc = np.asarray(metrics.get(prefix + "test_acc", []), dtype=float)
     if not len(steps) or not len(acc):
-        return {"crossed": None, "fell_below": None, "final_test_acc": None, "collapsed": False}
+        return {"crossed": None, "fell_below": None, "grokked": None, "final_test_acc": None, "ended_below": False,
+                "collapsed": False}
     crossed = first_crossing(steps, acc, threshold)
     fell = None
     if crossed is not None:
         after = np.nonzero((steps > crossed) & (acc < threshold))[0]
         fell = int(steps[after[0]]) if len(after) else None
+    grokked = grokked_at(steps, acc, threshold, max(evals, 1))
     final = float(acc[-1]) if np.isfinite(acc[-1]) else None
-    ended_below = final is None or bool(np.all(acc[-max(evals, 1):] < threshold))
-    return {"crossed": crossed, "fell_below": fell, "final_test_acc": final,
-            "collapsed": grokked_at(steps, acc, threshold, max(evals, 1)) is not None and ended_below}
+    ended_below = final is None or final < threshold
+    held_below = final is None or bool(np.all(acc[-max(evals, 1):] < threshold))
+    return {"crossed": crossed, "fell_below": fell, "grokked": grokked, "final_test_acc": final,
+            "ended_below": ended_below, "collapsed": grokked is not None and held_below}
 
 
-def collapse_text(c: Mapping, threshold: float | None = None) -> str:
-    """'' for a run that crossed and stayed; 'crossed at N, collapsed at M, final test acc x',
-    'crossed at N, fell below at M, recovered (final test acc x)' or, for a run that ends inside a
-    dip too short to be a collapse (`collapse` with evals > 1; needs the threshold), 'crossed at N,
-    fell below at M, ends inside a dip (final test acc x)'."""
+def collapse_text(c: Mapping) -> str:
+    """'' for a run that crossed and stayed; otherwise what `collapse` found: 'crossed at N,
+    collapsed at M, final test acc x', or that it fell below at M and recovered, ends inside a dip
+    too short to be a collapse, or never held the threshold long enough to grok."""
     if c.get("crossed") is None or c.get("fell_below") is None and not c.get("collapsed"):
         return ""
     final = "non-finite" if c.get("final_test_acc") is None else f"{c['final_test_acc']:.3f}"
     at = f" at {c['fell_below']}" if c.get("fell_below") is not None else ""
     if c.get("collapsed"):
         return f"crossed at {c['crossed']}, collapsed{at}, final test acc {final}"
-    if threshold is not None and c.get("final_test_acc") is not None and c["final_test_acc"] < threshold:
+    if c.get("ended_below") and c.get("grokked") is None:
+        return f"crossed at {c['crossed']}, fell below{at}, never held it long enough to grok (final test acc {final})"
+    if c.get("ended_below"):
         return (f"crossed at {c['crossed']}, fell below{at}, ends inside a dip shorter than the grokking rule's "
-                f"evaluations (final test acc {final})")
+                f"evaluations, not a collapse (final test acc {final})")
     return f"crossed at {c['crossed']}, fell below{at}, recovered (final test acc {final})"
 
 

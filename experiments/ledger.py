@@ -277,15 +277,16 @@ def _collapse_problem(e: dict[str, Any]) -> str | None:
         return None  # recorded before collapse was kept
     if not isinstance(c, dict):
         return f"'collapse' is {_shown(c)}, not a mapping"
-    for key in ("crossed", "fell_below"):
+    for key in ("crossed", "fell_below", "grokked"):  # grokked: entries since 2026-12-06
         step = c.get(key)
         if step is not None and not (_is_int(step) and 0 <= step <= e["last_step"]):
             return f"collapse[{key!r}] is {_shown(step)}, not a step in [0, {e['last_step']}]"
     acc = c.get("final_test_acc")
     if acc is not None and not (_is_number(acc) and 0 <= acc <= 1):
         return f"collapse['final_test_acc'] is {_shown(acc)}, not an accuracy in [0, 1]"
-    if not isinstance(c.get("collapsed"), bool):
-        return f"collapse['collapsed'] is {_shown(c.get('collapsed'))}, not true or false"
+    for key in ("collapsed", "ended_below"):  # ended_below: entries since 2026-12-06
+        if (key in c or key == "collapsed") and not isinstance(c.get(key), bool):
+            return f"collapse[{key!r}] is {_shown(c.get(key))}, not true or false"
     return None
 
 

@@ -46,12 +46,14 @@ def test_a_collapse_must_last_as_long_as_grokking_did(tail, collapsed_at):
         c = collapse({"step": steps, "test_acc": acc}, 0.95, evals=evals)
         assert c["collapsed"] is want, (tail, evals)
         assert c["crossed"] == 20 and c["final_test_acc"] == acc[-1]
-        text = collapse_text(c, 0.95)
+        assert c["grokked"] == grokked_at(steps, acc, 0.95, evals) and c["ended_below"] == bool(acc[-1] < 0.95)
+        text = collapse_text(c)
         assert ("collapsed" in text) is want
         assert ("ends inside a dip" in text) == bool(not want and acc[-1] < 0.95)
     # a first crossing that falls back for good is not a collapse at grok_evals 3: it never grokked
     never = collapse({"step": STEPS[:5], "test_acc": SPIKED[:5]}, 0.95, evals=3)
-    assert never["crossed"] == 20 and not never["collapsed"]
+    assert never["crossed"] == 20 and never["grokked"] is None and not never["collapsed"]
+    assert "never held it long enough to grok" in collapse_text(never)
     assert collapse({"step": STEPS[:5], "test_acc": SPIKED[:5]}, 0.95)["collapsed"]  # the legacy reading
 
 

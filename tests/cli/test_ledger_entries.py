@@ -59,6 +59,10 @@ CASES = [
      "entry 0", "collapse['collapsed']"),
     (_set("collapse", {"crossed": 100, "fell_below": None, "final_test_acc": [1], "collapsed": False}),
      "entry 0", "collapse['final_test_acc']"),
+    (_set("collapse", {"crossed": 100, "fell_below": None, "grokked": -5, "final_test_acc": 1.0, "collapsed": False}),
+     "entry 0", "collapse['grokked']"),
+    (_set("collapse", {"crossed": 100, "fell_below": None, "final_test_acc": 1.0, "ended_below": 0,
+                       "collapsed": False}), "entry 0", "collapse['ended_below']"),
     # more of the same kind
     (_set("seed", 7), "entry 0", "'seed'"),
     (_set("arm_hash", "0123456789abcdef"), "entry 0", "'arm_hash'"),
