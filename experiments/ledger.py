@@ -284,9 +284,10 @@ def _collapse_problem(e: dict[str, Any]) -> str | None:
     acc = c.get("final_test_acc")
     if acc is not None and not (_is_number(acc) and 0 <= acc <= 1):
         return f"collapse['final_test_acc'] is {_shown(acc)}, not an accuracy in [0, 1]"
-    for key in ("collapsed", "ended_below"):  # ended_below: entries since 2026-12-06
-        if (key in c or key == "collapsed") and not isinstance(c.get(key), bool):
-            return f"collapse[{key!r}] is {_shown(c.get(key))}, not true or false"
+    if not isinstance(c.get("collapsed"), bool):
+        return f"collapse['collapsed'] is {_shown(c.get('collapsed'))}, not true or false"
+    if not isinstance(c.get("ended_below", False), bool):  # kept since 2026-12-06, absent before
+        return f"collapse['ended_below'] is {_shown(c['ended_below'])}, not true or false"
     return None
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groklens.analyses.speedup import mean_std
 from groklens.config import GROK_THRESHOLD
 from groklens.experiments.core import (
     CANONICAL_GROK, FROM_SEED, QUICK, SMOKE, SMOKE_NOTE, Context, Experiment, Plan, Published, Row,
@@ -107,7 +108,7 @@ def _run_values(path: Path, sc: Scale) -> dict[str, Any]:
     """Per copy: the final generalization error (1 - test accuracy), the grokking step (None:
     never), whether it collapsed (analyses.grokking.collapse at the run's grok_evals); the same of the
     copies' ensemble."""
-    from groklens.analyses.grokking import collapse, grok_evals_of, grokked_at
+    from groklens.analyses.grokking import collapse, grok_evals_of
     from groklens.checkpoints import Trajectory
 
     traj = Trajectory(path)
@@ -115,9 +116,8 @@ def _run_values(path: Path, sc: Scale) -> dict[str, Any]:
     steps, evals = m["step"], grok_evals_of(cfg)
 
     def summary(prefix: str) -> tuple[float, int | None, bool]:
-        acc = m[prefix + "test_acc"]
-        return (1.0 - float(acc[-1]), grokked_at(steps, acc, GROK_THRESHOLD, evals),
-                collapse(m, GROK_THRESHOLD, prefix, evals)["collapsed"])
+        c = collapse(m, GROK_THRESHOLD, prefix, evals)  # its grokked: the first of evals in a row
+        return 1.0 - float(m[prefix + "test_acc"][-1]), c["grokked"], c["collapsed"]
 
     copies = [summary(f"copy{c}.") for c in range(cfg["routing_copies"])]
     ens = summary("ensemble.")
@@ -130,16 +130,8 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def _sd(xs: list[float]) -> float:
-    """The sample standard deviation (0 for one value)."""
-    if len(xs) < 2:
-        return 0.0
-    mu = _mean(xs)
-    return (sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
-
-
 def _sd_text(xs: list[float], fmt: str) -> str:
-    return " ± " + format(_sd(xs), fmt) if len(xs) >= 2 else ""
+    return " ± " + format(mean_std(xs)[1], fmt) if len(xs) >= 2 else ""
 
 
 def _errors(ctx: Context, variant: str) -> dict[int, float]:
@@ -304,7 +296,7 @@ def _error_curves(ctx: Context, model: str) -> dict[str, list[tuple[float, float
         for a in ctx.sc.extra["alphas"]:
             e = list(_errors(ctx, _variant(model, arm, a)).values())
             if e:
-                pts.append((a, _mean(e), _sd(e)))
+                pts.append((a, *mean_std(e)))
         if pts:
             out[arm] = pts
     return out
