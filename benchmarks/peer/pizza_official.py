@@ -70,8 +70,8 @@ def their_model(repo: Path, runid: str):
         num_layers=config.get("n_layers", 1), num_heads=config["n_heads"], d_model=config["d_model"],
         d_head=config.get("d_head", config["d_model"] // config["n_heads"]), attn_coeff=config["attn_coeff"],
         d_vocab=config["C"], act_type=config.get("act_fn", "relu"), n_ctx=2)
-    state = torch.load(io.BytesIO(read(repo, f"code/save/model_{runid}.pt", binary=True)), map_location="cpu",
-                       weights_only=True)
+    blob = io.BytesIO(read(repo, f"code/save/model_{runid}.pt", binary=True))
+    state = torch.load(blob, map_location="cpu", weights_only=True)  # tensors only: no pickled code runs
     model.load_state_dict(state)
     return model.eval(), config
 
