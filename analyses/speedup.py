@@ -8,12 +8,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 CI_LEVEL = 0.95
 SPEEDUP_METHOD = "ratio of geometric means; 95% CI: Welch t-interval on mean log grokking step"
+
+
+@dataclass
+class GrokTime:
+    """One grokking time as `speedup` reads it: `time` is the censoring step when `censored`."""
+
+    time: float
+    censored: bool
+
+    def grok_time(self) -> float:
+        return self.time
+
+    @property
+    def grok_censored(self) -> bool:
+        return self.censored
+
+
+def collapsed_as_censored(runs: Sequence) -> list:
+    """The runs with each collapsed one (`collapsed` true: it crossed and ended below) read as never
+    grokked, censored at its last step: the second reading of a collapsed run (experiments/verdicts.py)."""
+    return [GrokTime(float(r.last_step), True) if getattr(r, "collapsed", False) else r for r in runs]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:

@@ -166,6 +166,7 @@ class Context:
         """T_base / T_variant: compare.speedup's definition (ratio of geometric means of the grokking
         steps, Welch t-interval on the log steps), the one `comparison.txt` uses too."""
         from groklens.analyses.compare import fmt_speedup, speedup
+        from groklens.analyses.speedup import collapsed_as_censored
 
         rb, rv = self.group(base).runs, self.group(variant).runs
         if not rb or not rv:
@@ -173,8 +174,10 @@ class Context:
         sp = speedup(rb, rv)
         text = fmt_speedup(sp) + f" (n={len(rb)} / {len(rv)})"
         sp["collapsed"] = self.collapsed(base, variant)
-        if sp["collapsed"]:
-            text += f"; {sp['collapsed']} run(s) crossed and then collapsed"
+        if sp["collapsed"]:  # the second reading of those runs, which the verdict also needs
+            sp["if_censored"] = speedup(collapsed_as_censored(rb), collapsed_as_censored(rv))
+            text += (f"; {sp['collapsed']} run(s) crossed and then collapsed (read as censored at their last step: "
+                     f"{fmt_speedup(sp['if_censored'])})")
         return sp["value"], text, sp
 
     def measure(self, variant: str, key: str, phase: str) -> tuple[float | None, str]:

@@ -33,11 +33,10 @@ without a verdict: the paper states no claim of it that we read.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from groklens.analyses.speedup import mean_std
+from groklens.analyses.speedup import GrokTime, mean_std
 from groklens.config import GROK_THRESHOLD
 from groklens.experiments.core import (
     CANONICAL_GROK, FROM_SEED, QUICK, SMOKE, SMOKE_NOTE, Context, Experiment, Plan, Published, Row,
@@ -203,33 +202,21 @@ def _claim_rows(ctx: Context, row) -> list[Row]:
 
 
 # ---------------------------------------------------------------------- modular-addition rows
-@dataclass
-class CopiesTime:
-    """A set of copies' grokking time for compare.speedup: the mean of its copies' grokking steps,
-    a copy that never grokked at the run's last step (then a lower bound: censored)."""
-
-    time: float
-    censored: bool
-
-    def grok_time(self) -> float:
-        return self.time
-
-    @property
-    def grok_censored(self) -> bool:
-        return self.censored
-
-
-def _copies_times(ctx: Context, variant: str) -> tuple[list[CopiesTime], int, int]:
-    """(the runs' CopiesTime, copies that crossed and ended below the threshold, runs with such a copy)."""
+def _copies_times(ctx: Context, variant: str, collapsed_censored: bool = False) -> tuple[list[GrokTime], int, int]:
+    """(each run's grokking time: the mean of its copies' grokking steps, a copy that never grokked
+    at the run's last step, censored then (a lower bound); copies that crossed and ended below the
+    threshold; runs with such a copy). `collapsed_censored`: those copies read as never grokked."""
     out, collapsed, runs = [], 0, 0
     for r in ctx.group(variant).runs:
         v = r.run_values
         if not v.get("copy_grok"):
             continue
-        steps = [v["last_step"] if g is None else g for g in v["copy_grok"]]
-        out.append(CopiesTime(_mean(steps), None in v["copy_grok"]))
-        collapsed += sum(v.get("copy_collapsed", []))
-        runs += any(v.get("copy_collapsed", []))
+        fell = v.get("copy_collapsed") or [False] * len(v["copy_grok"])
+        grok = [None if f and collapsed_censored else g for g, f in zip(v["copy_grok"], fell)]
+        steps = [v["last_step"] if g is None else g for g in grok]
+        out.append(GrokTime(_mean(steps), None in grok))
+        collapsed += sum(fell)
+        runs += any(fell)
     return out, collapsed, runs
 
 
@@ -265,6 +252,10 @@ def _speedup_row(ctx: Context, model: str, base: str, arm: str, published: Publi
         return Row(measure, published, None, "n/a (no runs)", diff, undetermined("no runs") if verdict else "")
     sp = speedup(tb, tv)
     text = fmt_speedup(sp) + f" (n={len(tb)} / {len(tv)}; the copies' mean grokking step per seed)"
+    if cb + cv:  # the second reading of the collapsed copies, which the verdict also needs
+        sp["if_censored"] = speedup(_copies_times(ctx, _variant(model, base), True)[0],
+                                    _copies_times(ctx, _variant(model, arm), True)[0])
+        text += f"; read with the collapsed copies censored at their last step: {fmt_speedup(sp['if_censored'])}"
     return Row(measure, published, sp["value"], text, diff,
                speedup_verdict(sp, collapsed=cb + cv) if verdict else "", sp.get("bound") or "")
 

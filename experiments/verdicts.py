@@ -19,8 +19,11 @@ threshold**. An interval that contains the threshold, or no interval (fewer than
   `undetermined (compares a grokked with an ungrokked model: ...)`.
 - Collapse: a run that grokked and whose last grok_evals evaluations are below the threshold
   (at grok_evals 1: it crossed and ended below) is collapsed (analyses.grokking.collapse, kept
-  in each ledger entry). A verdict that rests on such runs (a speed-up or "learns and
-  generalizes") is undetermined, with the count.
+  in each ledger entry). Such a run has two readings: grokked at its crossing, or never grokked
+  (censored at its last step). A speed-up that rests on collapsed runs is computed under both;
+  when both give the same verdict (agrees or disagrees), that verdict stands and says so,
+  otherwise it is undetermined, with the count and each reading's verdict. "Learns and
+  generalizes" that rests on a collapsed run is undetermined.
 - "This run does (not) grok" from runs that never crossed: only when the step cap is at least
   `FAR` times the reference time (the published grokking time, or, where none is published, our
   baseline's measured one); a shorter cap cannot tell "never" from "later". Where the claim is
@@ -74,16 +77,31 @@ def interval_verdict(ci: Sequence[float] | None, threshold: float, *, claim_abov
 
 
 def speedup_verdict(sp: dict[str, Any], *, above: float = 1.0, claim_faster: bool = True,
-                    collapsed: int = 0) -> str:
+                    collapsed: int = 0, if_censored: dict[str, Any] | None = None) -> str:
     """Verdict on "speed-up > above" (claim_faster) or "speed-up <= above" (not), from a speed-up
     dict of `analyses.speedup.speedup` (value, ci (one-sided when censored), bound, ci_note);
-    `collapsed`: runs behind it that crossed and then ended below the threshold."""
-    if sp.get("value") is None:
-        return undetermined(sp.get("ci_note") or "no grokking time")
-    if collapsed:
-        return undetermined(f"{collapsed} run(s) behind it crossed and then collapsed")
-    return interval_verdict(sp.get("ci"), above, claim_above=claim_faster,
-                            no_ci=sp.get("ci_note") or "too few seeds")
+    `collapsed`: runs behind it that crossed and then ended below the threshold, which `sp` reads
+    as grokked at their crossing; `if_censored`: the same speed-up with those runs read as censored
+    at their last step (default: sp's own "if_censored", which experiments.core.Context.speedup
+    adds). The verdict stands only when both readings give it (module docstring)."""
+    def one(s: dict[str, Any]) -> str:
+        if s.get("value") is None:
+            return undetermined(s.get("ci_note") or "no grokking time")
+        return interval_verdict(s.get("ci"), above, claim_above=claim_faster, no_ci=s.get("ci_note") or "too few seeds")
+
+    at_crossing = one(sp)
+    if not collapsed:
+        return at_crossing
+    why = f"{collapsed} run(s) behind it crossed and then collapsed"
+    if_censored = if_censored if if_censored is not None else sp.get("if_censored")
+    if if_censored is None:
+        return undetermined(why)
+    censored = one(if_censored)
+    if at_crossing == censored and not at_crossing.startswith(UNDETERMINED):
+        return f"{at_crossing} (under both readings of the {collapsed} collapsed run(s): grokked at the crossing, " \
+               "or censored at the last step)"
+    return undetermined(f"{why}; read as grokked at the crossing: {at_crossing}; "
+                        f"as censored at the last step: {censored}")
 
 
 def paired_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, list[float] | None]:

@@ -563,7 +563,7 @@ def test_collapsed_runs_and_ungrokked_arms_decide_nothing():
     from groklens.experiments.verdicts import generalized_arms, speedup_verdict
 
     crossed = speedup([_R(800, 900), _R(1000, 1100), _R(900, 1000)], [_R(100, 200), _R(110, 210), _R(105, 205)])
-    assert speedup_verdict(crossed, collapsed=1).startswith(
+    assert speedup_verdict(crossed, collapsed=1).startswith(  # the second reading not given
         "undetermined (1 run(s) behind it crossed and then collapsed")
     grokked, never = [_R(100, 200)] * 2, [_R(None, 200), _R(150, 200)]
     assert generalized_arms({"penalty": grokked, "baseline": grokked}) is None
@@ -572,6 +572,40 @@ def test_collapsed_runs_and_ungrokked_arms_decide_nothing():
     collapsed = _R(100, 200)
     collapsed.collapsed = True
     assert "generalized on 1 of 2" in generalized_arms({"arm": [collapsed, _R(100, 200)]})
+
+
+def test_a_collapsed_run_decides_only_where_both_of_its_readings_agree():
+    from groklens.analyses.speedup import collapsed_as_censored
+    from groklens.experiments.core import Context
+    from groklens.experiments.verdicts import speedup_verdict
+
+    def run(grok, last, collapsed=False):
+        r = _R(grok, last)
+        r.collapsed = collapsed
+        return r
+
+    fast = [run(100, 200), run(110, 210), run(105, 205)]
+    slow = [run(800, 900), run(1000, 1100), run(900, 2000, collapsed=True)]
+    sc = E.get_experiment("bounded-sphere").scales["smoke"]
+    ctx = Context("bounded-sphere", "smoke", sc, None, {"base": slow, "fast": fast}, None)
+    value, text, sp = ctx.speedup("base", "fast")
+    # the collapsed baseline seed read as never grokked: censored at its last step, 2000
+    alt = sp["if_censored"]
+    assert value == pytest.approx((800 * 1000 * 900) ** (1 / 3) / (100 * 110 * 105) ** (1 / 3))
+    assert alt["bound"] == "lower" and alt["value"] == pytest.approx(
+        (800 * 1000 * 2000) ** (1 / 3) / (100 * 110 * 105) ** (1 / 3))
+    assert "read as censored at their last step: >= " in text
+    assert speedup_verdict(sp, collapsed=sp["collapsed"]) == (
+        "agrees (under both readings of the 1 collapsed run(s): grokked at the crossing, or censored at the last step)")
+    # the collapsed seed on the fast side: read as censored, the variant's bound is an upper one whose
+    # interval holds 1, so the readings differ
+    ctx.arms = {"base": [run(800, 900), run(1000, 1100), run(900, 1000)],
+                "fast": [run(100, 200), run(110, 210), run(105, 3000, collapsed=True)]}
+    _, _, sp = ctx.speedup("base", "fast")
+    assert [r.grok_time() for r in collapsed_as_censored(ctx.arms["fast"])] == [100, 110, 3000]
+    assert speedup_verdict(sp, collapsed=sp["collapsed"]).startswith(
+        "undetermined (1 run(s) behind it crossed and then collapsed; read as grokked at the crossing: agrees; "
+        "as censored at the last step: undetermined (the 95% interval [0, ")
 
 
 def test_phase_ratios_are_decided_by_a_paired_interval():

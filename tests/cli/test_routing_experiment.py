@@ -178,7 +178,19 @@ def test_grokking_speedups_read_the_copies_mean_and_its_censoring():
     assert "3 copies crossed and then ended below" in R._grok_row(ctx, "tf", "routed_w1", "").ours_text
     verdict = R._speedup_row(ctx, "tf", "independent", "routed_w1", E.Published(None, R.CLAIM, R.SOURCE), "",
                              True).verdict
-    assert verdict == "undetermined (2 run(s) behind it crossed and then collapsed)"
+    # read the other way (those copies never grokked, censored at 5000) the routed runs are censored:
+    # an upper bound whose interval reaches above 1, so the two readings differ and nothing is decided
+    assert verdict.startswith("undetermined (2 run(s) behind it crossed and then collapsed; read as grokked at the "
+                              "crossing: agrees; as censored at the last step: undetermined (the 95% interval [0, ")
+    # a collapsed copy on the slow side only: both readings say faster, so the verdict stands
+    slow_fell = runs((2000, 2200), (1800, 2400), (2100, 1900))
+    slow_fell[1]["copy_collapsed"] = [False, True]
+    ctx = _ctx({"tf_independent": slow_fell, "tf_routed_w1": runs((900, 1000), (850, 950), (1000, 1100))})
+    row = R._speedup_row(ctx, "tf", "independent", "routed_w1", E.Published(None, R.CLAIM, R.SOURCE), "", True)
+    t_base = np.exp(np.mean(np.log([2100, (1800 + 5000) / 2, 2000])))  # the collapsed copy at the last step
+    assert f">= {t_base / np.exp(np.mean(np.log([950, 900, 1050]))):.2f}x" in row.ours_text
+    assert row.verdict == ("agrees (under both readings of the 1 collapsed run(s): grokked at the crossing, or "
+                           "censored at the last step)")
 
 
 def test_list_costs_a_routed_run_as_its_copies():
