@@ -12,7 +12,7 @@ from typing import Any
 from groklens.experiments.core import (
     CANONICAL_GROK, Context, Experiment, Plan, Published, QUICK, QUICK_NOTE, Row, SMOKE, SMOKE_NOTE, Scale,
     register, speedup_row)
-from groklens.experiments.verdicts import ratio_verdict, undetermined
+from groklens.experiments.verdicts import outcome, ratio_verdict, undetermined
 
 GEOMDR = "GeomDR (2026; REFERENCES.md)"
 SPEEDUP = Published(52.0, "up to 52x", GEOMDR)
@@ -133,8 +133,8 @@ def _per_seed(ctx: Context, variant: str) -> str:
 
 def _all_settings_row(ctx: Context, verdicts: list[tuple[str, str]]) -> Row:
     """"In all settings": agrees when every setting's collapse row agrees, disagrees when one disagrees."""
-    agree = [s for s, v in verdicts if v == "agrees"]
-    against = [s for s, v in verdicts if v == "disagrees"]
+    agree = [s for s, v in verdicts if outcome(v) == "agrees"]
+    against = [s for s, v in verdicts if outcome(v) == "disagrees"]
     verdict = ("disagrees" if against else "agrees" if len(agree) == len(verdicts)
                else undetermined(f"{len(verdicts) - len(agree)} setting(s) undetermined"))
     text = (f"{len(agree)} of {len(verdicts)} settings agree" + (f"; disagree: {', '.join(against)}" if against else "")

@@ -18,8 +18,8 @@ from groklens.experiments.core import (
     Context, Experiment, Plan, Published, Row, SMOKE, SMOKE_NOTE, Scale, fit_exponents, grok_row, register,
     speedup_row)
 from groklens.experiments.verdicts import (
-    exponent_verdict, fmt_ci, interval_verdict, mean_flag, paired_interval, ratio_verdict, speedup_verdict,
-    undetermined)
+    exponent_verdict, fmt_ci, interval_verdict, mean_flag, outcome, paired_interval, ratio_verdict,
+    speedup_verdict, undetermined)
 
 STRUCT = "Structural (Bayesian) attention account (2026; REFERENCES.md)"
 TICKET = "ticket"
@@ -266,16 +266,16 @@ def _capacity_rows(ctx: Context, diff: str) -> list[Row]:
             continue
         _, text, sp = ctx.speedup(arm[end], arm[best])  # T_end / T_best: > 1 where the end is slower
         parts.append(f"d_mlp {end} / {best}: {text}")
-        verdicts.append(speedup_verdict(sp, collapsed=sp.get("collapsed", 0)))
+        verdicts.append((f"d_mlp {end} / {best}", speedup_verdict(sp, collapsed=sp.get("collapsed", 0))))
     if best in (widths[0], widths[-1]):
         verdict = undetermined(f"the fastest width, d_mlp {best}, is an end of the sweep {widths[0]}-{widths[-1]}: "
                                "no window inside it")
-    elif all(v == "agrees" for v in verdicts):
+    elif all(outcome(v) == "agrees" for _, v in verdicts):
         verdict = "agrees"
-    elif any(v == "disagrees" for v in verdicts):
+    elif any(outcome(v) == "disagrees" for _, v in verdicts):
         verdict = "disagrees (an end of the sweep is not slower than the fastest width)"
     else:
-        verdict = undetermined("; ".join(v for v in verdicts if v != "agrees"))
+        verdict = undetermined("; ".join(f"{pair}: {v}" for pair, v in verdicts if outcome(v) != "agrees"))
     ours = math.exp(sum(have[best]) / len(have[best]))
     rows.append(Row(f"Goldilocks window of MLP width: fastest d_mlp {best} (of {', '.join(map(str, widths))}), "
                     "speed-up over each end", window, ours, f"grokking step {ours:,.0f} (geometric mean) at d_mlp "
@@ -367,6 +367,6 @@ register(Experiment(
                           wds=[0.3, 1.0, 3.0], betas=[0.1, 0.3, 1.0], beta_wd=1.0, d_mlps=[64, 256, 1024],
                           ticket=True, ledger_curves=CURVES),
         "paper": Scale.of(_SEQ_PAPER, PAPER_NOTE, wds=[0.5, 1.0, 2.0, 3.0, 5.0], betas=[0.01, 0.03, 0.1, 0.3, 1.0],
-                          beta_wd=1.0, d_mlps=[32, 64, 128, 512, 2048], ticket=True, ledger_curves=CURVES),
+                          beta_wd=1.0, d_mlps=[32, 64, 128, 512, 2048, 8192], ticket=True, ledger_curves=CURVES),
     },
     _plan_struct, _read_struct, _an_attention, seeds={"smoke": 1, "quick": 2, "paper": 5}))

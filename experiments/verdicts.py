@@ -56,6 +56,12 @@ def undetermined(why: str) -> str:
     return f"{UNDETERMINED} ({why})"
 
 
+def outcome(verdict: str) -> str:
+    """A verdict's outcome, 'agrees', 'disagrees' or 'undetermined': its first word (what follows
+    in parentheses says why, or under which readings)."""
+    return verdict.split(" ", 1)[0]
+
+
 def fmt_ci(ci: Sequence[float]) -> str:
     lo, hi = ci
     return f"[{lo:.3g}, inf)" if math.isinf(hi) else f"[{lo:.3g}, {hi:.3g}]"

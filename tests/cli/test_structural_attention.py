@@ -66,10 +66,12 @@ def _context(kl_time, width_time, ticket_time):
     return E.Context("structural-attention", "paper", sc, plan, arms, Path("."))
 
 
+_DEFAULTS = dict(kl_time=lambda b: 1000 + 300 / b, width_time=lambda d: 8200 if d == 512 else 4000 if d == 128 else
+                 20_000, ticket_time=3000)
+
+
 def _rows(**kw):
-    defaults = dict(kl_time=lambda b: 1000 + 300 / b, width_time=lambda d: 8200 if d == 512 else 4000 if d == 128 else
-                    20_000, ticket_time=3000)
-    return {r.measure: r for r in EXP.read(_context(**{**defaults, **kw}))}
+    return {r.measure: r for r in EXP.read(_context(**{**_DEFAULTS, **kw}))}
 
 
 def _row(rows, start):
@@ -120,6 +122,13 @@ def test_a_middle_width_that_is_fastest_is_a_goldilocks_window_and_an_end_is_not
     rows = _rows(width_time=lambda d: 1000 * (1 + d / 32))  # the narrowest is fastest
     win = _row(rows, "Goldilocks window of MLP width")
     assert "fastest d_mlp 32" in win.measure and win.verdict.startswith("undetermined")
+    # the widest arm not trained yet: the window is open on that side, and the verdict names the pair
+    ctx = _context(**{**_DEFAULTS, "width_time": lambda d: 4000 if d == 2048 else 20_000})
+    ctx.arms[f"mlp{max(EXP.scales['paper'].extra['d_mlps'])}"] = []
+    win = _row({r.measure: r for r in EXP.read(ctx)}, "Goldilocks window of MLP width")
+    widest = max(EXP.scales["paper"].extra["d_mlps"])
+    assert "fastest d_mlp 2048" in win.measure
+    assert win.verdict == f"undetermined (d_mlp {widest} / 2048: undetermined (no runs))"
 
 
 def test_the_kl_ticket_against_the_mask_ticket():
