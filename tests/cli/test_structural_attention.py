@@ -140,6 +140,22 @@ def test_the_kl_ticket_against_the_mask_ticket():
     assert _row(rows, "speed-up of the KL intervention (Bayesian ticket").verdict == "disagrees"
 
 
+
+def test_a_ticket_whose_donor_never_grokked_is_left_out_on_both_sides():
+    ctx = _context(**_DEFAULTS)
+    base = ctx.plan.baseline
+    ctx.arms[base][2].grokking = None  # seed 3's baseline (the donor) never grokked
+    rows = {r.measure: r for r in EXP.read(ctx)}
+    row = _row(rows, "speed-up of the attention-mask ticket over the baseline")
+    keep = [0, 1, 3, 4]  # seeds 1, 2, 4, 5 on both sides
+    t_base = np.exp(np.mean([np.log(ctx.arms[base][i].grok_time()) for i in keep]))
+    t_ticket = np.exp(np.mean([np.log(ctx.arms["ticket"][i].grok_time()) for i in keep]))
+    assert row.ours == pytest.approx(t_base / t_ticket) and "(n=4 / 4)" in row.ours_text
+    assert "left out of these rows: the ticket's seed(s) 3" in row.differs
+    assert "s3: 0 7 (donor never grokked: its last checkpoint)" in row.differs
+    vs = _row(rows, "speed-up of the KL intervention (Bayesian ticket")
+    assert "(n=4 / 5)" in vs.ours_text  # the KL arm keeps all its seeds
+
 def test_exponent_verdict_rule():
     assert exponent_verdict([-1.3, -0.8], -1.0) == "agrees"
     assert exponent_verdict([-0.6, -0.2], -1.0).startswith("disagrees")
