@@ -304,10 +304,12 @@ def _ticket_rows(ctx: Context, diff: str) -> list[Row]:
     if left:
         note += (f"; left out of these rows: the ticket's seed(s) {', '.join(map(str, left))} (the donor never "
                  "grokked: no grokked structure to transfer), and those seeds of the baseline in the ticket's speed-up")
-    tctx = replace(ctx, arms={**ctx.arms, TICKET: [r for r in runs if r.seed in grokked],
-                              base: [r for r in ctx.group(base).runs if r.seed in grokked or not runs]})
+    kept = {r.seed for r in runs if r.seed in grokked}
+    tctx = replace(ctx, arms={**ctx.arms, TICKET: [r for r in runs if r.seed in kept],
+                              base: [r for r in ctx.group(base).runs if r.seed in kept or not runs]})
     bmax = max(x["betas"])
-    rows = [speedup_row(tctx, "speed-up of the attention-mask ticket over the baseline (seeds whose baseline grokked)",
+    rows = [speedup_row(tctx, "speed-up of the attention-mask ticket over the baseline (the ticket's seeds whose "
+                              "baseline grokked)",
                         Published(None, "lottery-ticket transfer speeds grokking (no number)", STRUCT), base, TICKET,
                         note),
             speedup_row(tctx, f"speed-up of the KL intervention (Bayesian ticket, beta {bmax:g}) over the "

@@ -155,6 +155,9 @@ def test_a_ticket_whose_donor_never_grokked_is_left_out_on_both_sides():
     assert "s3: 0 7 (donor never grokked: its last checkpoint)" in row.differs
     vs = _row(rows, "speed-up of the KL intervention (Bayesian ticket")
     assert "(n=4 / 5)" in vs.ours_text  # the KL arm keeps all its seeds
+    ctx.arms["ticket"] = ctx.arms["ticket"][1:]  # no ticket of seed 1 yet: nor its baseline seed
+    row = _row({r.measure: r for r in EXP.read(ctx)}, "speed-up of the attention-mask ticket over the baseline")
+    assert "(n=3 / 3)" in row.ours_text
 
 def test_exponent_verdict_rule():
     assert exponent_verdict([-1.3, -0.8], -1.0) == "agrees"
