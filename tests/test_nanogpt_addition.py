@@ -22,8 +22,14 @@ def test_the_quick_scale_keeps_its_committed_runs_and_adds_a_3_digit_model():
     for e in ledger.entries:  # the committed 2-digit runs: same names, same hashes
         assert config_hash(configs[e["run"]][1].to_dict()) == e["config_hash"], e["run"]
     three = [cfg for variant, cfg in configs.values() if variant.startswith("d3_")]
-    assert len(three) == 6 and {c.n_digits for c in three} == {3} and {c.act_norm_lambda for c in three} == {0.0, 0.1}
-    assert all(c.causal and c.task == "digits_add" and c.digits_pairs for c in three)
+    assert len(three) == 12 and {c.n_digits for c in three} == {3} and {c.act_norm_lambda for c in three} == {0.0, 0.1}
+    assert all(c.causal and c.task == "digits_add" and c.digits_pairs == 10_000 for c in three)
+    # 2,000 and 1,000 training pairs of the same sample: the second model differs only in train_frac
+    fracs = {variant: cfg.train_frac for variant, cfg in configs.values() if variant.startswith("d3_")}
+    assert fracs == {"d3_base": 0.2, "d3_actnorm": 0.2, "d3_1k_base": 0.1, "d3_1k_actnorm": 0.1}
+    for seed in (1, 2, 3):
+        a, b = configs[f"d3_base_s{seed}"][1].to_dict(), configs[f"d3_1k_base_s{seed}"][1].to_dict()
+        assert {k for k in a if a[k] != b[k]} == {"train_frac"}
 
 
 def test_the_paper_scale_is_3_digit_addition_at_about_10m_parameters():
@@ -49,7 +55,8 @@ def _rows(base: list[tuple[int, int | None]], act: list[tuple[int, int | None]])
     arms = {"d3_base": [_entry("d3_base", i + 1, m, g) for i, (m, g) in enumerate(base)],
             "d3_actnorm": [_entry("d3_actnorm", i + 1, m, g) for i, (m, g) in enumerate(act)]}
     ctx = E.Context(NAME, "quick", sc, exp.plan(sc, "quick"), arms, Path("."))
-    return {r.measure.split(", nanoGPT on")[0]: r for r in exp.read(ctx) if "3-digit" in r.measure}
+    label = "nanoGPT on 3-digit addition (1.8M parameters, CPU)"  # the 2,000-pair model, not the 1,000-pair one
+    return {r.measure.split(", nanoGPT on")[0]: r for r in exp.read(ctx) if r.measure.endswith(label)}
 
 
 def test_halves_is_read_where_the_baseline_shows_a_delay():
