@@ -84,6 +84,21 @@ def test_progress_counts_the_committed_steps_and_finished_members_in_flight(tmp_
     assert in_flight_text(runs) == "in flight: 230/2,180 steps, 2 of 4 runs finished"
 
 
+def test_progress_counts_evaluations_between_checkpoints(tmp_path):
+    """A run evaluated more often than it is checkpointed: the bar counts its last evaluation, not
+    only its last checkpoint (else a run checkpointed every 1,000 steps shows 0 done until then)."""
+    from groklens.checkpoints.reader import open_trajectory_file
+    from groklens.sweeps import member_progress
+    from tests.helpers import tiny_config, train_interrupted
+
+    path = tmp_path / "sparse.h5"
+    train_interrupted(tiny_config(steps=60, eval_every=5, checkpoint_every=40), path, at_step=37)
+    with open_trajectory_file(path, validate=False) as f:  # what the file committed, read independently
+        checkpoints, evals = list(f["steps"][:]), list(f["metrics"]["step"][:])
+    assert checkpoints[-1] < evals[-1] <= 37
+    assert member_progress(path) == (evals[-1], False)
+
+
 def test_expected_wall_is_the_last_worker_to_run_out():
     from groklens.sweeps.tasks import expected_wall
 
