@@ -242,11 +242,9 @@ def member_progress(path: str | Path) -> tuple[int, bool]:
 
     try:
         with open_trajectory_file(path, validate=False) as f:
-            steps = f[C.STEPS]
-            last = int(steps[len(steps) - 1]) if len(steps) else 0
-            evals = f[C.METRICS][C.METRICS_STEP] if C.METRICS in f else ()
-            if len(evals):
-                last = max(last, int(evals[len(evals) - 1]))
+            # both datasets exist from the file's creation (checkpoints/writer.py); a length commits a row
+            committed = (f[C.STEPS], f[C.METRICS][C.METRICS_STEP])
+            last = max((int(d[len(d) - 1]) for d in committed if len(d)), default=0)
             status = f[C.STATUS][0].split(b"\0", 1)[0].decode(errors="replace")
     except (BadInput, OSError, KeyError, ValueError, RuntimeError):  # not there yet, or mid-write
         return 0, False
