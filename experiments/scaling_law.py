@@ -43,24 +43,45 @@ def _records(ctx: Context) -> list[Any]:
             for v in ctx.plan.variants for r in ctx.group(v).runs]
 
 
+NAMES = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)",
+         "weight_decay": "lambda (weight decay)"}
+
+
+def _fitted_vars(recs: list[Any]) -> tuple[list[str], dict[str, float]]:
+    """The variables the recorded runs vary, and the others' one value. A grid trained in stages
+    (`--arms 'h64_*'`) holds one width at first: its law is fitted over the other variables (under
+    the paper's product law their exponents do not depend on the width held) rather than not at
+    all. With none varying, every variable (the fit then says why it cannot be made)."""
+    from groklens.analyses.scaling import DEFAULT_VARS
+
+    values = {v: {r.values[v] for r in recs} for v in DEFAULT_VARS}
+    fitted = [v for v in DEFAULT_VARS if len(values[v]) >= 2]
+    if not fitted:
+        return list(DEFAULT_VARS), {}
+    return fitted, {v: next(iter(values[v])) for v in DEFAULT_VARS if len(values[v]) == 1}
+
+
 def _read_scaling(ctx: Context) -> list[Row]:
     from groklens.analyses.scaling import DEFAULT_VARS, fit_scaling_law
 
     diff = ctx.sc.note + "; D = train_frac (the paper's D is the training data size: the same exponent when p is fixed)"
     claims = ctx.sc.extra.get("claims", False)
     recs = _records(ctx)
-    fits = fit_exponents(recs, list(DEFAULT_VARS))
-    names = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)",
-             "weight_decay": "lambda (weight decay)"}
+    fitted, held = _fitted_vars(recs)
+    if held:
+        diff += ("; trained so far: " + ", ".join(f"{NAMES[v]} {x:g} only" for v, x in held.items())
+                 + f" (the grid is trained in stages), so the law is fitted over {', '.join(fitted)}")
+    fits = fit_exponents(recs, fitted)
     rows = []
     for v in DEFAULT_VARS:
-        ours, ci, text = fits[v]
+        ours, ci, text = fits[v] if v in fits else (
+            None, None, f"not fitted: every recorded run has {v} {held[v]:g} (the other values are not trained yet)")
         pub = SCALING_PUBLISHED[v]
         verdict = exponent_verdict(ci, pub, no_ci=text) if claims else ""
-        rows.append(Row(f"scaling exponent of {names[v]}", Published(pub, f"{pub:+.2f}", SCALING), ours, text, diff,
+        rows.append(Row(f"scaling exponent of {NAMES[v]}", Published(pub, f"{pub:+.2f}", SCALING), ours, text, diff,
                         verdict))
     try:
-        fit = fit_scaling_law(recs, list(DEFAULT_VARS))
+        fit = fit_scaling_law(recs, fitted)
     except BadInput as exc:
         fit, why = None, f"no fit: {exc}"
     if fit is None:
@@ -130,15 +151,16 @@ def _run_values(path: Path, sc: Scale) -> dict[str, Any]:
 def _figures(ctx: Context) -> list[Path]:
     """OUT/scaling-law.png from the ledger's runs: measured against predicted, the grokking step
     against each variable with the fit, and the (lambda, D) phase map with the boundary."""
-    from groklens.analyses.scaling import DEFAULT_VARS, claims, figure, fit_scaling_law
+    from groklens.analyses.scaling import claims, figure, fit_scaling_law
     from groklens.fileio import staged_outputs
 
     recs = _records(ctx)
+    fitted, _ = _fitted_vars(recs)
     try:
-        fit = fit_scaling_law(recs, list(DEFAULT_VARS), censored=any(r.censored for r in recs))
+        fit = fit_scaling_law(recs, fitted, censored=any(r.censored for r in recs))
     except BadInput:
         return []
-    fig = figure(recs, {**fit, **claims(recs, list(DEFAULT_VARS))}, list(DEFAULT_VARS))
+    fig = figure(recs, {**fit, **claims(recs, fitted)}, fitted)
     with staged_outputs(ctx.out_dir) as stage:
         fig.savefig(stage / FIGURE, dpi=110, bbox_inches="tight")
     return [ctx.out_dir / FIGURE]

@@ -98,6 +98,33 @@ def test_scaling_paper_rows_from_ledger_entries(tmp_path):
     assert figs == [tmp_path / "scaling-law.png"] and figs[0].stat().st_size > 20_000
 
 
+def test_scaling_paper_rows_from_a_grid_trained_in_stages(tmp_path):
+    """Only width 64 recorded (the first stage, `--arms 'h64_*'`): the width row says it is not
+    fitted yet (undetermined), the other three exponents of the same known law are recovered
+    over the 96 runs, and the figure is drawn over the three."""
+    rng = np.random.default_rng(1)
+    arms = {}
+    for d in PAPER_AXES["train_frac"]:
+        for lr in PAPER_AXES["lr"]:
+            for wd in PAPER_AXES["weight_decay"]:
+                t = 600 * 64 ** -0.3 * d ** -2 * lr ** -0.5 * wd ** -0.6 * math.exp(rng.normal(0, 0.1))
+                grok = int(t) if t < 20_000 else None
+                v, e = _scaling_entry(64, d, lr, wd, grok, grok + 50 if grok else 20_000, None)
+                arms[v] = [LedgerRun(e)]
+    ctx = _ctx("scaling-law", arms, tmp_path)
+    rows = {r.measure: r for r in E.get_experiment("scaling-law").read(ctx)}
+    h = rows["scaling exponent of H (width)"]
+    assert h.ours is None and h.ours_text.startswith("not fitted: every recorded run has width 64")
+    assert h.verdict.startswith("undetermined")
+    for name, want in (("D (data)", -2.0), ("eta (learning rate)", -0.5), ("lambda (weight decay)", -0.6)):
+        row = rows[f"scaling exponent of {name}"]
+        assert row.ours_text.startswith("Tobit") and row.ours == pytest.approx(want, abs=0.15), name
+        assert "H (width) 64 only" in row.differs
+    assert 0 < rows["R^2 of the power-law fit"].ours <= 1
+    figs = E.get_experiment("scaling-law").figures(ctx)
+    assert figs == [tmp_path / "scaling-law.png"] and figs[0].stat().st_size > 20_000
+
+
 def test_scaling_quick_rows_stay_the_five_recorded_ones():
     e = E.get_experiment("scaling-law")
     sc = e.scales["quick"]
