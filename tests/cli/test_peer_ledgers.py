@@ -146,3 +146,24 @@ def test_grokfast_paper_rows_read_their_own_codes_runs_as_iterations(tmp_path, m
     assert ema.ours == pytest.approx((sum(e["grok_epoch"] for e in runs) + cut["epochs"]) / (len(runs) + 1))
     base = next(r for m, r in theirs.items() if "baseline" in m)
     assert base.ours_text == "no official-code run recorded"
+
+
+def test_the_sphere_headline_from_the_official_code_is_the_ratio_of_their_geometric_means():
+    """The committed runs of the sphere paper's own code: the speed-up of the bounded sphere wd 0
+    over LayerNorm, as the rows read it, against the same ratio computed here from the peer
+    ledger's JSON (their grok epoch e is groklens' step e + 1)."""
+    import math
+
+    from groklens.experiments import sphere_paper
+
+    runs = json.loads(sphere_paper.PEER_LEDGER.read_text())["runs"]
+    steps = {a: [e["grok_epoch"] + 1 for e in runs if e["arm"] == a and e["lr"] == 6e-4] for a in ("ln", "sphere_wd0")}
+    assert len(steps["ln"]) >= 5 and len(steps["sphere_wd0"]) >= 5
+    gm = {a: math.exp(sum(map(math.log, s)) / len(s)) for a, s in steps.items()}
+    exp = get_experiment("bounded-sphere")
+    sc = exp.scales["paper"]
+    rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, Path(".")))
+    row = next(r for r in rows if r.measure.startswith("speed-up of bounded sphere, wd 0 over LayerNorm, the official "
+                                                       "code") and "lr 0.0006" in r.measure)
+    assert row.ours == pytest.approx(gm["ln"] / gm["sphere_wd0"], rel=1e-9)
+    assert f"(n={len(steps['ln'])} / {len(steps['sphere_wd0'])})" in row.ours_text

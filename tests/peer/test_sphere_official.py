@@ -132,13 +132,15 @@ def test_bounded_sphere_rows_read_the_official_runs(official_jsons, tmp_path, mo
     sc = dataclasses.replace(sc, base={**sc.base, "p": 7})
     rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, tmp_path))
     official = {r.measure: r for r in rows if "the official code" in r.measure}
-    assert len(official) == 4
+    assert len(official) == 6
     wd1 = next(r for m, r in official.items() if "grok step" in m and "wd 1.0" in m)
     assert wd1.ours == 3 and wd1.ours_text.startswith("> 3 (n=2, all censored)") and wd1.bound == "lower"
     assert "s1 > 3 / —, s2 > 3 / —" in wd1.ours_text
     assert "python_shuffle split on 2 of 2 seeds" in wd1.ours_text
     assert wd1.published.value == sphere_paper.SPHERE_TABLE[(6e-4, "sphere_wd1")]
-    ln = next(r for m, r in official.items() if "LayerNorm" in m)
+    ln = next(r for m, r in official.items() if "grok step" in m and "LayerNorm" in m)
     assert ln.ours is None and ln.ours_text == "no official-code run recorded"
+    headline = [r for m, r in official.items() if "over LayerNorm" in m]  # no LayerNorm run: nothing to divide
+    assert len(headline) == 2 and all(r.ours is None and r.verdict.startswith("undetermined") for r in headline)
     order = next(r for m, r in official.items() if "weight-decay order" in m)
     assert order.verdict.startswith("undetermined") and "censored on both sides" in order.ours_text
