@@ -121,3 +121,35 @@ def load_official(path: Path, arms: Mapping[str, dict[str, Any]]) -> list[dict[s
 def record(path: Path, entries: list[dict[str, Any]], arms: Mapping[str, dict[str, Any]]) -> Path:
     """Add entries to the ledger at `path` (an entry of the same arm, seed, lr and p is replaced)."""
     return peer.record(PEER, path, entries, arms)
+
+
+# ---------------------------------------------------------------------- their FVE on models they trained
+FVE_DIR = LEDGER_DIR / "peer" / "sphere-fve"
+FVE_MODELS = ("spherical_nowd", "spherical_wd", "layernorm")  # Fourier_Analysis_Last's three models
+
+
+def load_official_fve(directory: Path = FVE_DIR) -> list[dict[str, Any]]:
+    """The readings of models their Fourier_Analysis_Last trained and read
+    (`benchmarks/peer/sphere_fve_official.py --train MODEL --seed S`), one per `official_*.json` in
+    `directory`: model_type, seed, lr, weight_decay, grok_epoch (their stop: the first logged epoch
+    with test accuracy >= 0.99), the checkpoint's test accuracy, their mean of ten U/V values (a
+    fraction) and groklens' fve_ls_top5 of the same weights. BadInput names a file that is not one."""
+    out = []
+    for path in sorted(directory.glob("official_*.json")):
+        try:
+            d = json.loads(path.read_text())
+            (c,) = d["checkpoints"]
+            e = {"file": path.name, "model_type": d["model_type"], "seed": d["seed"], "lr": d["lr"],
+                 "weight_decay": d["weight_decay"], "grok_epoch": d["grok_epoch"], "test_acc": c["test_acc"],
+                 "fve": c["theirs"]["fve_mean10_pct"] / 100, "groklens_fve": c["groklens"]["fve_ls_top5"]}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BadInput(f"{path}: not a reading of sphere_fve_official.py --train ({type(exc).__name__}: {exc})") \
+                from None
+        if d.get("model") != "official-trained" or e["model_type"] not in FVE_MODELS:
+            raise BadInput(f"{path}: model {d.get('model')!r} / {e['model_type']!r} is not a model their code trained")
+        bad = [k for k in ("test_acc", "fve", "groklens_fve")
+               if not (isinstance(e[k], (int, float)) and math.isfinite(e[k]) and 0 <= e[k] <= 1)]
+        if bad or not isinstance(e["seed"], int):
+            raise BadInput(f"{path}: {', '.join(bad) or 'seed'} out of range")
+        out.append(e)
+    return out

@@ -22,6 +22,7 @@ commit 9fe40bd), whose settings the paper scales follow where the paper is silen
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Any
 
 from groklens.experiments.core import (
@@ -346,6 +347,8 @@ def _read_fve(ctx: Context) -> list[Row]:
                         Published(pub, f"about {pub:.0%} ({'bounded' if k != 'standard' else 'standard'} models)",
                                   YILDIRIM), ours, text, f"{ctx.sc.note}; {FVE_READING}"))
     rows.append(_fve_higher_row(ctx, arms["fully_bounded"], arms["standard"], at))
+    if ctx.sc.extra.get("shared_with_sphere"):
+        rows += _official_fve_rows(ctx.sc.extra["lr"], ctx.sc.note)
     for k, (_, label, _) in FVE_ARMS.items():
         ours, text = ctx.measure(arms[k], "fve_ls", FVE_PHASE)
         _, ntext = ctx.measure(arms[k], "n_key_freqs", FVE_PHASE)
@@ -356,6 +359,39 @@ def _read_fve(ctx: Context) -> list[Row]:
         rows.append(Row(f"Fourier FVE (neuron, Nanda 2b), {at}, {label}",
                         Published(None, "not reported (the paper reports the least-squares variant)", YILDIRIM),
                         ours, text, ctx.sc.note))
+    return rows
+
+
+OFFICIAL_FVE_LABELS = {"spherical_nowd": ("the fully bounded sphere, wd 0 (their spherical_nowd)", 0.62),
+                       "spherical_wd": ("the sphere with a plain unembedding, wd 1 (their spherical_wd)", 0.62),
+                       "layernorm": ("LayerNorm (their layernorm)", 0.29)}
+
+
+def _official_fve_rows(lr: float, note: str) -> list[Row]:
+    """The paper's FVE where both the model and the reading are their code's: Fourier_Analysis_Last
+    trains each model at a seed and reads it at its own checkpoint (the peer readings of
+    sphere_official.load_official_fve), over the seeds run, beside groklens' reading of the same weights."""
+    from groklens.experiments.sphere_official import load_official_fve
+
+    readings = [e for e in load_official_fve() if e["lr"] == lr]
+    rows = []
+    for model, (label, pub) in OFFICIAL_FVE_LABELS.items():
+        runs = sorted((e for e in readings if e["model_type"] == model), key=lambda e: e["seed"])
+        if not runs:
+            continue
+        v = [e["fve"] for e in runs]
+        spread = f" ± {statistics.stdev(v):.3f}" if len(v) > 1 else ""
+        gap = max(abs(e["fve"] - e["groklens_fve"]) for e in runs)
+        text = (f"{statistics.mean(v):.3f}{spread} [{min(v):.3f}-{max(v):.3f}] (n={len(v)}); per seed: "
+                + ", ".join(f"s{e['seed']} {e['fve']:.3f}" for e in runs)
+                + f"; groklens' fve_ls_top5 of the same weights within {gap:.1e} (their printout has 2 decimals of %)")
+        rows.append(Row(f"Fourier FVE, the official code's model and reading (Fourier_Analysis_Last trains it and "
+                        f"reads it at its checkpoint, the first logged test accuracy >= 0.99), {label}",
+                        Published(pub, f"about {pub:.0%} ({'standard' if model == 'layernorm' else 'bounded'} "
+                                  "models)", YILDIRIM), statistics.mean(v), text,
+                        f"{note}; their notebook's own training (its split from the seed, lr {lr:g}) and diagnostics, "
+                        "run by benchmarks/peer/sphere_fve_official.py --train on this CPU; the paper's reading: the "
+                        "mean of their ten printed U/V values (docs/results/peer/sphere-fve/)"))
     return rows
 
 

@@ -167,3 +167,30 @@ def test_the_sphere_headline_from_the_official_code_is_the_ratio_of_their_geomet
                                                        "code") and "lr 0.0006" in r.measure)
     assert row.ours == pytest.approx(gm["ln"] / gm["sphere_wd0"], rel=1e-9)
     assert f"(n={len(steps['ln'])} / {len(steps['sphere_wd0'])})" in row.ours_text
+
+
+def test_the_sphere_fve_of_models_their_code_trained(tmp_path, monkeypatch):
+    """fourier-fve's official-code rows: the mean of their printed mean of ten over the committed
+    readings of their fully bounded model, computed here from the JSONs; a file that is not a
+    reading of their training is refused, naming it."""
+    import statistics
+
+    from groklens.experiments import sphere_official
+
+    files = sorted(sphere_official.FVE_DIR.glob("official_nowd_s*.json"))
+    fves = [json.loads(f.read_text())["checkpoints"][0]["theirs"]["fve_mean10_pct"] / 100 for f in files]
+    assert len(fves) >= 10
+    exp = get_experiment("fourier-fve")
+    sc = exp.scales["paper"]
+    rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, Path(".")))
+    row = next(r for r in rows if "official code's model" in r.measure and "spherical_nowd" in r.measure)
+    assert row.ours == pytest.approx(statistics.mean(fves)) and f"(n={len(fves)})" in row.ours_text
+    assert f"{statistics.stdev(fves):.3f}" in row.ours_text and row.published.value == 0.62
+
+    good = json.loads(files[0].read_text())
+    (tmp_path / "official_x.json").write_text(json.dumps({**good, "model": "groklens-trained"}))
+    with pytest.raises(BadInput, match="official_x.json: model 'groklens-trained'"):
+        sphere_official.load_official_fve(tmp_path)
+    (tmp_path / "official_x.json").write_text(json.dumps({**good, "checkpoints": []}))
+    with pytest.raises(BadInput, match="official_x.json: not a reading"):
+        sphere_official.load_official_fve(tmp_path)
