@@ -131,16 +131,15 @@ FVE_MODELS = ("spherical_nowd", "spherical_wd", "layernorm")  # Fourier_Analysis
 def load_official_fve(directory: Path = FVE_DIR) -> list[dict[str, Any]]:
     """The readings of models their Fourier_Analysis_Last trained and read
     (`benchmarks/peer/sphere_fve_official.py --train MODEL --seed S`), one per `official_*.json` in
-    `directory`: model_type, seed, lr, weight_decay, grok_epoch (their stop: the first logged epoch
-    with test accuracy >= 0.99), the checkpoint's test accuracy, their mean of ten U/V values (a
-    fraction) and groklens' fve_ls_top5 of the same weights. BadInput names a file that is not one."""
+    `directory`: model_type, seed, lr, the checkpoint's test accuracy (their stop: the first logged
+    epoch with test accuracy >= 0.99), their mean of ten U/V values (a fraction) and groklens'
+    fve_ls_top5 of the same weights. BadInput names a file that is not one."""
     out = []
     for path in sorted(directory.glob("official_*.json")):
         try:
             d = json.loads(path.read_text())
             (c,) = d["checkpoints"]
-            e = {"file": path.name, "model_type": d["model_type"], "seed": d["seed"], "lr": d["lr"],
-                 "weight_decay": d["weight_decay"], "grok_epoch": d["grok_epoch"], "test_acc": c["test_acc"],
+            e = {"model_type": d["model_type"], "seed": d["seed"], "lr": d["lr"], "test_acc": c["test_acc"],
                  "fve": c["theirs"]["fve_mean10_pct"] / 100, "groklens_fve": c["groklens"]["fve_ls_top5"]}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BadInput(f"{path}: not a reading of sphere_fve_official.py --train ({type(exc).__name__}: {exc})") \
