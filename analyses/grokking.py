@@ -65,6 +65,21 @@ def grokking_times(metrics: Mapping[str, np.ndarray], thresholds: Sequence[float
     return out
 
 
+def stop_rule_index(values: Sequence[float], threshold: float, evals: int, after: int, at_event: bool) -> int | None:
+    """The evaluation at which groklens' stop rule (trainers/engine.py: `after` = stop_after_grok,
+    `at_event` = stop_at_event, grokked as `evals` = grok_evals) ends a run with these test
+    accuracies, None where it never does (after 0, never grokked, or a dip that lasts to the end):
+    how another code's whole log reads over the evaluations a groklens run of it would have made."""
+    v = np.asarray(values, dtype=float)
+    g = first_sustained(v >= threshold, max(evals, 1))
+    if not after or g is None:
+        return None
+    for i in range(g + max(after, evals - 1), len(v)):  # the rule counts from where grokking is known
+        if v[i] >= threshold or not at_event:
+            return i
+    return None
+
+
 def collapse(metrics: Mapping[str, np.ndarray], threshold: float = GROK_THRESHOLD, prefix: str = "",
              evals: int = 1) -> dict:
     """Whether a run generalized and stayed there: `crossed` (first step with test accuracy >=

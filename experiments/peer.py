@@ -131,10 +131,15 @@ def record(peer: Peer, path: Path, entries: list[dict[str, Any]], arms: Arms) ->
 class OfficialRun(PhaseTimes):
     """An entry with the attributes the rows read (as ledger.LedgerRun), in groklens' steps (the
     peer's step_offset: an epoch e logged after its step is step e + 1, and a run of E epochs
-    ends at step E). Memorization is not read from their runs (None)."""
+    ends at step E). Memorization is not read from their runs (None).
 
-    def __init__(self, entry: dict[str, Any], peer: Peer):
-        from groklens.analyses.grokking import collapse
+    `stop`: the (stop_after_grok, stop_at_event) of the groklens runs the rows set beside these;
+    their codes log to a fixed epoch count where groklens stops a run soon after grokking, so the
+    collapse is read over the log up to where that stop rule would have ended it (the same window
+    both codes' rows observe), and `collapse_whole_log` keeps the reading to the log's end."""
+
+    def __init__(self, entry: dict[str, Any], peer: Peer, stop: tuple[int, bool] | None = None):
+        from groklens.analyses.grokking import collapse, stop_rule_index
 
         log, off = entry["log"], peer.step_offset
         steps = [t + off for t in log[peer.log_keys[0]]]
@@ -147,7 +152,11 @@ class OfficialRun(PhaseTimes):
         self.final_test_acc = float(entry.get("final_test_acc", log[peer.accuracy_key][-1]))
         # crossing and fall-back read at >= 0.95 on the log (a peer's rule may be > 0.95: the same
         # unless an accuracy is 0.95 exactly)
-        self.collapse = collapse({"step": steps, "test_acc": log[peer.accuracy_key]}, GROK_THRESHOLD)
+        acc = log[peer.accuracy_key]
+        self.collapse_whole_log = collapse({"step": steps, "test_acc": acc}, GROK_THRESHOLD)
+        end = None if stop is None else stop_rule_index(acc, GROK_THRESHOLD, 1, *stop)
+        self.collapse = self.collapse_whole_log if end is None else \
+            collapse({"step": steps[:end + 1], "test_acc": acc[:end + 1]}, GROK_THRESHOLD)
         self.collapsed = bool(self.collapse["collapsed"])
         self.values, self.phase_notes, self.wall_s = {}, {}, None
         self.split_sha256 = entry.get("train_pairs_sha256")

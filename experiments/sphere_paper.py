@@ -158,7 +158,10 @@ OFFICIAL_NOTE = ("the official code (AlperYildirim1/geometric-grokking at {commi
                  "benchmarks/peer/sphere_official.py on this machine for {epochs} epochs (their device line set to the "
                  "CPU), recorded from its JSONs by benchmarks/peer/record_sphere_official.py in "
                  "docs/results/peer/sphere-official.json; their grok epoch e (the first logged epoch with test "
-                 "accuracy > 0.95, logged every 200 epochs after that epoch's step) is shown as groklens' step e+1")
+                 "accuracy > 0.95, logged every 200 epochs after that epoch's step) is shown as groklens' step e+1; a "
+                 "collapse is read over their log up to where groklens' stop rule for the arm would have ended it "
+                 "(at the first evaluation at the threshold {stop} or more after grokking: through a dip until "
+                 "back, as a groklens run trains), the window a groklens run of the arm observes")
 
 
 def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]:
@@ -169,7 +172,10 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
     entries = [e for e in load_official(PEER_LEDGER, ARCH) if e["lr"] == lr and e["p"] == ctx.sc.base["p"]]
     arms: dict[str, list[Any]] = {}
     for a in OFFICIAL_ARMS:
-        runs = sorted((OfficialRun(e, PEER) for e in entries if e["arm"] == a), key=lambda r: r.seed)
+        # groklens' stop rule as it stands (stop_at_event: through a dip until back at the threshold)
+        # at the stop_after_grok of the groklens arm beside them
+        stop = ({**ctx.plan.base, **ctx.plan.variants[f"{a}_papersplit_lr{tag}"]}["stop_after_grok"], True)
+        runs = sorted((OfficialRun(e, PEER, stop) for e in entries if e["arm"] == a), key=lambda r: r.seed)
         seeds = {r.seed for r in runs}
         arms[f"official:{a}"] = runs
         arms[f"same_seeds:{a}"] = [r for r in ctx.group(f"{a}_papersplit_lr{tag}").runs if r.seed in seeds]
@@ -177,7 +183,13 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
     note = ctx.sc.note + "; " + OFFICIAL_NOTE.format(
         commit=", ".join(sorted({e["repo_commit"][:10] for e in entries})) or "—",
         notebooks=", ".join(sorted({e["notebook"] for e in entries})) or "—",
-        epochs=", ".join(f"{x:,}" for x in sorted({e["epochs"] for e in entries})) or "—")
+        epochs=", ".join(f"{x:,}" for x in sorted({e["epochs"] for e in entries})) or "—",
+        stop=stop[0])
+    late = [r.name for a in OFFICIAL_ARMS for r in arms[f"official:{a}"] if r.collapse_whole_log["collapsed"]
+            and not r.collapsed]
+    if late:
+        note += (f"; read to the end of their log, {len(late)} run(s) end below 0.95 after holding it ("
+                 f"{', '.join(late)}), which the collapse rule would read as never grokked")
     rows = []
     for a in OFFICIAL_ARMS:
         pub = SPHERE_TABLE[(pub_lr, a)]

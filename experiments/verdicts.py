@@ -23,7 +23,9 @@ threshold**. An interval that contains the threshold, or no interval (fewer than
   (censored at its last step). A speed-up that rests on collapsed runs is computed under both;
   when both give the same verdict (agrees or disagrees), that verdict stands and says so,
   otherwise it is undetermined, with the count and each reading's verdict. "Learns and
-  generalizes" that rests on a collapsed run is undetermined.
+  generalizes" that rests on a collapsed run is undetermined. A paper's own code that trains a
+  fixed epoch count is read over its log up to where groklens' stop rule would have ended the run
+  (experiments/peer.py, OfficialRun's `stop`; where its rows give one), the window a groklens run observes.
 - "This run does (not) grok" from runs that never crossed: only when the step cap is at least
   `FAR` times the reference time (the published grokking time, or, where none is published, our
   baseline's measured one); a shorter cap cannot tell "never" from "later". Where the claim is

@@ -194,3 +194,39 @@ def test_the_sphere_fve_of_models_their_code_trained(tmp_path, monkeypatch):
     (tmp_path / "official_x.json").write_text(json.dumps({**good, "checkpoints": []}))
     with pytest.raises(BadInput, match="official_x.json: not a reading"):
         sphere_official.load_official_fve(tmp_path)
+
+
+@pytest.mark.parametrize("tail, windowed, whole", [
+    ([1.0] * 14 + [0.887], False, True),  # held 15 logs, one-log dip at the end (their wd 1 seed 2)
+    ([0.9, 1.0] + [1.0] * 13, False, False),  # a dip at the window's evaluation that recovers
+    ([0.5] * 15, True, True),  # fell below and never came back: a collapse either way
+])
+def test_an_official_log_is_read_for_collapse_where_groklens_would_have_stopped_it(tail, windowed, whole):
+    """The sphere rows read a collapse over the official log up to where groklens' stop rule (2
+    evaluations after grokking, through a dip until back) would end it; the whole log's reading is kept."""
+    from groklens.experiments.peer import OfficialRun
+    from groklens.experiments.sphere_official import PEER
+
+    acc = [0.1, 0.5, 0.96, 0.99] + tail
+    epochs = [200 * i for i in range(len(acc))]
+    entry = {"arm": "sphere_wd1", "seed": 2, "epochs": epochs[-1] + 200, "grok_epoch": 400,
+             "log": {"epochs": epochs, "train_acc": [1.0] * len(acc), "test_acc": acc}}
+    run = OfficialRun(entry, PEER, stop=(2, True))
+    assert run.collapsed is windowed and run.collapse_whole_log["collapsed"] is whole
+    assert OfficialRun(entry, PEER).collapsed is whole  # no stop rule given: the whole log
+
+
+def test_the_sphere_official_rows_name_the_run_that_dips_only_after_the_window():
+    """On the committed official runs: wd 1 seed 2's last-log dip (0.887 at epoch 3,999, after
+    holding the threshold from epoch 800) is outside the window, so the weight-decay order is read
+    at the crossing, and its note names that run."""
+    from groklens.experiments import sphere_paper
+
+    exp = get_experiment("bounded-sphere")
+    sc = exp.scales["paper"]
+    rows = exp.read(Context(exp.name, "paper", sc, exp.plan(sc, "paper"), {}, Path(".")))
+    row = next(r for r in rows if "(the weight-decay order), the official code" in r.measure and "0.0006" in r.measure)
+    assert "official_sphere_wd1_s2" in row.differs and "collapsed" not in row.ours_text
+    runs = json.loads(sphere_paper.PEER_LEDGER.read_text())["runs"]
+    s2 = next(e for e in runs if (e["arm"], e["seed"], e["lr"]) == ("sphere_wd1", 2, 6e-4))
+    assert s2["log"]["test_acc"][-1] < 0.95 and min(s2["log"]["test_acc"][4:-1]) >= 0.95

@@ -196,6 +196,30 @@ def test_the_stop_rule_stops_only_at_an_evaluation_at_the_threshold(tmp_path, mo
         assert torch.equal(value, again.params(stop)[name])
 
 
+@pytest.mark.parametrize("accuracy", [DIP, NO_DIP])
+@pytest.mark.parametrize("at_event", [True, False])
+@pytest.mark.parametrize("evals, after", [(1, 4), (3, 4), (3, 1)])
+def test_stop_rule_index_reads_a_whole_log_where_training_stops(tmp_path, monkeypatch, accuracy, at_event, evals,
+                                                                 after):
+    """analyses.grokking.stop_rule_index (how the peer rows read another code's whole log) against
+    the engine: a run trained with the stop rule ends at the evaluation the function finds on the
+    log of a run trained to its cap (after 4: in DIP's dip at 60 with stop_at_event false, after it
+    with true; after 1 at grok_evals 3: where grokking is first known, 2 evaluations after its step)."""
+    from groklens.analyses.grokking import stop_rule_index
+
+    monkeypatch.setattr(*_planted(accuracy))
+    stopped, whole = tmp_path / "stopped.h5", tmp_path / "whole.h5"
+    train_tiny(stopped, steps=300, eval_every=10, checkpoint_every=35, grok_evals=evals, stop_after_grok=after,
+               stop_at_event=at_event)
+    train_tiny(whole, steps=300, eval_every=10, checkpoint_every=35, grok_evals=evals)
+    log = Trajectory(whole).metrics
+    assert log["step"][-1] == 300
+    end = stop_rule_index(log["test_acc"], 0.95, evals, after, at_event)
+    assert end is not None and log["step"][end] == Trajectory(stopped).metrics["step"][-1]
+    if accuracy is DIP and after == 4:
+        assert log["step"][end] == (80 if at_event else 60)
+
+
 def test_stop_at_event_false_is_the_rule_the_ledgers_were_recorded_under(tmp_path, monkeypatch):
     """stop_at_event=false (the experiments' setting, EXPERIMENT_DEFAULTS): the run stops
     stop_after_grok evaluations after grokking whatever that evaluation reads, in the dip at 60,
