@@ -133,10 +133,10 @@ class OfficialRun(PhaseTimes):
     peer's step_offset: an epoch e logged after its step is step e + 1, and a run of E epochs
     ends at step E). Memorization is not read from their runs (None).
 
-    `stop`: the (stop_after_grok, stop_at_event) of the groklens runs the rows set beside these;
-    their codes log to a fixed epoch count where groklens stops a run soon after grokking, so the
-    collapse is read over the log up to where that stop rule would have ended it (the same window
-    both codes' rows observe), and `collapse_whole_log` keeps the reading to the log's end."""
+    `stop`: (stop_after_grok, stop_at_event), the groklens stop rule to read them by: their codes
+    log to a fixed epoch count where groklens stops a run soon after grokking, so the collapse is
+    read over the log up to where that rule would have ended it (the window a groklens run beside
+    them observes); `collapse_whole_log` keeps the reading to the log's end."""
 
     def __init__(self, entry: dict[str, Any], peer: Peer, stop: tuple[int, bool] | None = None):
         from groklens.analyses.grokking import collapse, stop_rule_index

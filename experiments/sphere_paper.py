@@ -188,7 +188,7 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
     late = [r.name for a in OFFICIAL_ARMS for r in arms[f"official:{a}"] if r.collapse_whole_log["collapsed"]
             and not r.collapsed]
     if late:
-        note += (f"; read to the end of their log, {len(late)} run(s) end below 0.95 after holding it ("
+        note += (f"; read to the end of their log, {len(late)} run(s) end below 0.95 after that window ("
                  f"{', '.join(late)}), which the collapse rule would read as never grokked")
     rows = []
     for a in OFFICIAL_ARMS:
