@@ -38,6 +38,9 @@ THIN = dict(lw=0.8, alpha=0.45)
 BOLD = dict(lw=2.2, alpha=1.0)
 MEAN_END = dict(ls=(0, (1, 1.5)), lw=1.6)  # where a mean over seeds stops because a seed stopped
 LEGEND_CHARS = 34  # a legend entry wraps at this width (variant labels name every differing field)
+# past this many variants the palette repeats and a legend entry each would outgrow the figure (a
+# sweep's 96 cells collapsed the layout): one entry says so, fig_grokking_times names each variant
+LEGEND_MAX_VARIANTS = len(PALETTE)
 TICK_PT = 7
 TICK_CHAR_IN = 0.6 * TICK_PT / 72  # the width of a character of a TICK_PT label, in inches (about)
 
@@ -135,7 +138,11 @@ def training_curves(variants: Sequence[VariantCurves], *, threshold: float | Non
                 cut_short = True  # a seed stopped (stop_after_grok): the mean over every seed ends there
                 for a in (a_acc, a_loss):
                     a.axvline(m.steps[-1], color=c, **MEAN_END)
-        a_acc.plot([], [], color=c, lw=2.2, label=textwrap.fill(f"{v.label} (n={len(v.runs)})", LEGEND_CHARS))
+        if len(variants) <= LEGEND_MAX_VARIANTS:
+            a_acc.plot([], [], color=c, lw=2.2, label=textwrap.fill(f"{v.label} (n={len(v.runs)})", LEGEND_CHARS))
+    if len(variants) > LEGEND_MAX_VARIANTS:
+        a_acc.plot([], [], color="0.5", lw=2.2, label=f"{len(variants)} variants: colours\nrepeat (fig_grokking_times\n"
+                   "names each)")
     if threshold is not None:
         a_acc.axhline(threshold, color="grey", lw=0.8, ls=":")
     a_acc.plot([], [], color="black", ls="--", lw=1, label="train")

@@ -69,6 +69,25 @@ def test_training_curves(runs, tmp_path):
         F.training_curves(variants, ax=axes[0])
 
 
+def test_a_sweep_of_many_variants_keeps_its_layout(runs, tmp_path):
+    """Past LEGEND_MAX_VARIANTS (the palette's colours) the legend holds one entry for all of them,
+    not one each: a scaling-law grid of 96 cells had a legend taller than the figure, which
+    collapsed the constrained layout (a warning, the panels drawn at no size)."""
+    import warnings
+
+    one = curves(runs["ln_s1"])
+    many = [F.VariantCurves(f"lr={i}e-3 train_frac=0.5 weight_decay=1", [one]) for i in range(40)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = F.training_curves(many, threshold=0.95)
+        render(fig, tmp_path, "curves_many")
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(texts) <= 5 and texts[0].startswith("40 variants")
+    assert min(a.get_position().height for a in fig.axes[:2]) > 0.2  # the panels keep their size
+    few = F.training_curves(many[:F.LEGEND_MAX_VARIANTS])
+    assert sum("n=1" in t.get_text() for t in few.axes[0].get_legend().get_texts()) == F.LEGEND_MAX_VARIANTS
+
+
 def test_a_mean_that_ends_at_a_stopped_seed_is_marked(runs, tmp_path):
     """A seed that stopped early (its stop rule) ends the mean over seeds; the end is a dotted
     vertical line in the group's colour on both panels, named in the legend; a mean that runs
