@@ -106,3 +106,32 @@ def test_the_paper_scale_analyzes_sharpness_where_the_ledger_reads_generalized()
         path = "run.h5"
 
     assert choose_checkpoints(Traj(), where["sharpness"]) == [200, 500, 600]  # memorized, generalized (0.99), end
+
+
+def test_every_paper_run_trains_on_to_the_matched_generalization_checkpoint(tmp_path):
+    """The stop rule counts from grok_threshold, so a paper-scale run stops only after test
+    accuracy 0.99 (the 'generalized' phase Proposition iii is read at), as the tiny run planted
+    below does; the rows still read grokking at 0.95. (Stopping 2 evaluations after 0.95, the
+    MLP baseline's seed 1 ended at 0.987, with no value at 'generalized'.)"""
+    import pytest
+
+    from groklens.checkpoints import Trajectory
+    from groklens.experiments.ledger import GENERALIZED, summarize_run
+    from groklens.experiments.pipeline import run_configs
+    from groklens.trainers.single import SingleRun
+    from tests.helpers import train_tiny
+
+    configs = run_configs(E.get_experiment("activation-norm"), "paper", 1)
+    assert configs and all(c.grok_threshold == GENERALIZED and c.stop_after_grok == 2 for _, _, c in configs)
+    # a run crossing 0.95 long before 0.99 (planted), under the paper's stop fields
+    acc = {0: 0.0, 10: 0.5, 20: 0.96, 30: 0.97, 40: 0.98, 50: 0.985, 60: 0.992, 70: 0.995, 80: 0.996}
+    real = SingleRun.evaluate
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SingleRun, "evaluate", lambda self, step: [{**row, "test_acc": acc.get(step, 0.999)}
+                                                             for row in real(self, step)])
+        train_tiny(tmp_path / "r.h5", steps=300, eval_every=10, checkpoint_every=100, stop_after_grok=2,
+                   grok_threshold=GENERALIZED)
+    run = Trajectory(tmp_path / "r.h5")
+    assert run.metrics["step"][-1] == 80 and 60 in list(run.steps)  # 2 evaluations after 0.99, its checkpoint kept
+    entry = summarize_run(tmp_path / "r.h5", "activation-norm", "mlp_base", 1, [])
+    assert entry["grokking_step"]["0.95"] == 20 and entry["grokking_step"]["0.99"] == 60

@@ -169,7 +169,8 @@ def test_list_prints_every_experiment_with_costs():
     recorded = {e["arm"] for e in ledger_entries(_ledger_dirs(), "bounded-sphere", "paper")}
     planned = [v for v, _, _ in run_configs(get_experiment("bounded-sphere"), "paper", 10)]
     with_ledger = sum(v in recorded for v in planned)
-    assert 60 <= with_ledger < len(planned)  # the 6 arms of 10 seeds, at least; some arms have none yet
+    # the 6 arms of 10 seeds, at least (every arm has runs since lr 1e-4's LayerNorm/RMSNorm were recorded)
+    assert 60 <= with_ledger <= len(planned)
     assert sphere["stop_basis"]["ledger"] == with_ledger
     assert sphere["stop_basis"]["expected"] == sphere["runs"] - with_ledger
     grokfast = next(i for i in items if i["name"] == "grokfast")["scales"]["paper"]
