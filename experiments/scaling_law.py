@@ -35,12 +35,22 @@ def _plan_scaling(sc: Scale, scale: str) -> Plan:
     return Plan(variants, None, sc.base)
 
 
-def _records(ctx: Context) -> list[Any]:
+def _records(ctx: Context) -> tuple[list[Any], int]:
+    """The recorded runs of the (width, train_frac) cells whose every configuration is recorded,
+    and how many recorded runs of other cells are left out: a cell trains as one ensemble whose
+    members stop as they grok, so a cell recorded before its ensemble ends holds only its fastest
+    runs, which would bias the fit, the boundary and the rates."""
     from groklens.analyses.scaling import DEFAULT_VARS, GrokRecord, variable_value
 
-    return [GrokRecord(r.name, {v: variable_value(v, r.config) for v in DEFAULT_VARS}, r.grokking, r.last_step,
+    cells: dict[tuple, list[str]] = {}
+    for name, over in ctx.plan.variants.items():
+        cells.setdefault((over["d_mlp"], over["train_frac"]), []).append(name)
+    complete = {name for names in cells.values() if all(ctx.group(v).runs for v in names) for name in names}
+    recs = [GrokRecord(r.name, {v: variable_value(v, r.config) for v in DEFAULT_VARS}, r.grokking, r.last_step,
                        r.run_values.get("weight_norm"))
-            for v in ctx.plan.variants for r in ctx.group(v).runs]
+            for v in ctx.plan.variants if v in complete for r in ctx.group(v).runs]
+    left = sum(len(ctx.group(v).runs) for v in ctx.plan.variants if v not in complete)
+    return recs, left
 
 
 NAMES = {"width": "H (width)", "train_frac": "D (data)", "lr": "eta (learning rate)",
@@ -66,8 +76,11 @@ def _read_scaling(ctx: Context) -> list[Row]:
 
     diff = ctx.sc.note + "; D = train_frac (the paper's D is the training data size: the same exponent when p is fixed)"
     claims = ctx.sc.extra.get("claims", False)
-    recs = _records(ctx)
+    recs, left = _records(ctx)
     fitted, held = _fitted_vars(recs)
+    if left:
+        diff += (f"; {left} recorded run(s) of (width, train_frac) cells not yet complete are left out until their "
+                 "cells are (a cell's ensemble members stop as they grok, so its first finished runs are its fastest)")
     if held:
         diff += ("; trained so far: " + ", ".join(f"{NAMES[v]} {x:g} only" for v, x in held.items())
                  + f" (the grid is trained in stages), so the law is fitted over {', '.join(fitted)}")
@@ -154,7 +167,7 @@ def _figures(ctx: Context) -> list[Path]:
     from groklens.analyses.scaling import claims, figure, fit_scaling_law
     from groklens.fileio import staged_outputs
 
-    recs = _records(ctx)
+    recs, _ = _records(ctx)
     fitted, _ = _fitted_vars(recs)
     try:
         fit = fit_scaling_law(recs, fitted, censored=any(r.censored for r in recs))

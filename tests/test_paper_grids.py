@@ -123,6 +123,16 @@ def test_scaling_paper_rows_from_a_grid_trained_in_stages(tmp_path):
     assert 0 < rows["R^2 of the power-law fit"].ours <= 1
     figs = E.get_experiment("scaling-law").figures(ctx)
     assert figs == [tmp_path / "scaling-law.png"] and figs[0].stat().st_size > 20_000
+    # a width-128 cell recorded while its ensemble still trains holds only its fastest runs: left
+    # out (named in the rows) until the cell is complete, so the rows stay width 64's
+    for lr in PAPER_AXES["lr"][2:]:
+        v, e = _scaling_entry(128, 0.4, lr, 3.0, 300, 350, None)
+        arms[v] = [LedgerRun(e)]
+    part = {r.measure: r for r in E.get_experiment("scaling-law").read(_ctx("scaling-law", arms, tmp_path))}
+    for measure, row in rows.items():
+        assert (part[measure].ours, part[measure].verdict) == (row.ours, row.verdict), measure
+    assert "2 recorded run(s) of (width, train_frac) cells not yet complete are left out" in part[
+        "scaling exponent of D (data)"].differs
 
 
 def test_scaling_quick_rows_stay_the_five_recorded_ones():
