@@ -171,10 +171,10 @@ def _official_rows(ctx: Context, lr: float, at: str, pub_lr: float) -> list[Row]
     tag = lr_tag(lr)
     entries = [e for e in load_official(PEER_LEDGER, ARCH) if e["lr"] == lr and e["p"] == ctx.sc.base["p"]]
     arms: dict[str, list[Any]] = {}
+    # groklens' stop rule as it stands (stop_at_event: through a dip until back at the threshold) at
+    # the stop_after_grok of the groklens arms beside them (the scale's: no arm sets its own)
+    stop = (ctx.plan.base["stop_after_grok"], True)
     for a in OFFICIAL_ARMS:
-        # groklens' stop rule as it stands (stop_at_event: through a dip until back at the threshold)
-        # at the stop_after_grok of the groklens arm beside them
-        stop = ({**ctx.plan.base, **ctx.plan.variants[f"{a}_papersplit_lr{tag}"]}["stop_after_grok"], True)
         runs = sorted((OfficialRun(e, PEER, stop) for e in entries if e["arm"] == a), key=lambda r: r.seed)
         seeds = {r.seed for r in runs}
         arms[f"official:{a}"] = runs
