@@ -36,15 +36,16 @@ def _plan_scaling(sc: Scale, scale: str) -> Plan:
 
 
 def _records(ctx: Context) -> tuple[list[Any], int]:
-    """The recorded runs of the (width, train_frac) cells whose every configuration is recorded,
-    and how many recorded runs of other cells are left out: a cell trains as one ensemble whose
-    members stop as they grok, so a cell recorded before its ensemble ends holds only its fastest
-    runs, which would bias the fit, the boundary and the rates."""
+    """The recorded runs of the widths (the grid's stages) whose every configuration is recorded,
+    and how many recorded runs of other widths are left out: a (width, train_frac) cell trains as
+    one ensemble whose members stop as they grok, so a cell recorded before its ensemble ends holds
+    only its fastest runs, and a width with only some cells recorded over-weights those cells' data
+    fractions; either would bias the fit, the boundary and the rates."""
     from groklens.analyses.scaling import DEFAULT_VARS, GrokRecord, variable_value
 
     cells: dict[tuple, list[str]] = {}
     for name, over in ctx.plan.variants.items():
-        cells.setdefault((over["d_mlp"], over["train_frac"]), []).append(name)
+        cells.setdefault(over["d_mlp"], []).append(name)
     complete = {name for names in cells.values() if all(ctx.group(v).runs for v in names) for name in names}
     recs = [GrokRecord(r.name, {v: variable_value(v, r.config) for v in DEFAULT_VARS}, r.grokking, r.last_step,
                        r.run_values.get("weight_norm"))
@@ -79,8 +80,9 @@ def _read_scaling(ctx: Context) -> list[Row]:
     recs, left = _records(ctx)
     fitted, held = _fitted_vars(recs)
     if left:
-        diff += (f"; {left} recorded run(s) of (width, train_frac) cells not yet complete are left out until their "
-                 "cells are (a cell's ensemble members stop as they grok, so its first finished runs are its fastest)")
+        diff += (f"; {left} recorded run(s) of widths not yet complete are left out until their widths are (a cell's "
+                 "ensemble members stop as they grok, so its first finished runs are its fastest, and part of a width "
+                 "over-weights its cells' data fractions)")
     if held:
         diff += ("; trained so far: " + ", ".join(f"{NAMES[v]} {x:g} only" for v, x in held.items())
                  + f" (the grid is trained in stages), so the law is fitted over {', '.join(fitted)}")

@@ -124,14 +124,14 @@ def test_scaling_paper_rows_from_a_grid_trained_in_stages(tmp_path):
     figs = E.get_experiment("scaling-law").figures(ctx)
     assert figs == [tmp_path / "scaling-law.png"] and figs[0].stat().st_size > 20_000
     # a width-128 cell recorded while its ensemble still trains holds only its fastest runs: left
-    # out (named in the rows) until the cell is complete, so the rows stay width 64's
+    # out (named in the rows) until the width is complete, so the rows stay width 64's
     for lr in PAPER_AXES["lr"][2:]:
         v, e = _scaling_entry(128, 0.4, lr, 3.0, 300, 350, None)
         arms[v] = [LedgerRun(e)]
     part = {r.measure: r for r in E.get_experiment("scaling-law").read(_ctx("scaling-law", arms, tmp_path))}
     for measure, row in rows.items():
         assert (part[measure].ours, part[measure].verdict) == (row.ours, row.verdict), measure
-    assert "2 recorded run(s) of (width, train_frac) cells not yet complete are left out" in part[
+    assert "2 recorded run(s) of widths not yet complete are left out" in part[
         "scaling exponent of D (data)"].differs
 
 
