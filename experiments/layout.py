@@ -145,12 +145,13 @@ def plan_layout(cfgs: Sequence[Any], cores: int,
     return choose_layout(n, cores, {t: measure(costliest, t) for t in threads})
 
 
-def ensemble_rule(step_seconds: Callable[[Any], float | None]) -> Callable[[Any], str | None]:
-    """`run_sweep`'s ensemble rule for reproduce: None (join an ensemble) for a run on a GPU, or
-    whose step takes at most ENSEMBLE_CPU_MAX_STEP_S on one CPU thread as timed here
-    (`step_seconds`; None where it was not timed: it joins), else why it trains alone."""
+def ensemble_rule(step_seconds: Callable[[Any], float | None], gpu: bool = False) -> Callable[[Any], str | None]:
+    """`run_sweep`'s ensemble rule for reproduce: None (join an ensemble) for a run on a GPU (here,
+    or `gpu`: a cluster's, where the runs train), or whose step takes at most
+    ENSEMBLE_CPU_MAX_STEP_S on one CPU thread as timed here (`step_seconds`; None where it was not
+    timed: it joins), else why it trains alone."""
     def rule(cfg) -> str | None:
-        if _on_gpu([cfg]) or getattr(cfg, "device", "cpu") not in ("cpu", "auto"):
+        if gpu or _on_gpu([cfg]) or getattr(cfg, "device", "cpu") not in ("cpu", "auto"):
             return None
         step = step_seconds(cfg)
         if step is None or step <= ENSEMBLE_CPU_MAX_STEP_S:

@@ -284,31 +284,36 @@ def compile_runs(todo: list[PlannedRun], echo: Callable[[str], None], threads: i
     return out
 
 
-def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int, progress: bool, threads: int = 1,
-           measure: bool = True, log: Sequence[str] = ()) -> str | None:
+def _train(todo: list[PlannedRun], runs_dir: Path, name: str, workers: int | None, progress: bool, threads: int = 1,
+           measure: bool = True, log: Sequence[str] = (), cluster: dict | None = None) -> str | None:
     """Train `todo` into runs_dir: first the runs that read no other run, then those that take
     their attention mask from a run beside them (attn_mask_from), once it is finished. Runs that
     share an architecture (an arm's seeds; a grid's cell of learning rates and weight decays)
     train as batched ensembles (trainers/ensemble.py) where that pays (layout.ensemble_rule: on a
     GPU, or a CPU step short enough), sized and ordered by their cost to the cap (costliest
     first), on `workers` processes. Returns how they were grouped (a note), None when there was
-    nothing to train. `log`: `--log` specs; each run trained mirrors its rows there."""
+    nothing to train. `log`: `--log` specs; each run trained mirrors its rows there. `cluster`:
+    where the runs train (`sweeps.make_executor`'s executor, address, gpus_per_run, slurm; default
+    this machine); on a cluster with --gpus-per-run the runs count as GPU runs for the ensembles."""
     from groklens.experiments.cost import cost_key, rates_for, run_seconds
     from groklens.experiments.layout import ensemble_rule
     from groklens.sweeps import InlineExecutor, RunSpec, run_sweep
 
     if not todo:
         return None
-    executor = InlineExecutor() if workers == 1 else "local"
+    cluster = dict(cluster or {"executor": "local"})
+    if cluster["executor"] == "local" and workers == 1:
+        cluster["executor"] = InlineExecutor()
     rates = rates_for([r.cfg for r in todo], measure=measure)
-    rule = ensemble_rule(lambda cfg: rates[cost_key(cfg)].step_s if rates[cost_key(cfg)].basis == "measured" else None)
+    rule = ensemble_rule(lambda cfg: rates[cost_key(cfg)].step_s if rates[cost_key(cfg)].basis == "measured" else None,
+                         gpu=bool(cluster.get("gpus_per_run")))
     ensembles, alone = 0, {}
     for wave in ([r for r in todo if not r.cfg.attn_mask_from], [r for r in todo if r.cfg.attn_mask_from]):
         if not wave:
             continue
-        rep = run_sweep([RunSpec(r.name, r.cfg) for r in wave], runs_dir, executor=executor, workers=workers,
-                        ensemble=rule, progress=progress, threads=threads,
-                        cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps), log=log)
+        rep = run_sweep([RunSpec(r.name, r.cfg) for r in wave], runs_dir, workers=workers, ensemble=rule,
+                        progress=progress, threads=threads,
+                        cost=lambda cfg: run_seconds(cfg, rates[cost_key(cfg)], cfg.steps), log=log, **cluster)
         if rep.counts["failed"]:
             first = next(iter(rep.failed.items()))
             raise GroklensError(f"{rep.counts['failed']} run(s) of {name} failed, e.g. {first[0]}: {first[1]}")
@@ -350,7 +355,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
               workers: int | None = None, results_md: str | Path | None = None, ledger_dir: str | Path | None = None,
               train: bool = True, progress: bool = True, echo: Callable[[str], None] = print,
               compile: bool = False, measure: bool = True, arms: Sequence[str] | None = None,
-              log: Sequence[str] = ()) -> Result:
+              log: Sequence[str] = (), cluster: dict | None = None) -> Result:
     """Train the runs the ledger lacks, record them, and read every recorded seed; see the module
     docstring. `ledger_dir`: where NAME.SCALE.json is kept (default OUT/ledger); `results_md`: a
     markdown file whose reproduce table gets the rows (none by default). train=False records and
@@ -359,7 +364,9 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     Before training it prints the runs' estimated cost (`estimate_text`; measure=False: from the
     FLOP model, nothing timed). arms: train only the variants matching these patterns
     (`select_arms`); the rows read every arm the ledger holds (a study trained in stages). `log`:
-    `--log` specs; each run trained mirrors its rows there."""
+    `--log` specs; each run trained mirrors its rows there. `cluster`: train on Ray or SLURM
+    (`sweeps.make_executor`'s executor, address, gpus_per_run, slurm; default this machine): the
+    runs train there, then are analyzed and recorded here."""
     from groklens.experiments.ledger import Ledger, ledger_path, summarize_run
     from groklens.trainers.loggers import check_specs
 
@@ -368,6 +375,13 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
     check_specs(log)  # a missing package or a malformed spec: before anything else
     seeds, out = _check_args(exp, name, scale, seeds, workers, out_dir, results_md)
     chosen = select_arms(exp, scale, arms)
+    remote = cluster is not None and cluster["executor"] != "local"
+    if remote and not train:
+        raise BadInput(f"--executor {cluster['executor']} trains runs; --no-train trains none")
+    if cluster is not None and train:
+        from groklens.sweeps import make_executor
+
+        make_executor(out_dir=out / "runs", workers=workers, **cluster).check()  # its options, before any work
     if compile and train:
         check_compilers([c for _, _, c in run_configs(exp, scale, seeds)])
     ldir = Path(ledger_dir) if ledger_dir is not None else out / "ledger"
@@ -400,8 +414,8 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
 
         echo(estimate_text(exp, scale, todo, led.entries + ledger_entries(_ledger_dirs(), name, scale), measure))
     if train:
-        train_workers, threads = n_workers, 1
-        if todo and workers is None and scale != "smoke":  # one run per core, or one run on all cores
+        train_workers, threads = (workers, 1) if remote else (n_workers, 1)
+        if todo and workers is None and scale != "smoke" and not remote:  # one run per core, or one on all cores
             from groklens.threads import available_cores
 
             layout = plan_layout([r.cfg for r in todo], available_cores())
@@ -410,7 +424,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
         if compile and todo:
             todo = compile_runs(todo, echo, threads)
         grouped = _train(todo, runs_dir, name, train_workers, progress, threads, measure=measure and scale != "smoke",
-                         log=log)
+                         log=log, cluster=cluster)
     else:
         todo, grouped = [], None
     t_train = time.perf_counter() - t0

@@ -7,6 +7,7 @@ Heavy modules (torch, transformer_lens) are imported inside commands, so `--help
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -78,6 +79,45 @@ def _log_option(whose: str):
                         help=f"Also send each evaluation row{whose} to TensorBoard (event files in DIR) or Weights & "
                              "Biases (PROJECT; offline unless WANDB_MODE says otherwise), with the config; "
                              "repeatable. The HDF5 file stays the record.")
+
+
+def _cluster_options(f):
+    """--executor and its options, shared by the commands that train many runs (sweep, reproduce):
+    they reach the command as one dict, `cluster` (executor, address, gpus_per_run, slurm: the
+    keyword arguments of `sweeps.make_executor`), with --slurm-option parsed."""
+    options = [
+        click.option("--executor", type=click.Choice(["local", "ray", "slurm"]), default="local", show_default=True,
+                     help="local: process pool; ray: Ray tasks; slurm: submitit job arrays."),
+        click.option("--address", default=None,
+                     help="ray: address of an existing Ray cluster (default: start one here)."),
+        click.option("--gpus-per-run", type=float, default=None,
+                     help="GPUs per task where the cluster has GPUs (ray: fractional, default 0.25 per run, 1 per "
+                          "ensemble; slurm: rounded up, default none)."),
+        click.option("--partition", default=None, help="slurm: partition."),
+        click.option("--time-min", type=int, default=24 * 60, show_default=True,
+                     help="slurm: time limit per job (minutes)."),
+        click.option("--slurm-option", "slurm_options", multiple=True, metavar="KEY=VALUE",
+                     help="slurm: any other sbatch parameter submitit knows (e.g. mem=8G, account=lab)."),
+        click.option("--submitit-cluster", type=click.Choice(["auto", "slurm", "local", "debug"]), default="auto",
+                     show_default=True, help="slurm: submitit's backend; local/debug try it without SLURM."),
+    ]
+
+    @functools.wraps(f)
+    def command(*args, executor, address, gpus_per_run, partition, time_min, slurm_options, submitit_cluster, **kw):
+        extra = {}
+        for item in slurm_options:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise BadInput(f"--slurm-option wants KEY=VALUE; got {item!r}")
+            extra[key] = value
+        slurm = {"partition": partition, "time_min": time_min, "extra": extra,
+                 "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+        kw["cluster"] = {"executor": executor, "address": address, "gpus_per_run": gpus_per_run, "slurm": slurm}
+        return f(*args, **kw)
+
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 def _threads() -> None:
@@ -370,8 +410,7 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
               help="Directory of the sweep's trajectory files (created if missing).")
 @click.option("--status", "status_dir", type=click.Path(file_okay=False), default=None,
               help="Print the state of the runs in this sweep directory and exit.")
-@click.option("--executor", type=click.Choice(["local", "ray", "slurm"]), default="local", show_default=True,
-              help="local: process pool; ray: Ray tasks; slurm: submitit job arrays.")
+@_cluster_options
 @click.option("--workers", type=int, default=None,
               help="Tasks at once (local: processes, default all cores; ray: default the cluster's CPUs; "
                    "slurm: array parallelism, default unlimited).")
@@ -379,24 +418,13 @@ def probe(run, site, target, position, frequencies, split, train_frac, every, st
               help="torch threads per task (more only for few, large runs).")
 @click.option("--ensemble", is_flag=True, help="Train runs that share an architecture as batched ensembles.")
 @click.option("--ensemble-size", type=int, default=64, show_default=True, help="Most members per ensemble.")
-@click.option("--address", default=None, help="ray: address of an existing Ray cluster (default: start one here).")
-@click.option("--gpus-per-run", type=float, default=None,
-              help="GPUs per task where the cluster has GPUs (ray: fractional, default 0.25 per run, 1 per "
-                   "ensemble; slurm: rounded up, default none).")
-@click.option("--partition", default=None, help="slurm: partition.")
-@click.option("--time-min", type=int, default=24 * 60, show_default=True, help="slurm: time limit per job (minutes).")
-@click.option("--slurm-option", "slurm_options", multiple=True, metavar="KEY=VALUE",
-              help="slurm: any other sbatch parameter submitit knows (e.g. mem=8G, account=lab).")
-@click.option("--submitit-cluster", type=click.Choice(["auto", "slurm", "local", "debug"]), default="auto",
-              show_default=True, help="slurm: submitit's backend; local/debug try a sweep without SLURM.")
 @click.option("--retry-failed", is_flag=True, help="Run failed runs again (their error files are replaced).")
 @click.option("--dry-run", is_flag=True, help="List the runs and what would happen to each; train nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_log_option(" of every run trained (each under its run's name)")
-def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensemble_size, address,
-          gpus_per_run, partition,
-          time_min, slurm_options, submitit_cluster, retry_failed, dry_run, quiet, as_json, log_to) -> None:
+def sweep(grid, out_dir, status_dir, cluster, workers, threads, ensemble, ensemble_size, retry_failed, dry_run, quiet,
+          as_json, log_to) -> None:
     """Train every run of the grid GRID.yaml into DIR; again to resume; --status DIR to look."""
     from groklens.experiments.cost import cap_cost
     from groklens import sweeps
@@ -423,22 +451,14 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1; got {workers}")
     spec = sweeps.load_sweep(grid)
-    sweeps.check_threads(threads, executor)
-    extra = {}
-    for item in slurm_options:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--slurm-option wants KEY=VALUE; got {item!r}")
-        extra[key] = value
-    slurm = {"partition": partition, "time_min": time_min, "extra": extra,
-             "cluster": None if submitit_cluster == "auto" else submitit_cluster}
+    sweeps.check_threads(threads, cluster["executor"])
     if ensemble:  # the ensembles are sized by the runs' step times, measured once they are known to build
         sweeps.check_buildable(spec.runs())
     cost = cap_cost([r.config for r in spec.runs()], None if quiet or as_json else
                     lambda s: click.echo(f"groklens: {s}", err=True)) if ensemble else None
     if dry_run:
         # the executor's options too (a bad --time-min, --gpus-per-run or --address), as a real sweep would
-        ex = sweeps.make_executor(executor, Path(out_dir), workers, address, gpus_per_run, slurm)
+        ex = sweeps.make_executor(out_dir=Path(out_dir), workers=workers, **cluster)
         ex.check()
         runs = spec.runs()
         sweeps.check_buildable(runs)  # what training would refuse, refused now
@@ -463,9 +483,8 @@ def sweep(grid, out_dir, status_dir, executor, workers, threads, ensemble, ensem
                        "it frees (step times measured here, runs to their caps: runs that stop after grokking end "
                        "sooner)")
         return
-    report = sweeps.run_sweep(spec, out_dir, executor=executor, workers=workers, ensemble=ensemble,
-                              ensemble_size=ensemble_size, address=address, gpus_per_run=gpus_per_run,
-                              retry_failed=retry_failed, threads=threads, progress=not quiet, slurm=slurm, cost=cost,
+    report = sweeps.run_sweep(spec, out_dir, workers=workers, ensemble=ensemble, ensemble_size=ensemble_size,
+                              retry_failed=retry_failed, threads=threads, progress=not quiet, cost=cost, **cluster,
                               log=log_to)
     c = report.counts
     if as_json:
@@ -616,7 +635,8 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for runs/, report/ and results (default ./reproduce-NAME-SCALE); rerun to resume.")
 @click.option("--seeds", type=int, default=None, help="Seeds per variant (default: smoke 1, quick 2, paper 10).")
-@click.option("--workers", type=int, default=None, help="Training processes (default: the CPU cores; smoke: 1).")
+@click.option("--workers", type=int, default=None,
+              help="Training processes (default: the CPU cores; smoke: 1); ray/slurm: tasks at once, as for sweep.")
 @click.option("--results-md", "results_md", type=click.Path(dir_okay=False), default=None,
               help="Markdown file whose reproduce table gets the rows (e.g. docs/RESULTS.md); none by default.")
 @click.option("--ledger", "ledger_dir", type=click.Path(file_okay=False), default=None,
@@ -636,18 +656,19 @@ def report(runs, out_dir, fmt, baseline, group_by, threshold, analyze, metrics, 
 @click.option("--arms", default=None, metavar="PATTERNS",
               help="Train only the arms (variants) whose names match these comma-separated patterns (* and ?, "
                    "e.g. '*_base,*_t16_always': a study trained in stages); the rows read every arm the ledger holds.")
+@_cluster_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the list) as JSON.")
 @_log_option(" of every run trained (each under its run's name)")
 def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_dir, no_train, compile_, no_measure,
-              arms, quiet, as_json, log_to) -> None:
+              arms, cluster, quiet, as_json, log_to) -> None:
     """Run experiment NAME of REFERENCES.md; print the published numbers beside ours and their ratio."""
     _threads()
     from groklens import experiments as E
 
     if list_:
-        if name is not None or arms is not None:
-            raise BadInput("--list takes no experiment NAME and no --arms")
+        if name is not None or arms is not None or cluster["executor"] != "local":
+            raise BadInput("--list takes no experiment NAME, no --arms and no --executor")
         from groklens.experiments.cost import echo_stderr
 
         items = E.listing(ledger_dir, measure=not no_measure, echo=None if quiet else echo_stderr)
@@ -663,7 +684,7 @@ def reproduce(name, list_, scale, out_dir, seeds, workers, results_md, ledger_di
     result = E.reproduce(name, scale, out_dir, seeds, workers=workers, results_md=results_md, ledger_dir=ledger_dir,
                          train=not no_train, progress=not quiet, echo=(lambda _m: None) if as_json else click.echo,
                          compile=compile_, measure=not no_measure, arms=None if arms is None else arms.split(","),
-                         log=log_to)
+                         log=log_to, cluster=cluster)
     click.echo(strict_json(result.to_json(), default=str) if as_json else E.format_result(result))
 
 
