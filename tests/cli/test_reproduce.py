@@ -186,7 +186,7 @@ def test_list_prints_every_experiment_with_costs():
     (["fourier-fve", "--results-md", "/no/such/dir/R.md"], "does not exist"),
     (["fourier-fve", "--results", "R.md"], "--results is now --results-md"),
     (["geomdr", "--scale", "smoke", "--arms", "base,nope"], "--arms 'nope' matches no arm of geomdr at smoke"),
-    (["--list", "--arms", "x"], "--list takes no experiment NAME and no --arms"),
+    (["--list", "--arms", "x"], "--list takes no experiment NAME, no --arms and no --executor"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     proc = groklens("reproduce", *args, "-o", str(tmp_path / "out"))
