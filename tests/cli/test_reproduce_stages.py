@@ -58,3 +58,6 @@ def test_the_ensemble_rule_keeps_compute_bound_cpu_steps_alone(tmp_path):
     # not timed (the FLOP model), or on a GPU: every run may join
     assert ensemble_rule(lambda cfg: None)(_cfg(d_mlp=512)) is None
     assert ensemble_rule(lambda cfg: 1.0)(_cfg(d_mlp=512, device="cuda")) is None
+    # a cluster's GPUs (reproduce --executor ... --gpus-per-run): a compute-bound CPU step here joins too
+    assert ensemble_rule(lambda cfg: 1.0, gpu=True)(_cfg(d_mlp=512)) is None
+    assert "compute-bound" in ensemble_rule(lambda cfg: 1.0)(_cfg(d_mlp=512))
