@@ -414,7 +414,7 @@ def reproduce(name: str, scale: str = "quick", out_dir: str | Path | None = None
 
         echo(estimate_text(exp, scale, todo, led.entries + ledger_entries(_ledger_dirs(), name, scale), measure))
     if train:
-        train_workers, threads = (workers, 1) if remote else (n_workers, 1)
+        train_workers, threads = (workers if remote else n_workers), 1
         if todo and workers is None and scale != "smoke" and not remote:  # one run per core, or one on all cores
             from groklens.threads import available_cores
 

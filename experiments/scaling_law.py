@@ -43,10 +43,10 @@ def _records(ctx: Context) -> tuple[list[Any], int]:
     fractions; either would bias the fit, the boundary and the rates."""
     from groklens.analyses.scaling import DEFAULT_VARS, GrokRecord, variable_value
 
-    cells: dict[tuple, list[str]] = {}
+    widths: dict[int, list[str]] = {}
     for name, over in ctx.plan.variants.items():
-        cells.setdefault(over["d_mlp"], []).append(name)
-    complete = {name for names in cells.values() if all(ctx.group(v).runs for v in names) for name in names}
+        widths.setdefault(over["d_mlp"], []).append(name)
+    complete = {name for names in widths.values() if all(ctx.group(v).runs for v in names) for name in names}
     recs = [GrokRecord(r.name, {v: variable_value(v, r.config) for v in DEFAULT_VARS}, r.grokking, r.last_step,
                        r.run_values.get("weight_norm"))
             for v in ctx.plan.variants if v in complete for r in ctx.group(v).runs]
