@@ -12,13 +12,19 @@ The forward returns [b, n_ctx, v] as every groklens model does: the logits sit a
 position (the last), the other positions hold zeros (the MLP makes no prediction there).
 Hooks: hook_embed [b, n_ctx-1, e], hook_input [b, (n_ctx-1) e], layers.{i}.hook_pre / hook_post
 [b, m], hook_logits [b, v].
-With a one-hot embedding and no hook attached, the first layer reads rows instead of multiplying
-by the one-hot input (`MLP.lean_path`): x0 W_in = sum_j W_in[j e + tokens_j], the same forward to
-the bit (the other terms are exact zeros), W_in's gradient summed in another order (rounding).
+With no hook attached the first layer reads rows of a table instead of multiplying the batch's
+concatenated embeddings (`MLP.lean_path`): x0 W_in = sum_j T_j[tokens_j], where T_j = E W_in^(j)
+[d_vocab, m] is operand j's block of W_in seen through the embedding. One-hot: T_j is that block
+itself, the same forward to the bit (the other terms are exact zeros). Learned: T_j costs
+d_vocab e m multiply-adds against the batch's b e m, so a full batch of b >> d_vocab pays a
+fraction of the first layer's products and of their gradients; the sums run in another order
+(float32 rounding). The trainer's regularizer terms read the hidden layers through
+`site_capture` (below), not hooks, so their runs keep this path.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -110,32 +116,52 @@ class MLP(HookedModel):
             if b is not None:
                 nn.init.uniform_(b, -bound, bound)
 
-    # With a one-hot embedding and no hook attached, the first layer from rows of W_in (the module
-    # docstring): at Prieto et al.'s paper scale (5,107 rows, 226 -> 200) 0.81x the step's CPU time
-    # (docs/PERFORMANCE.md). False: the one-hot matmul, bit-identical to earlier versions.
+    # With no hook attached, the first layer from rows of a table (the module docstring): at
+    # Prieto et al.'s one-hot paper scale (5,107 rows, 226 -> 200) 0.81x the step's CPU time, at
+    # the learned-embedding p=113 MLP (3,830 rows, 2 x 128 -> 256) 0.66x of its forward and
+    # backward (docs/PERFORMANCE.md). False: the concatenated matmul, as before either.
     lean_path: bool = True
+    # A dict {site: None, ...} set by the trainer for one call (trainers/step.py `model_capture`),
+    # of sites `can_capture` accepts (each hidden layer's hook_post): each is stored in it as the
+    # hook would see it, in the graph, so a regularizer term (the activation-norm penalty, GeomDR)
+    # needs no hook, whose presence would force the concatenated matmul.
+    site_capture: dict | None = None
+    capture_all_positions: bool = True  # set by model_capture; the MLP has one position to read
+
+    def can_capture(self, site: str) -> bool:
+        """True for a site `site_capture` can record: a hidden layer's output (hook_post)."""
+        return bool(re.fullmatch(r"layers\.\d+\.hook_post", site)) and int(site.split(".")[1]) < len(self.layers)
 
     def _first_layer_rows(self, operands: torch.Tensor) -> torch.Tensor:
-        """The first layer's output on one-hot operands [b, j]: act(sum_j W_in[j e + t_j] + b_in)."""
-        layer, e = self.layers[0], self.cfg.d_model
-        ids = operands + torch.arange(operands.shape[1], device=operands.device) * e
-        # a token outside the one-hot width fails as the embedding's index does (IndexError),
-        # instead of reading the next operand's rows; no host sync, so it holds under vmap
-        ids = ids.masked_fill((operands < 0) | (operands >= e), layer.W_in.shape[0])
-        pre = F.embedding(ids, layer.W_in).sum(1)
+        """The first layer's output on operands [b, j]: act(sum_j T_j[t_j] + b_in), T_j operand j's
+        block of W_in (one-hot) or E times it (learned): [j, V, m] stacked, read as j V rows."""
+        layer, e, j = self.layers[0], self.cfg.d_model, operands.shape[1]
+        blocks = layer.W_in.view(j, e, layer.W_in.shape[1])
+        table = blocks if self.cfg.embed != "learned" else self.embed.W_E @ blocks  # [j, V, m]
+        v = table.shape[1]
+        ids = operands + torch.arange(j, device=operands.device) * v
+        # a token outside the table fails as the embedding's index does (IndexError), instead of
+        # reading the next operand's rows; no host sync, so it holds under vmap
+        ids = ids.masked_fill((operands < 0) | (operands >= v), j * v)
+        pre = F.embedding(ids, table.reshape(j * v, -1)).sum(1)
         return layer.act(pre if layer.b_in is None else pre + layer.b_in)
 
     def forward(self, tokens: torch.Tensor | str | list[str], return_type: str | None = "logits",
                 loss_per_token: bool = False):
         """[b, n_ctx] -> logits [b, n_ctx, v] (or TL's return_type loss | both | None)."""
         tokens = self._as_tokens(tokens)
-        if self.lean_path and self.cfg.embed != "learned" and len(self.layers) and not self.hooks_attached():
-            x, rest = self._first_layer_rows(tokens[:, :-1]), self.layers[1:]
+        capture = self.site_capture
+        if self.lean_path and len(self.layers) and not self.hooks_attached():
+            x, first = self._first_layer_rows(tokens[:, :-1]), 1
+            if capture is not None and "layers.0.hook_post" in capture:
+                capture["layers.0.hook_post"] = x
         else:
             e = self.hook_embed(self.embed(tokens[:, :-1]))
-            x, rest = self.hook_input(e.reshape(e.shape[0], -1)), self.layers
-        for layer in rest:
-            x = layer(x)
+            x, first = self.hook_input(e.reshape(e.shape[0], -1)), 0
+        for i in range(first, len(self.layers)):
+            x = self.layers[i](x)
+            if capture is not None and f"layers.{i}.hook_post" in capture:
+                capture[f"layers.{i}.hook_post"] = x
         logits = self.hook_logits(self.unembed(x))
         zeros = logits.new_zeros(logits.shape[0], tokens.shape[1] - 1, logits.shape[-1])
         return self.output(torch.cat([zeros, logits[:, None]], dim=1), tokens, return_type, loss_per_token)

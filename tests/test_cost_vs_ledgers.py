@@ -23,8 +23,9 @@ thread layout and steps that run had, and only where those are known:
   predate `cpu_s`, and their wall time (184 ms a step) counts the load they ran beside: the
   estimate came to 0.50x of it here and 0.49x on CI's machine, so, as for llc-grokking, what
   holds is the bound (the estimate at most 2x the wall time).
-- llc-grokking, paper: the MLP's step has not changed since its eight seeds were trained (the lean
-  and table paths are the transformer's), each to its cap of 25,000 steps, but their wall times
+- llc-grokking, paper: its eight seeds were trained to their cap of 25,000 steps before the MLP's
+  first layer came from its table (2026-12-07, a faster step: the bound below only gets looser),
+  and their wall times
   (194-1,972 s, 8,977 s in all) are the machine's load, not the step: one thread of this MLP
   takes about 1 ms of CPU a step, and on this machine under load 5 a niced one-thread run measured
   15.8 ms of wall per step at 1.45 ms of CPU (two threads: 217 ms wall, 41 ms CPU, their OpenMP

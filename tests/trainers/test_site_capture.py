@@ -199,3 +199,50 @@ def test_a_geomdr_run_trains_the_hooked_runs_trajectory(over, tmp_path, monkeypa
     against the hooked explicit path, metrics and parameters to the golden tests' 1e-3."""
     _same_run_as_hooked(tmp_path, monkeypatch, dict(geomdr_lambda=0.5, geomdr_target=4.0, seed=7, **over),
                         "geomdr_erank")
+
+
+# ---------------------------------------------------------------------- the MLP
+def _mlp_recorded(model, sites, x):
+    model.site_capture = {s: None for s in sites}
+    try:
+        assert not model.hooks_attached()
+        return model(x), model.site_capture
+    finally:
+        model.site_capture = None
+
+
+@pytest.mark.parametrize("variant", [dict(n_layers=1), dict(n_layers=2, mlp_bias=True),
+                                     dict(n_layers=3, mlp_embed="onehot")])
+def test_the_mlp_records_the_same_hidden_layers_as_the_hooks(variant):
+    """The MLP records each hidden layer's hook_post itself (MLP.site_capture) on its lean path
+    (first layer from the table): the same tensors as the hooks see on the concatenated matmul,
+    and a penalty's gradient through them."""
+    cfg = tiny_config(model="mlp", d_mlp=12, **variant)
+    data = TASKS.get(cfg.task).build(cfg)
+    model = build_model(cfg, data)
+    x = data.inputs[data.train_idx]
+    sites = [f"layers.{i}.hook_post" for i in range(cfg.n_layers)]
+    assert all(model.can_capture(s) for s in sites)
+    assert not model.can_capture("layers.0.hook_pre") and not model.can_capture(f"layers.{cfg.n_layers}.hook_post")
+    ref, hooked = _hooked(model, sites, x)
+    out, got = _mlp_recorded(model, sites, x)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
+    params = list(model.parameters())
+    g_lean = torch.autograd.grad(sum((t.norm(dim=-1) ** 2).mean() for t in got.values()), params, allow_unused=True)
+    g_ref = torch.autograd.grad(sum((t.norm(dim=-1) ** 2).mean() for t in hooked.values()), params, allow_unused=True)
+    for s in sites:
+        torch.testing.assert_close(got[s], hooked[s], atol=ATOL, rtol=RTOL)
+    for a, b in zip(g_lean, g_ref):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=RTOL)
+
+
+@pytest.mark.parametrize("over", [dict(act_norm_lambda=0.5), dict(geomdr_lambda=0.5, geomdr_target=4.0),
+                                  dict(act_norm_lambda=0.5, mlp_embed="onehot")])
+def test_an_mlp_run_with_a_term_trains_the_hooked_runs_trajectory(over, tmp_path, monkeypatch):
+    """The activation-norm penalty and GeomDR on the MLP (hidden_sites: each layer's hook_post)
+    read the recorded layers on the lean path: the hooked explicit path's run, metrics and
+    parameters to the golden tests' 1e-3."""
+    _same_run_as_hooked(tmp_path, monkeypatch, dict(model="mlp", n_layers=2, d_mlp=16, seed=3, **over),
+                        "reg_geomdr" if "geomdr_lambda" in over else "reg_act_norm")

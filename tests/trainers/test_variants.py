@@ -175,11 +175,13 @@ def test_mlp_forward_matches_hand_computation_and_hooks_every_layer(embed):
     assert P["layers.0.W_in"].shape == ((2 * (5 if embed == "learned" else data.d_vocab)), 7)
 
 
-@pytest.mark.parametrize("embed, bias", [("onehot", True), ("onehot_residues", False)])
-def test_mlp_one_hot_lean_path_reads_rows_with_the_matmuls_forward_and_gradients(embed, bias):
-    """With no hook attached, the one-hot first layer reads rows of W_in (MLP.lean_path): its
-    logits equal the one-hot matmul's to the bit, its gradients to rounding, and an operand token
-    outside the one-hot width still fails rather than reading the next operand's rows."""
+@pytest.mark.parametrize("embed, bias", [("onehot", True), ("onehot_residues", False), ("learned", True),
+                                         ("learned", False)])
+def test_mlp_lean_path_reads_the_first_layer_from_rows_with_the_matmuls_forward_and_gradients(embed, bias):
+    """With no hook attached, the first layer reads rows of a table (MLP.lean_path): W_in's rows
+    (one-hot: logits equal to the one-hot matmul's to the bit) or E W_in's blocks (learned: to
+    float32 rounding), gradients to rounding, checked against float64 arithmetic written out here;
+    an operand token outside the table still fails rather than reading the next operand's rows."""
     cfg = tiny_config(model="mlp", n_layers=2, mlp_embed=embed, mlp_bias=bias, d_mlp=7)
     model, data = _build(cfg)
     x, y = data.inputs, data.labels
@@ -191,15 +193,26 @@ def test_mlp_one_hot_lean_path_reads_rows_with_the_matmuls_forward_and_gradients
         F.cross_entropy(out[:, -1].double(), y).backward()
         logits[lean] = out.detach()
         grads[lean] = {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert torch.equal(logits[True], logits[False])
-    for name in grads[False]:
-        assert torch.allclose(grads[True][name], grads[False][name], rtol=1e-5, atol=1e-7), name
+    if embed != "learned":
+        assert torch.equal(logits[True], logits[False])
+    P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
+    E = P["embed.W_E"] if embed == "learned" else torch.eye(model.cfg.d_model, dtype=torch.float64)
+    h = torch.cat([E[x[:, 0]], E[x[:, 1]]], dim=1)
+    for i in range(2):
+        h = h @ P[f"layers.{i}.W_in"]
+        h = torch.relu(h + P[f"layers.{i}.b_in"] if bias else h)
+    ref = h @ P["unembed.W_U"] + (P["unembed.b_U"] if bias else 0)
+    F.cross_entropy(ref, y).backward()
+    for lean in (True, False):
+        torch.testing.assert_close(logits[lean][:, -1].double(), ref.detach(), rtol=1e-5, atol=1e-6)
+        for name, g in grads[lean].items():
+            torch.testing.assert_close(g.double(), P[name].grad, rtol=1e-4, atol=1e-7, msg=name)
     model.lean_path = True
     bad = x[:2].clone()
-    bad[:, 0] = model.cfg.d_model  # one past the one-hot width: the second operand's first row on a flat read
+    bad[:, 0] = model.cfg.d_model if embed != "learned" else model.cfg.d_vocab  # one past the table's rows
     with pytest.raises(IndexError):
         model(bad)
-    # a hook anywhere takes the one-hot matmul, so the embedding and input hooks still fire
+    # a hook anywhere takes the concatenated matmul, so the embedding and input hooks still fire
     _, cache = model.run_with_cache(x[:3])
     assert {"hook_embed", "hook_input"} <= set(cache.keys())
 
