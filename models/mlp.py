@@ -118,8 +118,8 @@ class MLP(HookedModel):
 
     # With no hook attached, the first layer from rows of a table (the module docstring): at
     # Prieto et al.'s one-hot paper scale (5,107 rows, 226 -> 200) 0.81x the step's CPU time, at
-    # the learned-embedding p=113 MLP (3,830 rows, 2 x 128 -> 256) 0.66x of its forward and
-    # backward (docs/PERFORMANCE.md). False: the concatenated matmul, as before either.
+    # the learned-embedding p=113 MLP (3,830 rows, 2 x 128 -> 256) about 0.72x (docs/PERFORMANCE.md).
+    # False: the concatenated matmul (the path every run took before the tables).
     lean_path: bool = True
     # A dict {site: None, ...} set by the trainer for one call (trainers/step.py `model_capture`),
     # of sites `can_capture` accepts (each hidden layer's hook_post): each is stored in it as the
