@@ -1,8 +1,8 @@
 """A regularizer term that reads only each block's resid_post (the activation-norm penalty's
 default sites) or its attention scores (the KL attention term's), or an MLP's hidden layers, is fed
-by the model itself (Transformer.site_capture, MLP.site_capture) instead of TransformerLens hooks, so its step stays on the lean path:
-the same activations, loss and gradients as the hooked explicit path to float32 rounding, and the
-same training run to the golden tests' tolerance."""
+by the model itself (Transformer.site_capture, MLP.site_capture) instead of TransformerLens hooks,
+so its step stays on the lean path: the same activations, loss and gradients as the hooked
+explicit path to float32 rounding, and the same training run to the golden tests' tolerance."""
 
 from __future__ import annotations
 
