@@ -126,7 +126,6 @@ class MLP(HookedModel):
     # hook would see it, in the graph, so a regularizer term (the activation-norm penalty, GeomDR)
     # needs no hook, whose presence would force the concatenated matmul.
     site_capture: dict | None = None
-    capture_all_positions: bool = True  # set by model_capture; the MLP has one position to read
 
     def can_capture(self, site: str) -> bool:
         """True for a site `site_capture` can record: a hidden layer's output (hook_post)."""
@@ -151,15 +150,12 @@ class MLP(HookedModel):
         """[b, n_ctx] -> logits [b, n_ctx, v] (or TL's return_type loss | both | None)."""
         tokens = self._as_tokens(tokens)
         capture = self.site_capture
-        if self.lean_path and len(self.layers) and not self.hooks_attached():
-            x, first = self._first_layer_rows(tokens[:, :-1]), 1
-            if capture is not None and "layers.0.hook_post" in capture:
-                capture["layers.0.hook_post"] = x
-        else:
+        lean = self.lean_path and len(self.layers) > 0 and not self.hooks_attached()
+        if not lean:
             e = self.hook_embed(self.embed(tokens[:, :-1]))
-            x, first = self.hook_input(e.reshape(e.shape[0], -1)), 0
-        for i in range(first, len(self.layers)):
-            x = self.layers[i](x)
+            x = self.hook_input(e.reshape(e.shape[0], -1))
+        for i, layer in enumerate(self.layers):
+            x = self._first_layer_rows(tokens[:, :-1]) if lean and i == 0 else layer(x)
             if capture is not None and f"layers.{i}.hook_post" in capture:
                 capture[f"layers.{i}.hook_post"] = x
         logits = self.hook_logits(self.unembed(x))

@@ -31,7 +31,7 @@ def _recorded(model, sites, x, readout=None, all_positions=True):
     model.site_capture, model.capture_all_positions = {s: None for s in sites}, all_positions
     try:
         assert not model.hooks_attached()
-        return model(x, readout=readout), model.site_capture
+        return (model(x) if readout is None else model(x, readout=readout)), model.site_capture
     finally:
         model.site_capture, model.capture_all_positions = None, True
 
@@ -202,15 +202,6 @@ def test_a_geomdr_run_trains_the_hooked_runs_trajectory(over, tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------------- the MLP
-def _mlp_recorded(model, sites, x):
-    model.site_capture = {s: None for s in sites}
-    try:
-        assert not model.hooks_attached()
-        return model(x), model.site_capture
-    finally:
-        model.site_capture = None
-
-
 @pytest.mark.parametrize("variant", [dict(n_layers=1), dict(n_layers=2, mlp_bias=True),
                                      dict(n_layers=3, mlp_embed="onehot")])
 def test_the_mlp_records_the_same_hidden_layers_as_the_hooks(variant):
@@ -225,7 +216,7 @@ def test_the_mlp_records_the_same_hidden_layers_as_the_hooks(variant):
     assert all(model.can_capture(s) for s in sites)
     assert not model.can_capture("layers.0.hook_pre") and not model.can_capture(f"layers.{cfg.n_layers}.hook_post")
     ref, hooked = _hooked(model, sites, x)
-    out, got = _mlp_recorded(model, sites, x)
+    out, got = _recorded(model, sites, x)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
     params = list(model.parameters())
     g_lean = torch.autograd.grad(sum((t.norm(dim=-1) ** 2).mean() for t in got.values()), params, allow_unused=True)
