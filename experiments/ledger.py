@@ -329,8 +329,9 @@ def wall_seconds(path: Path) -> float | None:
 
 
 def device_of(cfg: dict[str, Any]) -> str:
-    """Where a run with this config ran here: 'cpu (...)' or 'cuda: NAME', and ', compiled'
-    when its step was (compile=true)."""
+    """Where a run with this config ran here: 'cpu (...)' or 'cuda: NAME', then ', subnormals
+    flushed' for a CPU run that flushed them (flush_denormal=true), and ', compiled' when its
+    step was (compile=true)."""
     how = ", compiled" if cfg.get("compile") else ""
     dev = str(cfg.get("device", "cpu"))
     if dev != "cpu":
@@ -338,7 +339,8 @@ def device_of(cfg: dict[str, Any]) -> str:
 
         if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
             return "cuda: " + torch.cuda.get_device_name(0) + how
-    return f"cpu ({platform.machine()}, {os.cpu_count()} cores){how}"
+    flushed = ", subnormals flushed" if cfg.get("flush_denormal") else ""
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores){flushed}{how}"
 
 
 def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str],

@@ -302,6 +302,14 @@ class RunConfig:
     device: str = setting(
         "auto", choices=("auto", "cpu", "cuda"), hashed=False, costed=False,
         help="auto (cuda when available), cpu or cuda")
+    flush_denormal: bool = setting(
+        True, legacy=False, hashed=False, costed=False,
+        help="flush float32 subnormal numbers (|x| < 1.2e-38) to zero on the CPU while training "
+             "(torch.set_flush_denormal): once a run has memorized, the cross-entropy's vanishing probabilities "
+             "make subnormal operands, which x86 CPUs multiply tens of times slower (a paper-scale step 2-5x "
+             "slower after memorization; docs/PERFORMANCE.md). Values change only below float32's smallest "
+             "normal number, so the trajectory equals the unflushed one to float rounding and the ledger's hash "
+             "leaves the field out. No effect on CUDA; false: the behaviour before the field existed")
     compile: bool = setting(
         False, legacy=False, solo=True, hashed=False, costed=False,
         help="torch.compile the training step's forward and backward (single runs without regularizer terms; CPU: "

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -177,6 +178,35 @@ def run(strategy: Strategy, start_step: int, *, fresh: bool,
     is written (live logging, trainers/loggers.py). Returns every member, with its result or error."""
     everyone = list(strategy.members)
     cfg = everyone[0].cfg  # the schedule is shared
+    with flushing_denormals(cfg.flush_denormal):
+        return _run(strategy, everyone, cfg, start_step, fresh, on_commit, on_eval)
+
+
+def subnormals_flushed() -> bool:
+    """Whether this thread's CPU flushes float32 subnormals to zero now (torch.set_flush_denormal;
+    torch has no getter): a subnormal times one is zero then."""
+    return bool((torch.tensor([1e-39], dtype=torch.float32) * 1.0).item() == 0.0)
+
+
+@contextmanager
+def flushing_denormals(on: bool):
+    """Flush float32 subnormals to zero on the CPU inside the block when `on` (the run's
+    flush_denormal), and give the process its former setting back after: the CPU's flag is process
+    state that a library caller keeps. torch sets it on the calling thread; intra-op threads started
+    after it inherit it."""
+    before = subnormals_flushed()
+    if on == before:
+        yield
+        return
+    torch.set_flush_denormal(on)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
+
+
+def _run(strategy: Strategy, everyone: list[Member], cfg: "RunConfig", start_step: int, fresh: bool,
+         on_commit: Callable[[int], None] | None, on_eval: Callable[[Member, dict], None] | None) -> list[Member]:
     schedule = checkpoint_schedule(cfg)
     bar = _progress_bar(cfg.steps, start_step, strategy)
     step = start_step
