@@ -168,20 +168,6 @@ def nonfinite_reason(what: str, value: float, step: int) -> str:
     return f"non-finite {what} ({value}) at step {step}"
 
 
-# ---------------------------------------------------------------------- the loop
-def run(strategy: Strategy, start_step: int, *, fresh: bool,
-        on_commit: Callable[[int], None] | None = None,
-        on_eval: Callable[[Member, dict], None] | None = None) -> list[Member]:
-    """Train every member of `strategy` from `start_step` to the end of its schedule; their
-    writers must be open. A fresh run first evaluates and checkpoints step 0. `on_commit(step)`
-    is called after each committed checkpoint, `on_eval(member, row)` after each evaluation row
-    is written (live logging, trainers/loggers.py). Returns every member, with its result or error."""
-    everyone = list(strategy.members)
-    cfg = everyone[0].cfg  # the schedule is shared
-    with flushing_denormals(cfg.flush_denormal):
-        return _run(strategy, everyone, cfg, start_step, fresh, on_commit, on_eval)
-
-
 def subnormals_flushed() -> bool:
     """Whether this thread's CPU flushes float32 subnormals to zero now (torch.set_flush_denormal;
     torch has no getter): a subnormal times one is zero then."""
@@ -190,10 +176,13 @@ def subnormals_flushed() -> bool:
 
 @contextmanager
 def flushing_denormals(on: bool):
-    """Flush float32 subnormals to zero on the CPU inside the block when `on` (the run's
-    flush_denormal), and give the process its former setting back after: the CPU's flag is process
-    state that a library caller keeps. torch sets it on the calling thread; intra-op threads started
-    after it inherit it."""
+    """Flush float32 subnormals to zero on the CPU inside the block when `on` (a run's
+    flush_denormal): the trainers' entry points (train, resume, and their ensemble forms) build the
+    model and train inside it. The flag is per thread: torch sets the calling thread's, and its
+    intra-op threads take the one they were started with, so the block begins before the model is
+    built, where torch starts them in a training process (a pool that a caller's earlier work
+    started keeps its setting: those threads then compute unflushed, to the same numbers). After
+    the block the calling thread has its former setting back."""
     before = subnormals_flushed()
     if on == before:
         yield
@@ -205,8 +194,16 @@ def flushing_denormals(on: bool):
         torch.set_flush_denormal(before)
 
 
-def _run(strategy: Strategy, everyone: list[Member], cfg: "RunConfig", start_step: int, fresh: bool,
-         on_commit: Callable[[int], None] | None, on_eval: Callable[[Member, dict], None] | None) -> list[Member]:
+# ---------------------------------------------------------------------- the loop
+def run(strategy: Strategy, start_step: int, *, fresh: bool,
+        on_commit: Callable[[int], None] | None = None,
+        on_eval: Callable[[Member, dict], None] | None = None) -> list[Member]:
+    """Train every member of `strategy` from `start_step` to the end of its schedule; their
+    writers must be open. A fresh run first evaluates and checkpoints step 0. `on_commit(step)`
+    is called after each committed checkpoint, `on_eval(member, row)` after each evaluation row
+    is written (live logging, trainers/loggers.py). Returns every member, with its result or error."""
+    everyone = list(strategy.members)
+    cfg = everyone[0].cfg  # the schedule is shared
     schedule = checkpoint_schedule(cfg)
     bar = _progress_bar(cfg.steps, start_step, strategy)
     step = start_step

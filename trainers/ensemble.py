@@ -33,7 +33,8 @@ from groklens.checkpoints.locking import describe_holder, writer_alive
 from groklens.config import FIELD_FACTS, RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TASKS, TaskData
-from groklens.trainers.engine import EVAL_CHUNK, Member, Strategy, resolve_device, restore_counters, run
+from groklens.trainers.engine import (EVAL_CHUNK, Member, Strategy, flushing_denormals, resolve_device,
+                                      restore_counters, run)
 from groklens.trainers.evaluation import concat, rows, score, split_columns, weight_norms
 from groklens.models import build_model
 from groklens.trainers.optim import Update, grad_norms
@@ -334,23 +335,24 @@ def train_ensemble(cfgs: Sequence[RunConfig], outs: Sequence[str | Path], *, for
             raise BadInput(f"{out} is being written by a live process ({describe_holder(out)}); stop it first")
         if not out.parent.exists():
             raise BadInput(f"directory {out.parent} does not exist")
-    strategy = EnsembleRun(cfgs, [TASKS.get(c.task).build(c) for c in cfgs], outs, progress=progress)
-    payloads = strategy.payloads(list(range(len(strategy.members))))
-    try:
-        for m, (params, state, _) in zip(strategy.members, payloads):
-            m.writer = create_trajectory(m.path, m.cfg, m.data, params, state,
-                                         replace=m.path.exists() or m.path.is_symlink())
-    except BaseException:
-        for m in strategy.members:
-            if m.writer is not None:
-                m.writer.close("stopped: ensemble could not start")
-        raise
-    try:
-        return run(strategy, 0, fresh=True, on_commit=on_commit, on_eval=on_eval)
-    finally:
-        for m in strategy.members:
-            if m.writer is not None:
-                m.writer.close()  # idempotent; a staged member that never committed is deleted
+    with flushing_denormals(cfgs[0].flush_denormal):  # one process: the members share it (not per member)
+        strategy = EnsembleRun(cfgs, [TASKS.get(c.task).build(c) for c in cfgs], outs, progress=progress)
+        payloads = strategy.payloads(list(range(len(strategy.members))))
+        try:
+            for m, (params, state, _) in zip(strategy.members, payloads):
+                m.writer = create_trajectory(m.path, m.cfg, m.data, params, state,
+                                             replace=m.path.exists() or m.path.is_symlink())
+        except BaseException:
+            for m in strategy.members:
+                if m.writer is not None:
+                    m.writer.close("stopped: ensemble could not start")
+            raise
+        try:
+            return run(strategy, 0, fresh=True, on_commit=on_commit, on_eval=on_eval)
+        finally:
+            for m in strategy.members:
+                if m.writer is not None:
+                    m.writer.close()  # idempotent; a staged member that never committed is deleted
 
 
 def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_commit=None,
@@ -362,20 +364,21 @@ def resume_ensemble(paths: Sequence[str | Path], *, progress: bool = False, on_c
         raise BadInput(f"ensemble members stopped at different steps ({sorted(set(lasts))}); resume them separately")
     last = lasts[0]
     trajs = [Trajectory(p) for p in paths]
-    strategy = EnsembleRun([t.config for t in trajs], [t.dataset() for t in trajs], paths, progress=progress)
-    for i, (t, m) in enumerate(zip(trajs, strategy.members)):
-        strategy.load(i, t.params(last), t.state(last), last)
-        restore_counters(m, t.metrics, t.cpu_seconds)
-    try:
-        for m in strategy.members:
-            m.writer = TrajectoryWriter.reopen(m.path)
-            m.writer.set_status("running")
-    except BaseException:
-        for m in strategy.members:
-            if m.writer is not None:
-                m.writer.close("interrupted")
-        raise
-    return run(strategy, last, fresh=False, on_commit=on_commit, on_eval=on_eval)
+    with flushing_denormals(trajs[0].config.flush_denormal):
+        strategy = EnsembleRun([t.config for t in trajs], [t.dataset() for t in trajs], paths, progress=progress)
+        for i, (t, m) in enumerate(zip(trajs, strategy.members)):
+            strategy.load(i, t.params(last), t.state(last), last)
+            restore_counters(m, t.metrics, t.cpu_seconds)
+        try:
+            for m in strategy.members:
+                m.writer = TrajectoryWriter.reopen(m.path)
+                m.writer.set_status("running")
+        except BaseException:
+            for m in strategy.members:
+                if m.writer is not None:
+                    m.writer.close("interrupted")
+            raise
+        return run(strategy, last, fresh=False, on_commit=on_commit, on_eval=on_eval)
 
 
 __all__ = [

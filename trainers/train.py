@@ -27,7 +27,8 @@ from groklens.checkpoints.writer import config_json
 from groklens.config import RunConfig
 from groklens.errors import BadInput
 from groklens.tasks import TASKS, TaskData
-from groklens.trainers.engine import METRIC_NAMES, TrainResult, raise_failure, resolve_device, restore_counters, run
+from groklens.trainers.engine import (METRIC_NAMES, TrainResult, flushing_denormals, raise_failure, resolve_device,
+                                      restore_counters, run)
 from groklens.trainers.regularizers import regularizer_metric_names
 from groklens.trainers.routing import RoutedRun, routed_metric_names
 from groklens.trainers.single import SingleRun
@@ -86,20 +87,21 @@ def train(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: boo
     check_resources(cfg, device=device.type, device_memory=device_free_memory(device))  # before any allocation
     if cfg.attn_mask_from and not cfg.attn_mask:  # the donor's mask, kept in this run's stored config
         cfg = cfg.replace(attn_mask=transferred_mask(cfg, out))
-    data = TASKS.get(cfg.task).build(cfg)
+    with flushing_denormals(cfg.flush_denormal):  # before the model is built: engine.flushing_denormals
+        data = TASKS.get(cfg.task).build(cfg)
 
-    def make_writer(strategy) -> TrajectoryWriter:
-        params, state, copies = strategy.payloads([0])[0]
-        return create_trajectory(out, cfg, data, params, state, copies=copies, replace=exists)
+        def make_writer(strategy) -> TrajectoryWriter:
+            params, state, copies = strategy.payloads([0])[0]
+            return create_trajectory(out, cfg, data, params, state, copies=copies, replace=exists)
 
-    strategy = strategy_class(cfg)(cfg, data, make_writer, progress=progress)
-    try:
-        members = run(strategy, 0, fresh=True, on_commit=on_commit, on_eval=_row_only(on_eval))
-    finally:
-        for member in strategy.members:
-            member.writer.close()  # idempotent; a staged run that never committed is deleted
-    raise_failure(members)
-    return members[0].result
+        strategy = strategy_class(cfg)(cfg, data, make_writer, progress=progress)
+        try:
+            members = run(strategy, 0, fresh=True, on_commit=on_commit, on_eval=_row_only(on_eval))
+        finally:
+            for member in strategy.members:
+                member.writer.close()  # idempotent; a staged run that never committed is deleted
+        raise_failure(members)
+        return members[0].result
 
 
 def check_force_target(out: Path) -> None:
@@ -164,27 +166,28 @@ def resume(path: str | Path, *, progress: bool = True, on_commit: Callable[[int]
         raise BadInput(f"{path} holds no checkpoint: the run died before its first one (killed, e.g. out of "
                        f"memory?), so there is nothing to resume; `groklens train --out {path} ...` starts it "
                        "again (the file is replaced)")
-    strategy = strategy_class(cfg)(cfg, traj.dataset(), None, progress=progress, path=path)
-    try:
-        loaded = load_stored(strategy, traj, int(steps[-1])) if len(steps) else None
-    except BadInput:
-        if writer_alive(path):  # another resume started since the check: it is mid-commit, not broken
-            raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
-                           "stop it before resuming") from None
-        raise
-    last = recover(path)
-    traj = Trajectory(path)
-    if last != loaded:  # the file moved on between the two reads: load what recovery kept
-        load_stored(strategy, traj, last)
-    member = strategy.members[0]
-    # read before the writer opens the file (HDF5 refuses a second, unlocked open)
-    metrics, cpu_s = traj.metrics, traj.cpu_seconds
-    member.writer = TrajectoryWriter.reopen(path, extension)
-    restore_counters(member, metrics, cpu_s)
-    member.writer.set_status("running")
-    members = run(strategy, last, fresh=False, on_commit=on_commit, on_eval=_row_only(on_eval))
-    raise_failure(members)
-    return members[0].result
+    with flushing_denormals(cfg.flush_denormal):
+        strategy = strategy_class(cfg)(cfg, traj.dataset(), None, progress=progress, path=path)
+        try:
+            loaded = load_stored(strategy, traj, int(steps[-1])) if len(steps) else None
+        except BadInput:
+            if writer_alive(path):  # another resume started since the check: it is mid-commit, not broken
+                raise BadInput(f"{path} is being written by a live process ({describe_holder(path)}); "
+                               "stop it before resuming") from None
+            raise
+        last = recover(path)
+        traj = Trajectory(path)
+        if last != loaded:  # the file moved on between the two reads: load what recovery kept
+            load_stored(strategy, traj, last)
+        member = strategy.members[0]
+        # read before the writer opens the file (HDF5 refuses a second, unlocked open)
+        metrics, cpu_s = traj.metrics, traj.cpu_seconds
+        member.writer = TrajectoryWriter.reopen(path, extension)
+        restore_counters(member, metrics, cpu_s)
+        member.writer.set_status("running")
+        members = run(strategy, last, fresh=False, on_commit=on_commit, on_eval=_row_only(on_eval))
+        raise_failure(members)
+        return members[0].result
 
 
 def cap_extension(traj: Trajectory, steps: int) -> dict:

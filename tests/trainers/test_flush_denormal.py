@@ -79,3 +79,42 @@ def test_flushing_denormals_is_a_no_op_when_the_setting_is_already_there():
             assert subnormals_flushed()
         assert subnormals_flushed()
     assert not subnormals_flushed()
+
+
+TWO_THREADS = r"""
+import os, sys, torch
+torch.set_num_threads(2)
+from groklens.trainers.engine import subnormals_flushed
+from groklens.trainers.train import train
+from tests.helpers import tiny_config
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+shares, started = [], []
+def look(row):
+    started.append(threads())
+    y = torch.full((4_000_000,), 1e-29) * 1e-10  # subnormal products, split over both threads
+    shares.append(float((y != 0).float().mean()))
+
+before = threads()
+# d_mlp 512: initializing W_in (128 x 512) is an intra-op parallel op, so torch starts its thread
+# while the model is built, before the first step
+train(tiny_config(d_model=128, d_head=64, d_mlp=512, steps=20, eval_every=10), sys.argv[1], progress=False,
+      on_eval=look)
+print(before, min(started), max(shares), subnormals_flushed())
+"""
+
+
+def test_a_two_thread_run_flushes_on_the_thread_torch_starts_while_building_the_model(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", TWO_THREADS, str(tmp_path / "r.h5")], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, during, nonzero, after = out.stdout.split()
+    assert int(during) > int(before)  # the intra-op thread exists by the first evaluation
+    assert float(nonzero) == 0.0  # every thread flushed: none of the subnormal products survived
+    assert after == "False"  # the calling thread has its setting back
