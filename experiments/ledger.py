@@ -329,9 +329,11 @@ def wall_seconds(path: Path) -> float | None:
 
 
 def device_of(cfg: dict[str, Any]) -> str:
-    """Where a run with this config ran here: 'cpu (...)' or 'cuda: NAME', then ', subnormals
-    flushed' for a CPU run that flushed them (flush_denormal=true), and ', compiled' when its
-    step was (compile=true)."""
+    """Where a run with this config ran here: 'cpu (MODEL, ARCH, N cores)' or 'cuda: NAME', then
+    ', subnormals flushed' for a CPU run that flushed them (flush_denormal=true), and ', compiled'
+    when its step was (compile=true). The CPU's model name since 2026-12-07: step times differ
+    between CPUs beyond their speed (an unflushed transformer step after memorization: 2.6x
+    slower on one of this project's machines, not on another; docs/PERFORMANCE.md)."""
     how = ", compiled" if cfg.get("compile") else ""
     dev = str(cfg.get("device", "cpu"))
     if dev != "cpu":
@@ -340,7 +342,9 @@ def device_of(cfg: dict[str, Any]) -> str:
         if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
             return "cuda: " + torch.cuda.get_device_name(0) + how
     flushed = ", subnormals flushed" if cfg.get("flush_denormal") else ""
-    return f"cpu ({platform.machine()}, {os.cpu_count()} cores){flushed}{how}"
+    from groklens.experiments.cost import cpu_model
+
+    return f"cpu ({cpu_model()}, {platform.machine()}, {os.cpu_count()} cores){flushed}{how}"
 
 
 def summarize_run(path: Path, experiment: str, arm: str, seed: int, measures: list[str],
