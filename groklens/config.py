@@ -306,10 +306,11 @@ class RunConfig:
         True, legacy=False, hashed=False, costed=False,
         help="flush float32 subnormal numbers (|x| < 1.2e-38) to zero on the CPU while training "
              "(torch.set_flush_denormal): once a run has memorized, the cross-entropy's vanishing probabilities "
-             "make subnormal operands, which x86 CPUs multiply tens of times slower (a paper-scale step 2-5x "
-             "slower after memorization; docs/PERFORMANCE.md). Values change only below float32's smallest "
-             "normal number, so the trajectory equals the unflushed one to float rounding and the ledger's hash "
-             "leaves the field out. No effect on CUDA; false: the behaviour before the field existed")
+             "make subnormal operands, which some x86 CPUs multiply tens of times slower (Nanda's transformer "
+             "step after memorization: 2.6x slower on one of this project's machines; docs/PERFORMANCE.md). Values "
+             "change only below float32's smallest normal number, so the trajectory equals the unflushed one to "
+             "float rounding (there: bit-identical over 4,000 steps) and the ledger's hash leaves the field out. No "
+             "effect on CUDA; false: the behaviour before the field existed")
     compile: bool = setting(
         False, legacy=False, solo=True, hashed=False, costed=False,
         help="torch.compile the training step's forward and backward (single runs without regularizer terms; CPU: "
