@@ -35,6 +35,7 @@ from typing import Any
 from groklens.analyses.compare import PhaseTimes
 from groklens.checkpoints.validate import ACCURACY, metric_range
 from groklens.config import DERIVED_FROM, FIELD_FACTS, GROK_THRESHOLD, PHASE_THRESHOLDS, SEED_FIELDS
+from groklens.experiments.cost import cpu_model
 from groklens.errors import BadInput
 from groklens.fileio import write_text_atomic
 
@@ -342,8 +343,6 @@ def device_of(cfg: dict[str, Any]) -> str:
         if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
             return "cuda: " + torch.cuda.get_device_name(0) + how
     flushed = ", subnormals flushed" if cfg.get("flush_denormal") else ""
-    from groklens.experiments.cost import cpu_model
-
     return f"cpu ({cpu_model()}, {platform.machine()}, {os.cpu_count()} cores){flushed}{how}"
 
 
