@@ -57,29 +57,35 @@ def test_analysis_frame_is_the_sidecars_values_by_step(runs):
 
 
 def test_a_stored_parameter_set_is_picked_by_its_parameters(runs):
-    """Two fourier parameter sets stored side by side (the default key set per checkpoint, and
-    the last checkpoint's key set at every checkpoint): params picks one, read back against the
-    sidecar group whose stored parameters say so; no params reads the default set."""
+    """Three fourier parameter sets stored side by side (the default key set per checkpoint, the
+    last checkpoint's key set at every checkpoint, and one named frequency): params picks one, read
+    back against the sidecar group whose stored parameters say so; no params reads the default set.
+    The named single frequency differs from the default set whatever the tiny run learned, so the
+    pick is told apart even where the default's key set never changes along the run."""
     run = Trajectory(runs[1])
     compute(run, "fourier", every=4)
     compute(run, "fourier", every=4, key_frequencies="last")
     with h5py.File(sidecar_path(runs[1]), "r") as f:
-        # "last" is stored as the list it resolved to: the key set at the last checkpoint
-        groups = {"last" if json.loads(g.attrs["params"])["key_frequencies"] else None: g
+        (default_group,) = [g for g in f["analyses/fourier"].values()
+                            if json.loads(g.attrs["params"])["key_frequencies"] is None]
+        default_last = [int(k) for k in default_group["key_frequencies"][-1]]
+    single = [1] if default_last != [1] else [2]
+    compute(run, "fourier", every=4, key_frequencies=single)
+    with h5py.File(sidecar_path(runs[1]), "r") as f:
+        groups = {json.dumps(json.loads(g.attrs["params"])["key_frequencies"]): g
                   for g in f["analyses/fourier"].values()}
-        assert set(groups) == {None, "last"}
-        keys = json.loads(groups["last"].attrs["params"])["key_frequencies"]
-        assert keys == [int(k) for k in groups[None]["key_frequencies"][-1]]  # the default set's last
+        # "last" is stored as the list it resolved to: the key set at the last checkpoint
+        assert set(groups) == {"null", json.dumps(default_last), json.dumps(single)}
         want = {k: g["restricted_loss_all"][:] for k, g in groups.items()}
-        steps = [int(s) for s in groups["last"]["steps"][:]]
+        steps = [int(s) for s in groups[json.dumps(default_last)]["steps"][:]]
     last = to_pandas(run, "fourier", {"key_frequencies": "last"})
     assert last["step"].tolist() == steps
-    assert np.allclose(last["restricted_loss_all"].to_numpy(float), want["last"], equal_nan=True)
-    explicit = to_pandas(run, "fourier", {"key_frequencies": keys})  # the same set, named by its list
-    assert np.allclose(explicit["restricted_loss_all"].to_numpy(float), want["last"], equal_nan=True)
+    assert np.allclose(last["restricted_loss_all"].to_numpy(float), want[json.dumps(default_last)], equal_nan=True)
+    named = to_pandas(run, "fourier", {"key_frequencies": single})
+    assert np.allclose(named["restricted_loss_all"].to_numpy(float), want[json.dumps(single)], equal_nan=True)
     default = to_pandas(run, "fourier")
-    assert np.allclose(default["restricted_loss_all"].to_numpy(float), want[None], equal_nan=True)
-    assert not np.allclose(want["last"], want[None], equal_nan=True)  # the two sets differ
+    assert np.allclose(default["restricted_loss_all"].to_numpy(float), want["null"], equal_nan=True)
+    assert not np.allclose(want[json.dumps(single)], want["null"], equal_nan=True)  # the picks differ
     with pytest.raises(BadInput, match="no 'fourier' stored with cluster_threshold=0.5; stored parameter sets: "):
         to_pandas(run, "fourier", {"cluster_threshold": 0.5})
     with pytest.raises(BadInput, match="unknown parameter"):
