@@ -57,7 +57,7 @@ say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 # ---------------------------------------------------------------- 1. training and resume
 if [ "$DRY" = 1 ]; then
   # long enough (seconds) that the interrupt below lands mid-run on a loaded machine
-  DEV=cpu; CHECK=(--p 13 --d-model 16 --n-heads 2 --d-head 8 --d-mlp 32 --steps 4000 --eval-every 20
+  DEV=cpu; CHECK=(--p 13 --d-model 16 --n-heads 2 --d-head 8 --d-mlp 32 --steps 2000 --eval-every 20
                   --checkpoint-every 20)
 else
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
@@ -124,7 +124,8 @@ sys.exit(0 if ok else 1)
 EOF
 
 # ---------------------------------------------------------------- 2. paper-scale experiments
-KNOWN=$("${GL[@]}" reproduce --list --json | "$PY" -c "import json, sys; print(' '.join(i['name'] for i in json.load(sys.stdin)))")
+# names only: --no-measure times nothing (a cold cache would time 267 configs, minutes on a CPU)
+KNOWN=$("${GL[@]}" reproduce --list --json --no-measure | "$PY" -c "import json, sys; print(' '.join(i['name'] for i in json.load(sys.stdin)))")
 for name in "${EXPERIMENTS[@]}"; do
   case " $KNOWN " in *" $name "*) ;; *) say "unknown experiment $name"; exit 2 ;; esac
 done

@@ -103,9 +103,13 @@ def _task_shape(cfg_json: str) -> tuple[int, int, int, int]:
 
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     task = TASKS.get(cfg.task)
-    inputs, labels, *_ = task.grid(cfg)
-    n_train = len(task.draw_split(cfg, len(labels))[0])
-    return int(len(labels)), n_train, int(inputs.shape[1]), int(task.vocab(cfg)[1])
+    if task.shape is not None:  # from the config alone: building a teacher's or S5's grid took seconds a listing
+        n_all, ctx, _ = task.shape(cfg)
+    else:
+        inputs, labels, *_ = task.grid(cfg)
+        n_all, ctx = len(labels), inputs.shape[1]
+    n_train = len(task.draw_split(cfg, n_all)[0])
+    return int(n_all), n_train, int(ctx), int(task.vocab(cfg)[1])
 
 
 def step_flops(cfg) -> tuple[float, float]:

@@ -127,7 +127,7 @@ print(json.dumps(out))
 
 
 def test_the_experiment_is_listed_and_runs_at_smoke_scale(plugin, tmp_path):
-    listed = groklens("reproduce", "--list", check=True, env=plugin).stdout
+    listed = groklens("reproduce", "--list", "--no-measure", check=True, env=plugin).stdout
     assert "wd-delay" in listed
     out = tmp_path / "out"
     groklens("reproduce", "wd-delay", "--scale", "smoke", "-o", str(out), check=True, env=plugin, timeout=600)
