@@ -39,7 +39,7 @@ import numpy as np
 from groklens import __version__
 from groklens.checkpoints import sidecar_path
 from groklens.errors import BadInput, RunFailure
-from groklens.checkpoints.validate import link_problems
+from groklens.checkpoints.validate import clean_once, link_problems
 from groklens.fileio import check_writable_dir, remove_quietly
 
 SIDECAR_FORMAT = "groklens-analyses"
@@ -109,7 +109,7 @@ class Sidecar:
             raise BadInput(f"{self.path}: invalid analyses file (its run attribute is not a name); move it away")
         if owner is not None and owner != self.run_path.name:  # another run's results: never mixed
             raise BadInput(f"{self.path} holds the analyses of {owner}, not of {self.run_path.name}; move it away")
-        check_sidecar(f, self.path)
+        clean_once("sidecar", f, lambda: check_sidecar(f, self.path) or [])
 
     def check(self, writing: bool = False) -> None:
         """BadInput if an existing sidecar is not ours, unreadable or damaged, or (`writing`) its

@@ -36,8 +36,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -59,6 +60,43 @@ MAX_OBJECTS = 100_000  # groups and datasets of one file (64 copies of a deep mo
 SPLIT_CHECK_LIMIT = 1 << 26  # split indices are checked for duplicates up to this many inputs
 ACCURACY = (0.0, 1.0)  # the range of an accuracy series (a share of inputs)
 REBUILD_LIMIT = 1 << 22  # stored task data is compared with the config's rebuild up to this many inputs
+
+
+# ---------------------------------------------------------------------- checked once per content
+# (check name, file identity) of the files a check found clean in this process: a file opened again
+# unchanged is not walked again (a report opened each run's files about 150 times, a walk each)
+_CLEAN: dict[tuple, None] = {}
+_CLEAN_MAX = 4096
+# a file changed this recently may change again within one tick of its timestamps: not remembered
+_RACY_NS = 200_000_000
+
+
+def _identity(f: "h5py.File") -> tuple | None:
+    """What tells a file's content apart here: device, inode, size, modification and change times
+    (a write or a touch moves the change time, which no one can set back). None for a file open
+    for writing, or not opened from a path (a padded view of a damaged file)."""
+    try:
+        if f.mode != "r" or f.driver != "sec2":
+            return None
+        st = os.stat(f.filename)
+    except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def clean_once(name: str, f: "h5py.File", check: Callable[[], list]) -> list:
+    """check()'s problems with `f` (it returns them, or raises); a clean result is remembered for
+    this content of the file, so the same unchanged file is found clean again without the walk."""
+    key = _identity(f)
+    if key is not None and (name, key) in _CLEAN:
+        return []
+    started = time.time_ns()
+    problems = check()
+    if not problems and key is not None and started - key[3] > _RACY_NS and _identity(f) == key:
+        if len(_CLEAN) >= _CLEAN_MAX:
+            _CLEAN.clear()
+        _CLEAN[(name, key)] = None
+    return problems
 
 
 # ---------------------------------------------------------------------- the file
@@ -86,6 +124,10 @@ def check_file(f: "h5py.File", path) -> None:
 
 def file_problems(f: "h5py.File", path: Path | str) -> list[str]:
     """Every problem found cheaply in an open trajectory (an empty list: valid)."""
+    return clean_once("trajectory", f, lambda: _file_problems(f, path))
+
+
+def _file_problems(f: "h5py.File", path: Path | str) -> list[str]:
     problems = link_problems(f)
     if problems:  # nothing past a link is read
         return problems
@@ -108,6 +150,10 @@ def file_problems(f: "h5py.File", path: Path | str) -> list[str]:
 def link_problems(f: "h5py.File") -> list[str]:
     """Soft and external links, virtual datasets and datasets with external storage: a groklens
     writer makes none, and following one would read another object or another file."""
+    return clean_once("links", f, lambda: _link_problems(f))
+
+
+def _link_problems(f: "h5py.File") -> list[str]:
     import h5py
 
     problems: list[str] = []
