@@ -81,7 +81,8 @@ def test_a_broken_plugin_is_named_in_one_warning_and_left_out(run, tmp_path, plu
     plugin (or a duplicate's ValueError); sys.exit(3) at import ended them silently."""
     env = site(tmp_path, plugin, "good")
     for cmd in (["analyze", str(run), "--metric", "plugin_value", "-q"], ["compare", str(run)],
-                ["report", str(run), "-o", str(tmp_path / f"rep-{plugin}"), "-q"], ["reproduce", "--list", "--no-measure"]):
+                ["report", str(run), "-o", str(tmp_path / f"rep-{plugin}"), "-q"],
+                ["reproduce", "--list", "--no-measure"]):
         proc = groklens(*cmd, env=env)
         assert proc.returncode == 0, (cmd, proc.stderr[-400:])
         assert warnings_of(proc.stderr) == [f"groklens: warning: analysis plugin {plugin} = plug_{plugin} "
