@@ -109,7 +109,7 @@ class Sidecar:
             raise BadInput(f"{self.path}: invalid analyses file (its run attribute is not a name); move it away")
         if owner is not None and owner != self.run_path.name:  # another run's results: never mixed
             raise BadInput(f"{self.path} holds the analyses of {owner}, not of {self.run_path.name}; move it away")
-        clean_once("sidecar", f, lambda: check_sidecar(f, self.path) or [])
+        clean_once("sidecar", f, lambda: check_sidecar(f, self.path))
 
     def check(self, writing: bool = False) -> None:
         """BadInput if an existing sidecar is not ours, unreadable or damaged, or (`writing`) its

@@ -65,7 +65,7 @@ REBUILD_LIMIT = 1 << 22  # stored task data is compared with the config's rebuil
 # ---------------------------------------------------------------------- checked once per content
 # (check name, file identity) of the files a check found clean in this process: a file opened again
 # unchanged is not walked again (a report opened each run's files about 150 times, a walk each)
-_CLEAN: dict[tuple, None] = {}
+_CLEAN: set[tuple] = set()
 _CLEAN_MAX = 4096
 # a file changed this recently may change again within one tick of its timestamps: not remembered
 _RACY_NS = 200_000_000
@@ -84,18 +84,19 @@ def _identity(f: "h5py.File") -> tuple | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def clean_once(name: str, f: "h5py.File", check: Callable[[], list]) -> list:
-    """check()'s problems with `f` (it returns them, or raises); a clean result is remembered for
-    this content of the file, so the same unchanged file is found clean again without the walk."""
+def clean_once(name: str, f: "h5py.File", check: Callable[[], list | None]) -> list:
+    """check()'s problems with `f` (it returns them, or raises; None is none); a clean result is
+    remembered for this content of the file, so the same unchanged file is found clean again
+    without the walk."""
     key = _identity(f)
     if key is not None and (name, key) in _CLEAN:
         return []
     started = time.time_ns()
-    problems = check()
+    problems = check() or []
     if not problems and key is not None and started - key[3] > _RACY_NS and _identity(f) == key:
         if len(_CLEAN) >= _CLEAN_MAX:
             _CLEAN.clear()
-        _CLEAN[(name, key)] = None
+        _CLEAN.add((name, key))
     return problems
 
 

@@ -32,7 +32,7 @@ def walks(monkeypatch):
 
     monkeypatch.setattr(validate, "_file_problems", file_problems)
     monkeypatch.setattr(validate, "_link_problems", link_problems)
-    monkeypatch.setattr(validate, "_CLEAN", {})
+    monkeypatch.setattr(validate, "_CLEAN", set())
     return counts
 
 
@@ -82,7 +82,7 @@ def test_the_analyses_file_is_checked_once_while_unchanged(tmp_path, monkeypatch
     compute(run, "norms")
     side = sidecar_path(path)
     _age(side)
-    monkeypatch.setattr(validate, "_CLEAN", {})
+    monkeypatch.setattr(validate, "_CLEAN", set())
     calls = []
     real = store.check_sidecar
     monkeypatch.setattr(store, "check_sidecar", lambda f, p: calls.append(p) or real(f, p))
